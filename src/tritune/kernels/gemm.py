@@ -1,0 +1,374 @@
+"""Triton GEMM kernels: C = A · Bᵀ (A is M×K, B is N×K, C bf16) in three flavours, with split-K.
+
+- bf16/fp16 operands;
+- a8w8: fp8 e4m3 operands, per-token scales for A (M) and per-channel scales for B (N);
+- a8w8_blockscale: fp8 operands, A scales per 1×128 (M × ⌈K/128⌉), B scales per 128×128 (⌈N/128⌉ × ⌈K/128⌉).
+
+Kernels take a config and launch; they never tune themselves. Edge tiles are masked, so any M, N, K works.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2
+SCALE_BLOCK = 128  # block size of the block-scaled format, along K for A and along N and K for B
+
+KERNELS = ("bf16", "a8w8", "a8w8_blockscale")
+_QUANT_OF = {"bf16": QUANT_NONE, "a8w8": QUANT_PER_TOKEN, "a8w8_blockscale": QUANT_BLOCK}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch parameters of one GEMM candidate."""
+
+    BLOCK_SIZE_M: int = 64
+    BLOCK_SIZE_N: int = 64
+    BLOCK_SIZE_K: int = 64
+    GROUP_SIZE_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    NUM_KSPLIT: int = 1
+    cache_modifier: str = ""  # "" or ".cg" (skip L1 for the streamed operands)
+    PERSISTENT_TMA: bool = False  # persistent grid of one program per SM, TMA descriptor loads/stores (Hopper)
+
+    @staticmethod
+    def from_params(params: dict) -> GemmConfig:
+        known = GemmConfig.__dataclass_fields__
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise ValueError(f"unknown GEMM config parameter(s) {unknown}")
+        return GemmConfig(**params)
+
+
+@triton.jit(do_not_specialize=["M", "stride_ck"])
+def _gemm_kernel(
+    a_ptr, b_ptr, c_ptr,  # A [M, K], B [N, K], C [M, N] (or fp32 partials [KSPLIT, M, N] when split)
+    a_scale_ptr, b_scale_ptr,  # fp32; shapes depend on QUANT (unused when QUANT_NONE)
+    M, N, K,
+    k_per_split,  # K elements each split covers, a multiple of BLOCK_SIZE_K
+    stride_am, stride_bn, stride_cm, stride_ck,
+    stride_asm, stride_bsn,  # row strides of the scale tensors
+    QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, NUM_KSPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    CACHE_MODIFIER: tl.constexpr,
+):
+    """One BLOCK_M×BLOCK_N tile of one K split.
+
+    Grid: (⌈M/BLOCK_M⌉·⌈N/BLOCK_N⌉, NUM_KSPLIT).
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    # Grouped ordering: GROUP_SIZE_M row-tiles share the same B columns while they are hot in L2.
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    # Wrap out-of-range rows/cols onto valid ones: loads stay in bounds without masks; stores are masked.
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+
+    k_start = pid_k * k_per_split
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_bn[None, :] * stride_bn + (k_start + offs_k)[:, None]
+    if QUANT == 1:
+        a_s = tl.load(a_scale_ptr + offs_am)
+        b_s = tl.load(b_scale_ptr + offs_bn)
+    if QUANT == 2:
+        a_s_ptrs = a_scale_ptr + offs_am * stride_asm
+        b_s_ptrs = b_scale_ptr + (offs_bn // 128) * stride_bsn
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k in range(k_start, k_end, BLOCK_SIZE_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, cache_modifier=CACHE_MODIFIER)
+            b = tl.load(b_ptrs, cache_modifier=CACHE_MODIFIER)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0, cache_modifier=CACHE_MODIFIER)
+            b = tl.load(b_ptrs, mask=(k + offs_k)[:, None] < K, other=0.0, cache_modifier=CACHE_MODIFIER)
+        if QUANT == 2:
+            # BLOCK_SIZE_K divides 128, so one scale column covers this whole K step.
+            ks = k // 128
+            a_sk = tl.load(a_s_ptrs + ks)
+            b_sk = tl.load(b_s_ptrs + ks)
+            acc += tl.dot(a, b) * (a_sk[:, None] * b_sk[None, :])
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_SIZE_K
+        b_ptrs += BLOCK_SIZE_K
+
+    if QUANT == 1:
+        acc = acc * (a_s[:, None] * b_s[None, :])
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + pid_k * stride_ck + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_persistent_kernel(
+    a_desc, b_desc, c_desc,  # TMA descriptors: A [M, K] block [BM, BK], B [N, K] block [BN, BK], C [M, N] [BM, BN]
+    a_scale_ptr, b_scale_ptr,  # fp32 scales as in _gemm_kernel
+    M, N, K,
+    stride_asm, stride_bsn,
+    QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
+):
+    """Each program walks tiles start, start+NUM_SMS, ...; TMA zero-fills edge loads and clips edge stores.
+
+    Grid: (min(NUM_SMS, tiles),).
+    """
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
+    num_tiles = num_pid_m * num_pid_n
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        group_id = tile_id // num_pid_in_group
+        first_pid_m = group_id * GROUP_SIZE_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+        pid_m = first_pid_m + (tile_id % group_size_m)
+        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        off_m = pid_m * BLOCK_SIZE_M
+        off_n = pid_n * BLOCK_SIZE_N
+        offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
+        offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_SIZE_K
+            a = a_desc.load([off_m, off_k])
+            b = b_desc.load([off_n, off_k])
+            if QUANT == 2:
+                ks = off_k // 128
+                a_sk = tl.load(a_scale_ptr + offs_m * stride_asm + ks, mask=offs_m < M, other=0.0)
+                b_sk = tl.load(b_scale_ptr + (offs_n // 128) * stride_bsn + ks, mask=offs_n < N, other=0.0)
+                acc += tl.dot(a, b.T) * (a_sk[:, None] * b_sk[None, :])
+            else:
+                acc = tl.dot(a, b.T, acc)
+        if QUANT == 1:
+            a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
+            b_s = tl.load(b_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+            acc = acc * (a_s[:, None] * b_s[None, :])
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit(do_not_specialize=["M", "stride_pk"])
+def _splitk_reduce_kernel(
+    p_ptr, c_ptr,  # partials fp32 [KSPLIT, M, N]; C [M, N]
+    M, N, stride_pk,
+    NUM_KSPLIT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    """Sum the split-K partials and cast to C's dtype.
+
+    Grid: (⌈M·N/BLOCK_SIZE⌉,).
+    """
+    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offs < M * N
+    acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    for s in tl.static_range(NUM_KSPLIT):
+        acc += tl.load(p_ptr + s * stride_pk + offs, mask=mask, other=0.0)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """TMA needs 16-byte aligned bases and row strides."""
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (a, b, out))
+
+
+def _launch_tma(a, b, out, a_s, b_s, quant: int, cfg: GemmConfig) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if cfg.NUM_KSPLIT != 1:
+        raise ValueError("PERSISTENT_TMA does not split K; use NUM_KSPLIT=1")
+    if not tma_compatible(a, b, out):
+        raise ValueError("PERSISTENT_TMA needs 16-byte aligned A, B, C rows (K and N multiples of 16 bytes)")
+    M, K = a.shape
+    N = b.shape[0]
+    bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(b, [bn, bk])
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+    num_sms = _num_sms(a.device)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    _gemm_tma_persistent_kernel[(min(num_sms, tiles),)](
+        a_desc, b_desc, c_desc, a_s, b_s, M, N, K,
+        a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0,
+        QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_SMS=num_sms,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # interpreter: a few programs exercise the persistent loop
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def k_per_split(K: int, cfg: GemmConfig) -> int:
+    """K elements per split, rounded up to BLOCK_SIZE_K so split boundaries align with K steps."""
+    per = triton.cdiv(K, cfg.NUM_KSPLIT)
+    return triton.cdiv(per, cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+
+
+def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
+             b_scale: torch.Tensor | None, cfg: GemmConfig) -> None:
+    """Reject shapes, dtypes and configs the kernels cannot take, with a message naming the problem."""
+    if kernel not in _QUANT_OF:
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {KERNELS}")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
+    (M, K), (N, Kb) = a.shape, b.shape
+    if K != Kb:
+        raise ValueError(f"K mismatch: A is {M}x{K} but B is {N}x{Kb} (B must be N x K)")
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"empty GEMM: M={M} N={N} K={K}")
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("A and B must be contiguous along K (stride 1 in the last dimension)")
+    for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    quant = _QUANT_OF[kernel]
+    if quant == QUANT_NONE:
+        if a.dtype not in (torch.bfloat16, torch.float16, torch.float32) or b.dtype != a.dtype:
+            raise ValueError(f"bf16 GEMM takes bf16/fp16/fp32 A and B of one dtype, got {a.dtype} and {b.dtype}")
+        return
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"{kernel} takes float8_e4m3fn A and B, got {a.dtype} and {b.dtype}")
+    if a_scale is None or b_scale is None:
+        raise ValueError(f"{kernel} needs a_scale and b_scale")
+    if quant == QUANT_PER_TOKEN:
+        want_a, want_b = (M,), (N,)
+        a_shape, b_shape = tuple(a_scale.reshape(-1).shape), tuple(b_scale.reshape(-1).shape)
+    else:
+        want_a = (M, triton.cdiv(K, SCALE_BLOCK))
+        want_b = (triton.cdiv(N, SCALE_BLOCK), triton.cdiv(K, SCALE_BLOCK))
+        a_shape, b_shape = tuple(a_scale.shape), tuple(b_scale.shape)
+        if SCALE_BLOCK % cfg.BLOCK_SIZE_K:
+            raise ValueError(f"{kernel} needs BLOCK_SIZE_K dividing {SCALE_BLOCK}, got {cfg.BLOCK_SIZE_K}")
+    if a_shape != want_a or b_shape != want_b:
+        raise ValueError(f"{kernel} scales must be A{want_a} and B{want_b}, got A{a_shape} and B{b_shape}")
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        raise ValueError(f"{kernel} scales must be float32, got {a_scale.dtype} and {b_scale.dtype}")
+
+
+def gemm(kernel: str, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig, *, a_scale: torch.Tensor | None = None,
+         b_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+         workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """C[M, N] = A[M, K] · B[N, K]ᵀ (scaled for the fp8 kernels), written as bf16 unless `out` says otherwise.
+
+    `workspace` (fp32, ≥ NUM_KSPLIT·M·N elements) may be passed to avoid an allocation per split-K call.
+    """
+    validate(kernel, a, b, a_scale, b_scale, cfg)
+    M, K = a.shape
+    N = b.shape[0]
+    if out is None:
+        out = torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
+    elif tuple(out.shape) != (M, N) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {M}x{N} tensor, got {tuple(out.shape)}")
+    quant = _QUANT_OF[kernel]
+    dummy = a  # scale pointers are never read when QUANT_NONE
+    a_s = a_scale if a_scale is not None else dummy
+    b_s = b_scale if b_scale is not None else dummy
+    if cfg.PERSISTENT_TMA:
+        _launch_tma(a, b, out, a_s, b_s, quant, cfg)
+        return out
+    split = cfg.NUM_KSPLIT > 1
+    target = out
+    if split:
+        need = cfg.NUM_KSPLIT * M * N
+        if workspace is None or workspace.numel() < need:
+            workspace = torch.empty(need, device=a.device, dtype=torch.float32)
+        target = workspace[:need].view(cfg.NUM_KSPLIT, M, N)
+    per_split = k_per_split(K, cfg)
+    grid = (triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N), cfg.NUM_KSPLIT)
+    _gemm_kernel[grid](
+        a, b, target, a_s, b_s,
+        M, N, K, per_split,
+        a.stride(0), b.stride(0), target.stride(-2), target.stride(0) if split else 0,
+        a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0,
+        QUANT=quant,
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT,
+        EVEN_K=K % cfg.BLOCK_SIZE_K == 0,
+        CACHE_MODIFIER=cfg.cache_modifier,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
+            target, out, M, N, target.stride(0), NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=block, num_warps=4,
+        )
+    return out
+
+
+def gemm_reference(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None = None,
+                   b_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 torch result the kernels must match: dequantize, then A·Bᵀ in fp32. Shape [M, N]."""
+    quant = _QUANT_OF[kernel]
+    af, bf = a.float(), b.float()
+    if quant == QUANT_PER_TOKEN:
+        af = af * a_scale.reshape(-1, 1)
+        bf = bf * b_scale.reshape(-1, 1)
+    elif quant == QUANT_BLOCK:
+        af = af * a_scale.repeat_interleave(SCALE_BLOCK, dim=1)[:, : a.shape[1]]
+        bs = b_scale.repeat_interleave(SCALE_BLOCK, dim=0).repeat_interleave(SCALE_BLOCK, dim=1)
+        bf = bf * bs[: b.shape[0], : b.shape[1]]
+    return af @ bf.T
+
+
+def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Compile the kernel(s) this launch would use, without a GPU tensor or a launch.
+
+    Pointers are passed as dtypes (Triton's warm-up mock tensors, 16-byte aligned like real allocations) and the
+    integer arguments take the real values, so the binary lands in Triton's cache under the key the real launch
+    computes. M is never specialized, so one binary serves every M.
+    """
+    from triton.runtime.jit import MockTensor
+
+    quant = _QUANT_OF[kernel]
+    in_dtype = dtype if quant == QUANT_NONE else torch.float8_e4m3fn
+    f32 = torch.float32
+    bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+    ks = triton.cdiv(K, SCALE_BLOCK)
+    s_a, s_b = (ks, ks) if quant == QUANT_BLOCK else (0, 0)
+    scale_dtype = f32 if quant != QUANT_NONE else in_dtype
+    if cfg.PERSISTENT_TMA:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def desc(dt, rows, cols, block):
+            return TensorDescriptor(MockTensor(dt), [rows, cols], [cols, 1], block)
+
+        _gemm_tma_persistent_kernel.warmup(
+            desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(torch.bfloat16, M, N, [bm, bn]),
+            scale_dtype, scale_dtype, M, N, K, s_a, s_b,
+            QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
+            NUM_SMS=_num_sms(torch.device("cuda")), num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
+        )
+        return
+    split = cfg.NUM_KSPLIT > 1
+    _gemm_kernel.warmup(
+        in_dtype, in_dtype, f32 if split else torch.bfloat16, scale_dtype, scale_dtype,
+        M, N, K, k_per_split(K, cfg), K, K, N, M * N if split else 0, s_a, s_b,
+        QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT, EVEN_K=K % bk == 0,
+        CACHE_MODIFIER=cfg.cache_modifier, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
+    )
+    if split:
+        _splitk_reduce_kernel.warmup(f32, torch.bfloat16, M, N, M * N, NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=1024,
+                                     num_warps=4, grid=(1,))

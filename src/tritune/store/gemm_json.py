@@ -1,0 +1,353 @@
+"""GEMM tuned-config files: one JSON per device, kernel tag and (N, K) with M buckets; a per-device default
+file voted from them; and the run-time lookup over the user's folder and the shipped one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import re
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritune import knobs
+from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.tuning.types import Config
+
+BUCKETS = ("small", "medium_M32", "medium_M64", "medium_M128", "large", "xlarge", "any")
+_BUCKET_TOP = (("small", 31), ("medium_M32", 32), ("medium_M64", 64), ("medium_M128", 128), ("large", 256))
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "configs" / "gemm"
+# slug has no '-', so the first "-GEMM-" ends it; the tag is everything up to "-N=" or ".json".
+_NAME_RE = re.compile(r"(?P<slug>[A-Za-z0-9._]+)-GEMM-(?P<tag>.+?)(?:-N=(?P<N>\d+)-K=(?P<K>\d+))?\.json")
+
+
+def m_bucket(M: int) -> str:
+    """Bucket of a GEMM's M (rows of A): small <32, medium_M32 ==32, medium_M64 33-64, medium_M128 65-128,
+    large 129-256, xlarge >256. M < 1 is a ValueError (an empty GEMM launches nothing)."""
+    M = operator.index(M)
+    if M < 1:
+        raise ValueError(f"M must be >= 1, got {M}")
+    return next((name for name, top in _BUCKET_TOP if M <= top), "xlarge")
+
+
+def slug_of(device_name: str) -> str:
+    """File-name-safe device name, the same as DeviceInfo.slug: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", device_name).strip("_")
+
+
+def shape_file_name(device_slug: str, tag: str, N: int, K: int) -> str:
+    return f"{device_slug}-GEMM-{tag}-N={N}-K={K}.json"
+
+
+def default_file_name(device_slug: str, tag: str) -> str:
+    return f"{device_slug}-GEMM-{tag}.json"
+
+
+def _num(d: dict, name: str) -> float:
+    value = d[name]
+    if value is None:  # JSON null stands for inf/nan (see atomic.json_safe)
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r} is not a number")
+    return float(value)
+
+
+def _pos_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}={value!r} is not a positive integer")
+    return value
+
+
+def _config(value: object) -> Config:
+    if not isinstance(value, dict):
+        raise ValueError(f"config {value!r} is not an object")
+    try:
+        return Config.from_dict(value)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class GemmEntry:
+    """The winner for one M of one (N, K): its config and what it measured."""
+
+    M: int
+    config: Config
+    time_us: float
+    tflops: float
+    gbps: float
+    error: float  # mismatch ratio from the correctness gate; nan when not checked (stored as null)
+
+    def to_dict(self) -> dict:
+        return {"M": self.M, "config": self.config.as_dict(), "time_us": self.time_us, "tflops": self.tflops,
+                "gbps": self.gbps, "error": self.error}
+
+    @staticmethod
+    def from_dict(d: dict) -> GemmEntry:
+        """Inverse of to_dict; ValueError saying what is missing or wrong."""
+        if not isinstance(d, dict):
+            raise ValueError(f"entry {d!r} is not an object")
+        missing = [k for k in ("M", "config", "time_us", "tflops", "gbps", "error") if k not in d]
+        if missing:
+            raise ValueError(f"entry lacks {', '.join(missing)}")
+        return GemmEntry(M=_pos_int(d["M"], "M"), config=_config(d["config"]), time_us=_num(d, "time_us"),
+                         tflops=_num(d, "tflops"), gbps=_num(d, "gbps"), error=_num(d, "error"))
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    by_M: dict[int, GemmEntry]  # empty for a default file
+    configs: dict[str, Config]  # bucket -> config
+
+
+def _check(doc: object, file_name: str) -> _Parsed:
+    """Validate a shape or default file's structure (and its name, when it follows the naming scheme)."""
+    if not isinstance(doc, dict):
+        raise ValueError("top level is not an object")
+    for key, kind in (("provenance", dict), ("kernel", str), ("configs", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise ValueError(f"'{key}' is missing or not a{'n object' if kind is dict else ' string'}")
+    unknown = [b for b in doc["configs"] if b not in BUCKETS]
+    if unknown:
+        raise ValueError(f"unknown bucket(s) {unknown} in 'configs'; known: {list(BUCKETS)}")
+    is_shape = "by_M" in doc
+    name = _NAME_RE.fullmatch(file_name)
+    if name and (name["tag"] != doc["kernel"] or (name["N"] is not None) != is_shape):
+        raise ValueError(f"content (kernel {doc['kernel']!r}, {'shape' if is_shape else 'default'} file) "
+                         "does not match the file name")
+    if not is_shape:
+        configs = {}
+        for bucket, rec in doc["configs"].items():
+            if not isinstance(rec, dict) or "config" not in rec:
+                raise ValueError(f"configs[{bucket!r}] has no 'config'")
+            configs[bucket] = _config(rec["config"])
+        if not configs:
+            raise ValueError("'configs' is empty")
+        return _Parsed({}, configs)
+    N, K = _pos_int(doc.get("N"), "N"), _pos_int(doc.get("K"), "K")
+    if name and (int(name["N"]), int(name["K"])) != (N, K):
+        raise ValueError(f"N={N}, K={K} do not match the file name")
+    if not isinstance(doc["by_M"], dict) or not doc["by_M"]:
+        raise ValueError("'by_M' is missing, empty or not an object")
+    by_M = {}
+    for key, rec in doc["by_M"].items():
+        entry = GemmEntry.from_dict(rec)
+        if key != str(entry.M):
+            raise ValueError(f"by_M[{key!r}] holds M={entry.M}")
+        by_M[entry.M] = entry
+    configs = {}
+    for bucket, rec in doc["configs"].items():
+        entry = GemmEntry.from_dict(rec)
+        if bucket != "any" and m_bucket(entry.M) != bucket:
+            raise ValueError(f"configs[{bucket!r}] holds M={entry.M}, which is in bucket {m_bucket(entry.M)}")
+        configs[bucket] = entry.config
+    if "any" not in configs:
+        raise ValueError("configs has no 'any' entry")
+    return _Parsed(by_M, configs)
+
+
+def _load(path: Path) -> tuple[dict, _Parsed]:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
+    try:
+        return doc, _check(doc, path.name)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def read_gemm_file(path: Path) -> dict:
+    """The parsed JSON of a shape or default file, after validation; ValueError naming the file and the fault."""
+    return _load(path)[0]
+
+
+def _by_bucket(by_M: dict[int, GemmEntry]) -> dict[str, GemmEntry]:
+    """Per bucket, the entry of the largest tuned M in it; "any" is the largest M overall."""
+    found = {m_bucket(M): by_M[M] for M in sorted(by_M)}  # ascending, so the largest M is written last
+    out = {b: found[b] for b in BUCKETS if b in found}
+    out["any"] = by_M[max(by_M)]
+    return out
+
+
+def write_shape_file(folder: Path, provenance: dict, tag: str, N: int, K: int, entries: dict[int, GemmEntry],
+                     device_slug: str | None = None) -> Path:
+    """Write (or merge into) `<slug>-GEMM-<tag>-N=<N>-K=<K>.json` in `folder`, atomically; return its path.
+
+    Layout: {"provenance", "kernel": tag, "N", "K", "by_M": {"<M>": entry}, "configs": {bucket: entry}}.
+    An existing file is merged: new M replace old entries of the same M, other old M are kept; the
+    provenance becomes this write's. `device_slug` defaults to slug_of(provenance["name"]). A malformed
+    existing file is a ValueError (it is not overwritten).
+    """
+    if not entries:
+        raise ValueError("no entries to write")
+    bad = [M for M, e in entries.items() if e.M != M]
+    if bad:
+        raise ValueError(f"entries keyed by M={bad} hold a different M")
+    slug = device_slug or slug_of(provenance["name"])
+    path = Path(folder) / shape_file_name(slug, tag, N, K)
+    with path_lock(path):  # held across read-merge-write so two tuners of one shape don't lose entries
+        merged = dict(_load(path)[1].by_M) if path.exists() else {}
+        merged.update(entries)
+        atomic_write_json(path, {
+            "provenance": provenance, "kernel": tag, "N": N, "K": K,
+            "by_M": {str(M): merged[M].to_dict() for M in sorted(merged)},
+            "configs": {b: e.to_dict() for b, e in _by_bucket(merged).items()},
+        })
+    return path
+
+
+def write_default_file(folder: Path, provenance: dict, tag: str, device_slug: str | None = None) -> Path:
+    """Vote the per-device default `<slug>-GEMM-<tag>.json` from every shape file of that device and tag in
+    `folder`; return its path.
+
+    Per bucket, each shape file's bucket entry is one vote; the config with most votes wins, ties going to the
+    lowest summed time_us over its votes, then to the smallest Config.key(). Layout: {"provenance", "kernel",
+    "from_shapes": [{"N", "K"}], "configs": {bucket: {"config", "votes": n, "shapes": shape files voting}}}.
+    """
+    slug = device_slug or slug_of(provenance["name"])
+    pattern = re.compile(rf"{re.escape(slug)}-GEMM-{re.escape(tag)}-N=(\d+)-K=(\d+)\.json")
+    shapes, ballots = [], {b: {} for b in BUCKETS}
+    for path in sorted(Path(folder).iterdir()):
+        match = pattern.fullmatch(path.name)
+        if not match:
+            continue
+        doc, _ = _load(path)
+        shapes.append({"N": int(match[1]), "K": int(match[2])})
+        for bucket, rec in doc["configs"].items():
+            entry = GemmEntry.from_dict(rec)
+            ballots[bucket].setdefault(entry.config, []).append(entry.time_us)
+    if not shapes:
+        raise ValueError(f"no {slug}-GEMM-{tag}-N=*-K=*.json shape files in {folder}")
+
+    def rank(item: tuple[Config, list[float]]) -> tuple:
+        config, times = item
+        return -len(times), math.fsum(t if math.isfinite(t) else math.inf for t in times), config.key()
+
+    configs = {}
+    for bucket, votes in ballots.items():
+        if votes:
+            config, times = min(votes.items(), key=rank)
+            configs[bucket] = {"config": config.as_dict(), "votes": len(times),
+                               "shapes": sum(len(t) for t in votes.values())}
+    path = Path(folder) / default_file_name(slug, tag)
+    atomic_write_json(path, {"provenance": provenance, "kernel": tag, "from_shapes": shapes, "configs": configs})
+    return path
+
+
+_MISS = object()
+
+
+class GemmConfigStore:
+    """Run-time lookup of tuned GEMM configs, cached per process.
+
+    Folders, searched in order (the first holding a readable file wins): `folders` if given, else
+    TRITUNE_CONFIG_DIR (when set) then the shipped `tritune/configs/gemm/`. For (device, tag, M, N, K):
+    1. the shape file of (N, K): the exact M in by_M, else M's bucket, else "any";
+    2. the device default file: M's bucket, else "any";
+    3. None: the caller uses its documented built-in heuristic.
+    A malformed file (or a TRITUNE_CONFIG_DIR that is not a folder) warns once and is skipped, never raises.
+    Parsed files and lookups stay cached until `reload()`, which also re-reads TRITUNE_CONFIG_DIR.
+    """
+
+    def __init__(self, folders: Sequence[Path] | None = None) -> None:
+        self._given = None if folders is None else [Path(f) for f in folders]
+        self._lock = threading.RLock()
+        self.reload()
+
+    def reload(self) -> None:
+        """Forget parsed files, lookups and the folder list; the next lookup reads the disk again."""
+        with self._lock:
+            self._folders: list[Path] | None = None
+            self._files: dict[Path, _Parsed | None] = {}
+            self._lookups: dict[tuple, tuple[Config, str] | None] = {}
+
+    def folders(self) -> list[Path]:
+        with self._lock:
+            if self._folders is None:
+                if self._given is not None:
+                    self._folders = list(self._given)
+                else:
+                    try:
+                        user = knobs.config_dir()
+                    except ValueError as err:
+                        warnings.warn(f"tritune: ignoring {err}", stacklevel=3)
+                        user = None
+                    self._folders = ([user] if user else []) + [PACKAGE_DIR]
+            return self._folders
+
+    def lookup(self, device_slug: str, tag: str, M: int, N: int, K: int) -> tuple[Config, str] | None:
+        """(config, where it came from) for a GEMM C[M, N] = A[M, K] @ B[K, N], or None when nothing is tuned.
+
+        `where` reads e.g. "shape file <path> M=64", "shape file <path> bucket large", "device default <path>
+        bucket xlarge". M < 1 is a ValueError.
+        """
+        key = (device_slug, tag, M, N, K)
+        hit = self._lookups.get(key, _MISS)  # lock-free fast path: a dict read is atomic
+        if hit is not _MISS:
+            return hit
+        with self._lock:
+            result = self._resolve(device_slug, tag, M, N, K)
+            self._lookups[key] = result
+            return result
+
+    def _resolve(self, slug: str, tag: str, M: int, N: int, K: int) -> tuple[Config, str] | None:
+        buckets = (m_bucket(M), "any")
+        found = self._first(shape_file_name(slug, tag, N, K))
+        if found:
+            path, parsed = found
+            if M in parsed.by_M:
+                return parsed.by_M[M].config, f"shape file {path} M={M}"
+            bucket = next(b for b in buckets if b in parsed.configs)  # "any" is always there
+            return parsed.configs[bucket], f"shape file {path} bucket {bucket}"
+        found = self._first(default_file_name(slug, tag))
+        if found:
+            path, parsed = found
+            for bucket in buckets:
+                if bucket in parsed.configs:
+                    return parsed.configs[bucket], f"device default {path} bucket {bucket}"
+        return None
+
+    def _first(self, name: str) -> tuple[Path, _Parsed] | None:
+        for folder in self.folders():
+            path = folder / name
+            if path not in self._files:
+                self._files[path] = self._parse(path)
+            if self._files[path] is not None:
+                return path, self._files[path]
+        return None
+
+    @staticmethod
+    def _parse(path: Path) -> _Parsed | None:
+        if not path.is_file():
+            return None
+        try:
+            return _load(path)[1]
+        except (OSError, ValueError) as err:
+            warnings.warn(f"tritune: skipping malformed GEMM config file: {err}", stacklevel=5)
+            return None
+
+
+_DEFAULT_STORE: GemmConfigStore | None = None
+_DEFAULT_GUARD = threading.Lock()
+
+
+def default_store() -> GemmConfigStore:
+    """The process-wide store the ops use."""
+    global _DEFAULT_STORE
+    if _DEFAULT_STORE is not None:
+        return _DEFAULT_STORE
+    with _DEFAULT_GUARD:
+        if _DEFAULT_STORE is None:
+            _DEFAULT_STORE = GemmConfigStore()
+        return _DEFAULT_STORE
+
+
+def reload_configs() -> None:
+    """Make the ops see config files written or changed since they were first read (and a new TRITUNE_CONFIG_DIR)."""
+    default_store().reload()

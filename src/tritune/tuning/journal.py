@@ -1,0 +1,154 @@
+"""The tuning journal: an SQLite file holding every measured candidate, committed as soon as it is measured.
+
+A rerun after a crash, kill -9 or Ctrl-C reads it back and skips what was already measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+from tritune.tuning.types import Config, Measurement, Status
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    problem_key TEXT NOT NULL,
+    config TEXT NOT NULL,          -- Config.key()
+    status TEXT NOT NULL,          -- Status value
+    time_us REAL,                  -- NULL means NaN; +-inf is stored as a REAL infinity
+    error REAL,
+    rel_l2_err REAL,
+    message TEXT NOT NULL,
+    extra TEXT NOT NULL,           -- JSON object
+    created REAL NOT NULL,         -- unix time of the last write
+    PRIMARY KEY (problem_key, config)
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+_UPSERT = """
+INSERT INTO measurements (problem_key, config, status, time_us, error, rel_l2_err, message, extra, created)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (problem_key, config) DO UPDATE SET
+    status = excluded.status, time_us = excluded.time_us, error = excluded.error,
+    rel_l2_err = excluded.rel_l2_err, message = excluded.message, extra = excluded.extra,
+    created = excluded.created
+"""
+
+
+def _to_sql(x: float) -> float | None:
+    # SQLite stores +-inf as REAL but silently turns NaN into NULL; make that mapping explicit.
+    return None if math.isnan(x) else float(x)
+
+
+def _from_sql(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
+class Journal:
+    """Measurements keyed by (problem key, config key), plus a small text key/value `meta` table.
+
+    Every `record` is committed before it returns, so a killed process loses at most the candidate it was
+    measuring. WAL mode with synchronous=NORMAL: durable against process death (not against power loss),
+    and other processes may read while one writes (writers wait up to `timeout` seconds for the lock).
+    """
+
+    def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # check_same_thread=False plus our own lock: the tuner may record from a worker thread.
+        self._conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+
+    def record(self, m: Measurement) -> None:
+        """Insert or replace the row for (m.problem_key, m.config); committed on return.
+
+        `extra` is stored as JSON; values JSON cannot hold are written with str().
+        """
+        row = (
+            m.problem_key,
+            m.config.key(),
+            m.status.value,
+            _to_sql(m.time_us),
+            _to_sql(m.error),
+            _to_sql(m.rel_l2_err),
+            m.message,
+            json.dumps(m.extra, sort_keys=True, default=str),
+            time.time(),
+        )
+        with self._lock:
+            # isolation_level=None is autocommit: the single statement is its own committed transaction.
+            self._conn.execute(_UPSERT, row)
+
+    def measurements(self, problem_key: str) -> dict[Config, Measurement]:
+        """Every recorded candidate of one problem, in first-recorded order."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT config, status, time_us, error, rel_l2_err, message, extra FROM measurements "
+                "WHERE problem_key = ? ORDER BY rowid",
+                (problem_key,),
+            ).fetchall()
+        out: dict[Config, Measurement] = {}
+        for config_key, status, time_us, error, rel_l2, message, extra in rows:
+            config = Config.from_key(config_key)
+            out[config] = Measurement(
+                problem_key=problem_key,
+                config=config,
+                status=Status(status),
+                time_us=_from_sql(time_us),
+                error=_from_sql(error),
+                rel_l2_err=_from_sql(rel_l2),
+                message=message,
+                extra=json.loads(extra),
+            )
+        return out
+
+    def problem_keys(self) -> list[str]:
+        """Problems with at least one recorded candidate, sorted."""
+        with self._lock:
+            rows = self._conn.execute("SELECT DISTINCT problem_key FROM measurements ORDER BY problem_key").fetchall()
+        return [r[0] for r in rows]
+
+    def count(self) -> int:
+        """Recorded candidates over all problems."""
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Insert or replace one meta entry (command line, provenance JSON, ...); committed on return."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Journal({str(self.path)!r})"

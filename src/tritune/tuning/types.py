@@ -1,0 +1,117 @@
+"""Values the engine passes around: a config, the closed set of outcomes, one measured candidate.
+
+Configs are hashable values so a winner is `min(times, key=times.get)` and a journal row can be found
+again by key; failures are data (a kind plus a message) and rank as infinitely slow.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+Scalar = int | float | str | bool
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One point of a search space: named scalar parameters, kept sorted so equal configs hash equal."""
+
+    items: tuple[tuple[str, Scalar], ...]
+
+    @staticmethod
+    def of(**params: Scalar) -> Config:
+        return Config.from_dict(params)
+
+    @staticmethod
+    def from_dict(params: dict[str, Scalar]) -> Config:
+        for name, value in params.items():
+            if not isinstance(value, (int, float, str, bool)):
+                raise TypeError(f"config parameter {name}={value!r} is not a scalar")
+        return Config(tuple(sorted(params.items())))
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    def __getitem__(self, name: str) -> Scalar:
+        for key, value in self.items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: Scalar | None = None) -> Scalar | None:
+        for key, value in self.items:
+            if key == name:
+                return value
+        return default
+
+    def replace(self, **params: Scalar) -> Config:
+        merged = self.as_dict()
+        merged.update(params)
+        return Config.from_dict(merged)
+
+    def key(self) -> str:
+        """Stable text form used as the journal key and in profile files."""
+        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_key(text: str) -> Config:
+        return Config.from_dict(json.loads(text))
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.items)
+
+
+class Status(str, enum.Enum):
+    """Closed set of outcomes for one candidate. Everything but OK ranks as infinitely slow."""
+
+    OK = "ok"
+    PRUNED = "pruned"
+    COMPILE_ERROR = "compile_error"
+    OUT_OF_RESOURCES = "out_of_resources"
+    PTXAS_ERROR = "ptxas_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    RUNTIME_ERROR = "runtime_error"
+    WRONG_ANSWER = "wrong_answer"
+
+    @property
+    def failed(self) -> bool:
+        return self is not Status.OK
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What the correctness gate found: the verdict and the numbers behind it."""
+
+    passed: bool
+    mismatch_ratio: float  # fraction of elements outside atol/rtol
+    max_abs_err: float
+    rel_l2_err: float  # ||out - ref|| / ||ref||
+    unwritten: int  # elements still holding the poison value
+    nonfinite: int  # NaN/Inf elements not present in the reference
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate of one problem, as the journal stores it."""
+
+    problem_key: str
+    config: Config
+    status: Status
+    time_us: float = math.inf
+    error: float = math.nan  # mismatch ratio from the gate, NaN when not checked
+    rel_l2_err: float = math.nan
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def rank_time(self) -> float:
+        return self.time_us if self.ok else math.inf
