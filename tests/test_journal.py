@@ -33,17 +33,40 @@ def _same(a: Measurement, b: Measurement) -> bool:
 
 def test_round_trip_ok_and_failed(tmp_path: Path) -> None:
     ok = Measurement(
-        "gemm-m128", Config.of(BLOCK_M=64, BLOCK_N=128, num_warps=4, split_k=False, scale=0.5, order="row"),
-        Status.OK, time_us=12.345678901234567, error=0.0, rel_l2_err=1.25e-7, message="",
+        "gemm-m128",
+        Config.of(BLOCK_M=64, BLOCK_N=128, num_warps=4, split_k=False, scale=0.5, order="row"),
+        Status.OK,
+        time_us=12.345678901234567,
+        error=0.0,
+        rel_l2_err=1.25e-7,
+        message="",
         extra={"tflops": 801.5, "regs": 128, "spills": 0},
     )
     # Failed candidates carry the defaults: inf time and NaN errors.
-    oor = Measurement("gemm-m128", Config.of(BLOCK_M=256, BLOCK_N=256, num_warps=8), Status.OUT_OF_RESOURCES,
-                      message="shared memory 262144 > 232448")
-    wrong = Measurement("gemm-m256", Config.of(BLOCK_M=16, BLOCK_N=16, num_warps=1), Status.WRONG_ANSWER,
-                        time_us=3.0, error=0.125, rel_l2_err=math.inf, message="3 unwritten elements")
-    neg_inf = Measurement("gemm-m256", Config.of(BLOCK_M=32, BLOCK_N=16, num_warps=1), Status.CRASHED,
-                          time_us=-math.inf, error=math.nan, rel_l2_err=math.nan, message="ünïcode ✓")
+    oor = Measurement(
+        "gemm-m128",
+        Config.of(BLOCK_M=256, BLOCK_N=256, num_warps=8),
+        Status.OUT_OF_RESOURCES,
+        message="shared memory 262144 > 232448",
+    )
+    wrong = Measurement(
+        "gemm-m256",
+        Config.of(BLOCK_M=16, BLOCK_N=16, num_warps=1),
+        Status.WRONG_ANSWER,
+        time_us=3.0,
+        error=0.125,
+        rel_l2_err=math.inf,
+        message="3 unwritten elements",
+    )
+    neg_inf = Measurement(
+        "gemm-m256",
+        Config.of(BLOCK_M=32, BLOCK_N=16, num_warps=1),
+        Status.CRASHED,
+        time_us=-math.inf,
+        error=math.nan,
+        rel_l2_err=math.nan,
+        message="ünïcode ✓",
+    )
     path = tmp_path / "deep" / "dir" / "journal.sqlite"
     with Journal(path) as j:
         for m in (ok, oor, wrong, neg_inf):

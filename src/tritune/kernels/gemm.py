@@ -35,6 +35,7 @@ class GemmConfig:
     NUM_KSPLIT: int = 1
     cache_modifier: str = ""  # "" or ".cg" (skip L1 for the streamed operands)
     PERSISTENT_TMA: bool = False  # persistent grid of one program per SM, TMA descriptor loads/stores (Hopper)
+    SCALE_PIPELINE: bool = False  # block-scaled TMA only: rescale block k-1 while the MMA of block k runs
 
     @staticmethod
     def from_params(params: dict) -> GemmConfig:
@@ -104,8 +105,13 @@ def _gemm_kernel(
             # BLOCK_SIZE_K divides 128, so one scale column covers this whole K step.
             ks = k // 128
             a_sk = tl.load(a_s_ptrs + ks)
-            b_sk = tl.load(b_s_ptrs + ks)
-            acc += tl.dot(a, b) * (a_sk[:, None] * b_sk[None, :])
+            if BLOCK_SIZE_N <= 128:
+                # The tile lies inside one 128-wide scale block: one scalar B scale, one FMA per element.
+                b_sk = tl.load(b_scale_ptr + (pid_n * BLOCK_SIZE_N // 128) * stride_bsn + ks)
+                acc += tl.dot(a, b) * (a_sk * b_sk)[:, None]
+            else:
+                b_sk = tl.load(b_s_ptrs + ks)
+                acc += tl.dot(a, b) * (a_sk[:, None] * b_sk[None, :])
         else:
             acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_SIZE_K
@@ -126,7 +132,7 @@ def _gemm_tma_persistent_kernel(
     stride_asm, stride_bsn,
     QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr, SCALE_PIPELINE: tl.constexpr,
 ):
     """Each program walks tiles start, start+NUM_SMS, ...; TMA zero-fills edge loads and clips edge stores.
 
@@ -149,15 +155,38 @@ def _gemm_tma_persistent_kernel(
         offs_m = off_m + tl.arange(0, BLOCK_SIZE_M)
         offs_n = off_n + tl.arange(0, BLOCK_SIZE_N)
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for ki in range(k_tiles):
+        if SCALE_PIPELINE:
+            # Block-scaled, BLOCK_SIZE_N <= 128, BLOCK_SIZE_K == 128: the FMA rescale of step k-1 is issued after
+            # the MMA of step k, so the tensor cores and the FMA units can overlap.
+            prev = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            prev_s = tl.zeros((BLOCK_SIZE_M,), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_SIZE_K
+                a = a_desc.load([off_m, off_k])
+                b = b_desc.load([off_n, off_k])
+                a_sk = tl.load(a_scale_ptr + offs_m * stride_asm + ki, mask=offs_m < M, other=0.0)
+                b_sk = tl.load(b_scale_ptr + (off_n // 128) * stride_bsn + ki)
+                d = tl.dot(a, b.T)
+                acc += prev * prev_s[:, None]
+                prev = d
+                prev_s = a_sk * b_sk
+            acc += prev * prev_s[:, None]
+            k_tiles_left = 0
+        else:
+            k_tiles_left = k_tiles
+        for ki in range(k_tiles_left):
             off_k = ki * BLOCK_SIZE_K
             a = a_desc.load([off_m, off_k])
             b = b_desc.load([off_n, off_k])
             if QUANT == 2:
                 ks = off_k // 128
                 a_sk = tl.load(a_scale_ptr + offs_m * stride_asm + ks, mask=offs_m < M, other=0.0)
-                b_sk = tl.load(b_scale_ptr + (offs_n // 128) * stride_bsn + ks, mask=offs_n < N, other=0.0)
-                acc += tl.dot(a, b.T) * (a_sk[:, None] * b_sk[None, :])
+                if BLOCK_SIZE_N <= 128:
+                    b_sk = tl.load(b_scale_ptr + (off_n // 128) * stride_bsn + ks)
+                    acc += tl.dot(a, b.T) * (a_sk * b_sk)[:, None]
+                else:
+                    b_sk = tl.load(b_scale_ptr + (offs_n // 128) * stride_bsn + ks, mask=offs_n < N, other=0.0)
+                    acc += tl.dot(a, b.T) * (a_sk[:, None] * b_sk[None, :])
             else:
                 acc = tl.dot(a, b.T, acc)
         if QUANT == 1:
@@ -195,6 +224,8 @@ def _launch_tma(a, b, out, a_s, b_s, quant: int, cfg: GemmConfig) -> None:
 
     if cfg.NUM_KSPLIT != 1:
         raise ValueError("PERSISTENT_TMA does not split K; use NUM_KSPLIT=1")
+    if cfg.SCALE_PIPELINE and (quant != QUANT_BLOCK or cfg.BLOCK_SIZE_K != 128 or cfg.BLOCK_SIZE_N > 128):
+        raise ValueError("SCALE_PIPELINE needs the block-scaled kernel, BLOCK_SIZE_K 128 and BLOCK_SIZE_N <= 128")
     if not tma_compatible(a, b, out):
         raise ValueError("PERSISTENT_TMA needs 16-byte aligned A, B, C rows (K and N multiples of 16 bytes)")
     M, K = a.shape
@@ -209,7 +240,7 @@ def _launch_tma(a, b, out, a_s, b_s, quant: int, cfg: GemmConfig) -> None:
         a_desc, b_desc, c_desc, a_s, b_s, M, N, K,
         a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0,
         QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_SMS=num_sms,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_SMS=num_sms, SCALE_PIPELINE=cfg.SCALE_PIPELINE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -358,7 +389,8 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
             desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(torch.bfloat16, M, N, [bm, bn]),
             scale_dtype, scale_dtype, M, N, K, s_a, s_b,
             QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
-            NUM_SMS=_num_sms(torch.device("cuda")), num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
+            NUM_SMS=_num_sms(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
         )
         return
     split = cfg.NUM_KSPLIT > 1

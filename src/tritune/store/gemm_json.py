@@ -120,11 +120,7 @@ def _check(doc: object, file_name: str) -> _Parsed:
         raise ValueError(f"content (kernel {doc['kernel']!r}, {'shape' if is_shape else 'default'} file) "
                          "does not match the file name")
     if not is_shape:
-        configs = {}
-        for bucket, rec in doc["configs"].items():
-            if not isinstance(rec, dict) or "config" not in rec:
-                raise ValueError(f"configs[{bucket!r}] has no 'config'")
-            configs[bucket] = _config(rec["config"])
+        configs = {b: _config(rec.get("config") if isinstance(rec, dict) else rec) for b, rec in doc["configs"].items()}
         if not configs:
             raise ValueError("'configs' is empty")
         return _Parsed({}, configs)
@@ -276,7 +272,7 @@ class GemmConfigStore:
                     try:
                         user = knobs.config_dir()
                     except ValueError as err:
-                        warnings.warn(f"tritune: ignoring {err}", stacklevel=3)
+                        warnings.warn(f"tritune: ignoring {err}", stacklevel=5)
                         user = None
                     self._folders = ([user] if user else []) + [PACKAGE_DIR]
             return self._folders

@@ -45,6 +45,14 @@ def _is_poison(t: torch.Tensor) -> torch.Tensor:
     return bits == _poison_bits(t.dtype)
 
 
+def _round_like(ref32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """ref32 as a kernel storing it in `dtype` would: saturated first, since fp8 casts overflow to NaN."""
+    if dtype == torch.float32 or not dtype.is_floating_point:
+        return ref32.to(dtype)
+    info = torch.finfo(dtype)
+    return ref32.clamp(info.min, info.max).to(dtype)
+
+
 def poison(out: torch.Tensor) -> None:
     """Fill `out` (any float/fp8/int dtype, any device, any strides) in place with `poison_value(out.dtype)`."""
     if out.dtype.is_floating_point:
@@ -56,8 +64,8 @@ def poison(out: torch.Tensor) -> None:
 def check_output(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> CheckResult:
     """Judge `out` (any float dtype; int works too) against `ref` (fp32, same shape) in fp32 on out's device.
 
-    unwritten: elements still bit-equal to the poison value (unless the reference itself rounds to it in
-    out's dtype, e.g. an fp8 output saturating at -448). nonfinite: NaN/Inf where the reference is finite.
+    unwritten: elements still bit-equal to the poison value (unless the reference itself, saturated and
+    rounded to out's dtype, equals it: an fp8 output at -448). nonfinite: NaN/Inf where the reference is finite.
     An element mismatches when |out-ref| > atol + rtol*|ref|; unwritten and nonfinite elements mismatch,
     and a non-finite reference element matches only the same Inf or a NaN. max_abs_err covers elements
     where both are finite and written; rel_l2_err = ||out-ref||/||ref|| is inf as soon as any element is
@@ -72,7 +80,7 @@ def check_output(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> CheckR
 
     ref32 = ref.to(device=out.device, dtype=torch.float32)
     out32 = out.to(torch.float32)
-    unwritten = _is_poison(out) & ~_is_poison(ref32.to(out.dtype))
+    unwritten = _is_poison(out) & ~_is_poison(_round_like(ref32, out.dtype))
     ref_finite = torch.isfinite(ref32)
     out_finite = torch.isfinite(out32)
     nonfinite = ~out_finite & ref_finite
@@ -87,15 +95,17 @@ def check_output(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> CheckR
     special_bad = ~ref_finite & ~same_special
 
     # One device->host transfer for every number the verdict needs.
-    stats = torch.stack([
-        unwritten.sum().double(),
-        nonfinite.sum().double(),
-        special_bad.sum().double(),
-        close.sum().double(),
-        abs_diff.max().double(),
-        torch.linalg.vector_norm(abs_diff, dtype=torch.float64),
-        torch.linalg.vector_norm(torch.where(ref_finite, ref32, 0.0), dtype=torch.float64),
-    ]).tolist()
+    stats = torch.stack(
+        [
+            unwritten.sum().double(),
+            nonfinite.sum().double(),
+            special_bad.sum().double(),
+            close.sum().double(),
+            abs_diff.max().double(),
+            torch.linalg.vector_norm(abs_diff, dtype=torch.float64),
+            torch.linalg.vector_norm(torch.where(ref_finite, ref32, 0.0), dtype=torch.float64),
+        ]
+    ).tolist()
     n_unwritten, n_nonfinite, n_special_bad, n_close = (int(x) for x in stats[:4])
     max_abs_err, diff_norm, ref_norm = stats[4:]
 

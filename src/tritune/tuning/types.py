@@ -64,7 +64,7 @@ class Config:
         return ",".join(f"{k}={v}" for k, v in self.items)
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Closed set of outcomes for one candidate. Everything but OK ranks as infinitely slow."""
 
     OK = "ok"

@@ -1,0 +1,173 @@
+"""`tritune` command line: parses flags and calls library functions; no tuning logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+INTERPRETER_LABEL = "interpreter: correctness only, timings meaningless"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input on one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"tritune: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"tritune: error: {message}\n")
+    return 2
+
+
+def _use_interpreter_without_gpu() -> bool:
+    """Must run before any tritune kernel module is imported: Triton reads TRITON_INTERPRET at decoration."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iters", type=_positive_int, default=30, help="timed runs per candidate (median reported)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a candidate may run before it is killed")
+    p.add_argument("--mp", type=_positive_int, default=None, help="GPU workers (default: every visible GPU)")
+    p.add_argument("--compile-workers", type=_positive_int, default=None, help="compile processes (default: all)")
+    p.add_argument("--strategy", default="exhaustive", choices=("exhaustive", "random", "neighbourhood"))
+    p.add_argument("--budget", type=_positive_int, default=None, help="candidates per problem (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tritune", description="Autotune Triton GEMM and MoE kernels.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("gemm", help="tune GEMM kernels; writes {device}-GEMM-{TAG}-N=..-K=...json")
+    g.add_argument("--kernel", required=True, help="bf16, a8w8 or a8w8_blockscale")
+    g.add_argument("--m", help="comma-separated M values, e.g. 16,32,64")
+    g.add_argument("--n", type=_positive_int)
+    g.add_argument("--k", type=_positive_int)
+    g.add_argument("--shapes", type=Path, help="CSV file with header M,N,K (M a quoted list) instead of --m/--n/--k")
+    g.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="operands of the bf16 kernel")
+    g.add_argument("--atol", type=float, default=1e-2)
+    g.add_argument("--rtol", type=float, default=1e-2)
+    g.add_argument("--err-ratio", type=float, default=1e-3, help="fraction of elements allowed outside atol/rtol")
+    g.add_argument("--search-space", type=Path, help="JSON {param: [values]} replacing the default lists")
+    g.add_argument("-o", "--output", type=Path, default=Path("tritune-out/gemm"), help="output folder")
+    _add_engine_flags(g)
+
+    e = sub.add_parser("example", help="the main job: tune the shipped example shapes (tiny, interpreted, on CPU)")
+    e.add_argument("-o", "--output", type=Path, default=Path("tritune-out"))
+    e.add_argument("--shapes", type=Path, default=Path("examples/gemm_shapes.csv"), help="GEMM shapes on a GPU")
+    _add_engine_flags(e)
+
+    sub.add_parser("device", help="print the device identity recorded in every output file")
+    return parser
+
+
+def _settings(args: argparse.Namespace, out_dir: Path, device):
+    from tritune.tuning.device import gpu_count
+    from tritune.tuning.executor import BenchSettings
+    from tritune.tuning.tuner import TuneSettings
+
+    bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
+    return TuneSettings(
+        journal_path=out_dir / f"journal-{device.slug}.sqlite", bench=bench,
+        num_gpus=args.mp or max(1, gpu_count()), compile_workers=args.compile_workers,
+        strategy=args.strategy, budget=args.budget, progress=not args.no_progress,
+    )
+
+
+def _run_gemm(req, args: argparse.Namespace) -> int:
+    from tritune.tuners.gemm import build_tunable, result_table, tune_gemm
+    from tritune.tuning.device import current_device
+
+    device = current_device()
+    if device.interpreter:
+        print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
+    try:
+        tunable = build_tunable(req, device)
+    except ValueError as exc:
+        return _fail(str(exc))
+    report = tune_gemm(req, device, _settings(args, req.out_dir, device))
+    print("\n".join(result_table(report.results, tunable.flops)))
+    print("\n".join(report.summary.lines()))
+    for path in report.files:
+        print(f"wrote {path}")
+    if device.interpreter:
+        print(f"({INTERPRETER_LABEL})")
+    if report.failed_problems:
+        return _fail(f"no candidate passed the correctness gate for {len(report.failed_problems)} problem(s): "
+                     + ", ".join(p.key() for p in report.failed_problems))
+    return 0
+
+
+def _gemm(args: argparse.Namespace) -> int:
+    from tritune.tuners.gemm import GemmShape, GemmTuneRequest, parse_m_list, read_shapes_file
+
+    try:
+        if args.shapes:
+            if args.m or args.n or args.k:
+                return _fail("give either --shapes or --m/--n/--k, not both")
+            shapes = tuple(read_shapes_file(args.shapes))
+        else:
+            if not (args.m and args.n and args.k):
+                return _fail("give --m, --n and --k (or --shapes FILE)")
+            shapes = (GemmShape(parse_m_list(args.m), args.n, args.k),)
+        req = GemmTuneRequest(args.kernel, shapes, args.output, args.dtype, args.atol, args.rtol, args.err_ratio,
+                              args.search_space)
+    except ValueError as exc:
+        return _fail(str(exc))
+    return _run_gemm(req, args)
+
+
+def _example(args: argparse.Namespace, interpreted: bool) -> int:
+    from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
+
+    if interpreted:
+        # A tiny odd shape in fp16 (the interpreter's tl.dot is wrong on bf16 operands).
+        req = GemmTuneRequest("bf16", (GemmShape((1, 17), 96, 80),), args.output / "gemm", dtype="fp16")
+        return _run_gemm(req, args)
+    try:
+        shapes = tuple(read_shapes_file(args.shapes))
+    except ValueError as exc:
+        return _fail(str(exc))
+    code = 0
+    for kernel in ("bf16", "a8w8", "a8w8_blockscale"):
+        print(f"== {kernel}", flush=True)
+        code = max(code, _run_gemm(GemmTuneRequest(kernel, shapes, args.output / "gemm"), args))
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    interpreted = _use_interpreter_without_gpu()
+    if args.command == "device":
+        from tritune.tuning.device import current_device
+
+        for key, value in current_device().provenance().items():
+            print(f"{key}: {value}")
+        return 0
+    try:
+        if args.command == "gemm":
+            return _gemm(args)
+        return _example(args, interpreted)
+    except KeyboardInterrupt:
+        return _fail("interrupted; everything measured so far is in the journal, rerun the command to resume")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Run-time GEMM ops that pick their own config: tuned shape file, then device default, then a heuristic.
+
+Lookups go through `tritune.store.gemm_json.default_store()` (cached per process; `reload_configs()` re-reads
+the files and TRITUNE_CONFIG_DIR). The built-in heuristic, used when no file matches:
+
+- M <= 16:  BLOCK 16x64, BLOCK_K 256 (128 for block-scaled fp8), 4 warps, 3 stages;
+- M <= 64:  BLOCK 64x64, BLOCK_K 128, 4 warps, 4 stages;
+- M <= 256: BLOCK 64x128, BLOCK_K 128, GROUP_SIZE_M 8, 4 warps, 3 stages;
+- larger:   BLOCK 128x256, BLOCK_K 64 (128x128x128 for block-scaled fp8), GROUP_SIZE_M 8, 8 warps, 3 stages;
+- split-K while the tile grid covers under half the SMs: the largest of 2, 4, 8 keeping ≥ 2 K steps per split.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from tritune.kernels import gemm as gk
+from tritune.store.gemm_json import default_store, reload_configs
+from tritune.tuners.gemm_tunable import TAGS
+
+__all__ = ["gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "select_config", "heuristic_config", "reload_configs"]
+
+
+def heuristic_config(kernel: str, M: int, N: int, K: int, sm_count: int = 132) -> gk.GemmConfig:
+    """The documented fallback (see the module docstring)."""
+    block_scaled = kernel == "a8w8_blockscale"
+    if M <= 16:
+        cfg = gk.GemmConfig(16, 64, 128 if block_scaled else 256, 1, 4, 3)
+    elif M <= 64:
+        cfg = gk.GemmConfig(64, 64, 128, 1, 4, 4)
+    elif M <= 256:
+        cfg = gk.GemmConfig(64, 128, 128, 8, 4, 3)
+    elif block_scaled:
+        cfg = gk.GemmConfig(128, 128, 128, 8, 8, 3)
+    else:
+        cfg = gk.GemmConfig(128, 256, 64, 8, 8, 3)
+    tiles = triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N)
+    split = 1
+    for s in (2, 4, 8):
+        if tiles * s <= sm_count and K >= 2 * s * cfg.BLOCK_SIZE_K:
+            split = s
+    if tiles * 2 > sm_count:
+        split = 1
+    return gk.GemmConfig(**{**cfg.__dict__, "NUM_KSPLIT": split})
+
+
+@functools.cache
+def _device_facts(index: int) -> tuple[str, int]:
+    from tritune.tuning.device import current_device
+
+    info = current_device(index) if torch.cuda.is_available() else current_device()
+    return info.slug, info.sm_count
+
+
+def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
+    """The config an op will use and where it came from (a file and bucket, or 'heuristic')."""
+    index = device.index if device.type == "cuda" and device.index is not None else 0
+    slug, sms = _device_facts(index) if device.type == "cuda" else _device_facts(-1)
+    found = default_store().lookup(slug, TAGS[kernel], M, N, K)
+    if found is not None:
+        config, source = found
+        return gk.GemmConfig.from_params(config.as_dict()), source
+    return heuristic_config(kernel, M, N, K, sms), "heuristic"
+
+
+def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
+    M, K = a.shape
+    N = b.shape[0]
+    if config is None:
+        config, _ = select_config(kernel, M, N, K, a.device)
+    if config.PERSISTENT_TMA:
+        target = out if out is not None else torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
+        if not gk.tma_compatible(a, b, target):
+            config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False})
+        out = target
+    return gk.gemm(kernel, a, b, config, a_scale=a_scale, b_scale=b_scale, out=out)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
+         config: gk.GemmConfig | None = None) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ for bf16/fp16 operands -> bf16 [M, N] (or into `out`)."""
+    return _run("bf16", a, b, None, None, out, config)
+
+
+def gemm_a8w8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+              out: torch.Tensor | None = None, config: gk.GemmConfig | None = None) -> torch.Tensor:
+    """fp8 e4m3 A [M, K] (per-token scales [M]) · B [N, K]ᵀ (per-channel scales [N]) -> bf16 [M, N]."""
+    return _run("a8w8", a, b, a_scale, b_scale, out, config)
+
+
+def gemm_a8w8_blockscale(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
+                         out: torch.Tensor | None = None, config: gk.GemmConfig | None = None) -> torch.Tensor:
+    """fp8 A [M, K] with scales [M, ⌈K/128⌉] · B [N, K]ᵀ with scales [⌈N/128⌉, ⌈K/128⌉] -> bf16 [M, N]."""
+    return _run("a8w8_blockscale", a, b, a_scale, b_scale, out, config)

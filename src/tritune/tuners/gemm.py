@@ -1,0 +1,151 @@
+"""The GEMM tuner: shapes in, per-device JSON files with M buckets out (shape files plus the device default)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritune.kernels.gemm import KERNELS
+from tritune.store.gemm_json import GemmEntry, write_default_file, write_shape_file
+from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
+from tritune.tuning.device import DeviceInfo
+from tritune.tuning.space import load_space_file
+from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
+
+# Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
+INTERPRETER_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "GROUP_SIZE_M": (1,),
+    "num_warps": (4,), "num_stages": (2,), "NUM_KSPLIT": (1, 2), "cache_modifier": ("",), "PERSISTENT_TMA": (False,),
+    "SCALE_PIPELINE": (False,),
+}
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One line of a shapes file: a list of M values tuned for one (N, K)."""
+
+    Ms: tuple[int, ...]
+    N: int
+    K: int
+
+
+def parse_m_list(text: str, where: str = "--m") -> tuple[int, ...]:
+    """'16,32,64' -> (16, 32, 64); raises ValueError naming the bad item."""
+    items = [t.strip() for t in text.replace(";", ",").split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise ValueError(f"{where}: malformed M list {text!r} (expected comma-separated positive integers)")
+    out = []
+    for item in items:
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"{where}: M value {item!r} in {text!r} is not a positive integer")
+        out.append(int(item))
+    return tuple(sorted(set(out)))
+
+
+def _positive(text: str, where: str) -> int:
+    text = text.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{where}: {text!r} is not a positive integer")
+    return int(text)
+
+
+def read_shapes_file(path: str | Path) -> list[GemmShape]:
+    """CSV with header `M,N,K`; M is a quoted list ("16,32,64"). Lines starting with # are comments."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read shapes file ({exc.strerror or exc})") from None
+    rows = [r for r in csv.reader(line for line in text.splitlines() if not line.lstrip().startswith("#"))]
+    rows = [r for r in rows if any(c.strip() for c in r)]
+    if not rows or [c.strip() for c in rows[0]] != ["M", "N", "K"]:
+        raise ValueError(f"{path}: row 1: expected the header M,N,K")
+    shapes = []
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != 3:
+            raise ValueError(f"{path}: row {i}: expected 3 columns M,N,K, got {len(row)}: {row!r}")
+        shapes.append(GemmShape(parse_m_list(row[0], f"{path}: row {i}, column M"),
+                                _positive(row[1], f"{path}: row {i}, column N"),
+                                _positive(row[2], f"{path}: row {i}, column K")))
+    if not shapes:
+        raise ValueError(f"{path}: no shapes after the header")
+    return shapes
+
+
+@dataclass(frozen=True)
+class GemmTuneRequest:
+    kernel: str
+    shapes: tuple[GemmShape, ...]
+    out_dir: Path
+    dtype: str = "bf16"
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    max_mismatch_ratio: float = 1e-3
+    space_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
+
+
+@dataclass
+class GemmTuneReport:
+    results: list[ProblemResult]
+    summary: TuneSummary
+    files: list[Path]
+    failed_problems: list[GemmProblem]
+
+
+def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
+    overrides = load_space_file(req.space_file) if req.space_file else None
+    if device.interpreter and overrides is None:
+        overrides = INTERPRETER_SPACE
+    space_params = tuple(sorted(overrides.items())) if overrides else None
+    tunable = GemmTunable(space_params=space_params, atol=req.atol, rtol=req.rtol,
+                          max_mismatch_ratio=req.max_mismatch_ratio)
+    if overrides:  # validate names now, before any work starts
+        tunable.space(GemmProblem(req.kernel, 1, 1, 1, req.dtype), device)
+    return tunable
+
+
+def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings) -> GemmTuneReport:
+    """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag."""
+    tunable = build_tunable(req, device)
+    problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype) for s in req.shapes for M in s.Ms]
+    results, summary = tune(tunable, problems, device, settings)
+    entries: dict[tuple[int, int], dict[int, GemmEntry]] = defaultdict(dict)
+    failed = []
+    for r in results:
+        p: GemmProblem = r.problem
+        if r.best is None:
+            failed.append(p)
+            continue
+        seconds = r.best.time_us * 1e-6
+        entries[(p.N, p.K)][p.M] = GemmEntry(
+            M=p.M, config=r.best.config, time_us=r.best.time_us,
+            tflops=tunable.flops(p) / seconds / 1e12, gbps=tunable.bytes_moved(p) / seconds / 1e9,
+            error=r.best.error if not math.isnan(r.best.error) else 0.0)
+    files = []
+    tag = problems[0].tag
+    provenance = device.provenance()
+    for (N, K), by_m in sorted(entries.items()):
+        files.append(write_shape_file(req.out_dir, provenance, tag, N, K, by_m, device_slug=device.slug))
+    if entries:
+        files.append(write_default_file(req.out_dir, provenance, tag, device_slug=device.slug))
+    return GemmTuneReport(results, summary, files, failed)
+
+
+def result_table(results: Sequence[ProblemResult], tunable_flops) -> list[str]:
+    lines = [f"{'problem':<44} {'best us':>9} {'TFLOP/s':>8}  config"]
+    for r in results:
+        if r.best is None:
+            why = "every candidate was pruned" if not r.measurements else "no candidate passed"
+            lines.append(f"{r.problem.key():<44} {'FAILED':>9} {'-':>8}  {why}")
+            continue
+        tflops = tunable_flops(r.problem) / (r.best.time_us * 1e-6) / 1e12
+        lines.append(f"{r.problem.key():<44} {r.best.time_us:9.1f} {tflops:8.1f}  {r.best.config}")
+    return lines

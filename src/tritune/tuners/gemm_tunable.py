@@ -1,0 +1,203 @@
+"""The GEMM kernels as an engine tunable: problem key, search space with its pruning rules, inputs, reference."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tritune.kernels import gemm as gk
+from tritune.kernels.quant import quantize_blocks, quantize_rows
+from tritune.tuning.device import DeviceInfo
+from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.tunable import Tolerance
+from tritune.tuning.types import Config
+
+TAGS = {"bf16": "BF16", "a8w8": "A8W8", "a8w8_blockscale": "A8W8_BLOCKSCALE"}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# The default space: wide enough to reach cuBLAS on H100 at every M, small enough to tune 8 M values of one
+# (N, K) in minutes. `FULL_SPACE` is the exhaustive one (pass it with --search-space).
+DEFAULT_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
+    "BLOCK_SIZE_N": (64, 128, 256),
+    "BLOCK_SIZE_K": (64, 128, 256),
+    "GROUP_SIZE_M": (1, 8),
+    "num_warps": (4, 8),
+    "num_stages": (3, 4),
+    "NUM_KSPLIT": (1, 2, 4, 8),
+    "cache_modifier": ("", ".cg"),
+    "PERSISTENT_TMA": (False, True),
+    "SCALE_PIPELINE": (False, True),
+}
+FULL_SPACE: dict[str, tuple] = {
+    **DEFAULT_SPACE,
+    "BLOCK_SIZE_N": (32, 64, 128, 256),
+    "num_stages": (2, 3, 4, 5),
+    "NUM_KSPLIT": (1, 2, 3, 4, 6, 8, 16),
+}
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """C[M, N] = A[M, K] · B[N, K]ᵀ for one kernel; `dtype` is the operand type of the bf16 kernel."""
+
+    kernel: str
+    M: int
+    N: int
+    K: int
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in gk.KERNELS:
+            raise ValueError(f"unknown GEMM kernel {self.kernel!r}; expected one of {', '.join(gk.KERNELS)}")
+        if min(self.M, self.N, self.K) < 1:
+            raise ValueError(f"M, N, K must be >= 1, got M={self.M} N={self.N} K={self.K}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(_DTYPES)}")
+
+    def key(self) -> str:
+        op_dtype = self.dtype if self.kernel == "bf16" else "fp8e4m3"
+        return f"gemm:{self.kernel}:{op_dtype}:M={self.M}:N={self.N}:K={self.K}"
+
+    @property
+    def tag(self) -> str:
+        return TAGS[self.kernel]
+
+
+def _smem_bytes(c: Config, elt: int) -> int:
+    stages = int(c["num_stages"])
+    tiles = (c["BLOCK_SIZE_M"] + c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt * stages
+    epilogue = c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] * 2 if c["PERSISTENT_TMA"] else 0
+    return tiles + epilogue
+
+
+def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
+    """Static pruning rules, applied in order; the first failing rule is the one counted."""
+    elt = 1 if p.kernel != "bf16" else torch.empty((), dtype=_DTYPES[p.dtype]).element_size()
+    m_pow2 = triton.next_power_of_2(p.M)
+
+    def tiles(c: Config) -> int:
+        return triton.cdiv(p.M, c["BLOCK_SIZE_M"]) * triton.cdiv(p.N, c["BLOCK_SIZE_N"])
+
+    def tma_ok(c: Config) -> bool:
+        if not c["PERSISTENT_TMA"]:
+            return True
+        aligned = (p.K * elt) % 16 == 0 and (p.N * 2) % 16 == 0
+        return dev.capability[0] >= 9 and aligned and c["NUM_KSPLIT"] == 1 and c["cache_modifier"] == ""
+
+    return (
+        Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),
+        Constraint("accumulator registers per thread > 128",
+                   lambda c: c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
+        Constraint("8 warps on a tile under 128x64",
+                   lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64),
+        Constraint("BLOCK_SIZE_M above next_pow2(M)", lambda c: c["BLOCK_SIZE_M"] <= max(16, m_pow2)),
+        Constraint("BLOCK_SIZE_M under 64 for M >= 256", lambda c: p.M < 256 or c["BLOCK_SIZE_M"] >= 64),
+        Constraint("block-scale needs BLOCK_SIZE_K dividing 128",
+                   lambda c: p.kernel != "a8w8_blockscale" or gk.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0),
+        Constraint("BLOCK_SIZE_K x NUM_KSPLIT > K",
+                   lambda c: c["BLOCK_SIZE_K"] * c["NUM_KSPLIT"] <= max(p.K, c["BLOCK_SIZE_K"])),
+        Constraint("split-K on a grid that already fills the GPU",
+                   lambda c: c["NUM_KSPLIT"] == 1 or tiles(c) < dev.sm_count),
+        Constraint("num_stages beyond the K steps", lambda c: c["num_stages"] <= 2 + triton.cdiv(
+            p.K, c["BLOCK_SIZE_K"] * c["NUM_KSPLIT"])),
+        Constraint("GROUP_SIZE_M > 1 with one row of tiles",
+                   lambda c: c["GROUP_SIZE_M"] == 1 or triton.cdiv(p.M, c["BLOCK_SIZE_M"]) > 1),
+        Constraint(".cg loads only for M <= 32 (weight streaming)",
+                   lambda c: c["cache_modifier"] == "" or p.M <= 32),
+        Constraint("BLOCK_SIZE_K 256 only on tiles with BLOCK_SIZE_M <= 32",
+                   lambda c: c["BLOCK_SIZE_K"] < 256 or c["BLOCK_SIZE_M"] <= 32),
+        Constraint("BLOCK_SIZE_K 64 only on tiles of at least 128x128",
+                   lambda c: c["BLOCK_SIZE_K"] != 64 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 128
+                   or p.kernel == "a8w8_blockscale"),
+        Constraint("TMA: needs Hopper, 16-byte rows, no split-K", tma_ok),
+        Constraint("TMA with BLOCK_SIZE_M < 64", lambda c: not c["PERSISTENT_TMA"] or c["BLOCK_SIZE_M"] >= 64),
+        Constraint("TMA persistent only for M >= 128", lambda c: not c["PERSISTENT_TMA"] or p.M >= 128),
+        Constraint("SCALE_PIPELINE needs block-scale, TMA, BLOCK_SIZE_K 128, BLOCK_SIZE_N <= 128",
+                   lambda c: not c["SCALE_PIPELINE"] or (p.kernel == "a8w8_blockscale" and c["PERSISTENT_TMA"]
+                                                          and c["BLOCK_SIZE_K"] == 128 and c["BLOCK_SIZE_N"] <= 128)),
+    )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class GemmTunable:
+    """Engine binding for `tritune.kernels.gemm`; picklable (it crosses into compile and GPU workers)."""
+
+    name: str = "gemm"
+    space_params: tuple[tuple[str, tuple], ...] | None = None  # overrides from --search-space
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    max_mismatch_ratio: float = 1e-3
+
+    def space(self, problem: GemmProblem, device: DeviceInfo) -> SearchSpace:
+        space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device))
+        return space.with_params(dict(self.space_params)) if self.space_params else space
+
+    def make_inputs(self, problem: GemmProblem, device: torch.device, seed: int) -> dict:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        M, N, K = problem.M, problem.N, problem.K
+        # B scaled by 1/sqrt(K) keeps C ~ N(0, 1) at any K, so atol/rtol mean the same thing for every shape.
+        a = torch.randn(M, K, generator=gen).to(device)
+        b = (torch.randn(N, K, generator=gen) / math.sqrt(K)).to(device)
+        if problem.kernel == "bf16":
+            dt = _DTYPES[problem.dtype]
+            return {"a": a.to(dt), "b": b.to(dt), "a_scale": None, "b_scale": None}
+        if problem.kernel == "a8w8":
+            (qa, sa), (qb, sb) = quantize_rows(a), quantize_rows(b)
+        else:
+            (qa, sa), (qb, sb) = quantize_blocks(a, 1), quantize_blocks(b, gk.SCALE_BLOCK)
+        return {"a": qa, "b": qb, "a_scale": sa, "b_scale": sb}
+
+    def reference(self, problem: GemmProblem, inputs: dict) -> torch.Tensor:
+        return gk.gemm_reference(problem.kernel, **inputs)
+
+    def alloc_output(self, problem: GemmProblem, inputs: dict) -> torch.Tensor:
+        return torch.empty((problem.M, problem.N), device=inputs["a"].device, dtype=torch.bfloat16)
+
+    def launcher(self, problem: GemmProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
+        cfg = gk.GemmConfig.from_params(config.as_dict())
+        ws = None
+        if cfg.NUM_KSPLIT > 1:
+            ws = torch.empty(cfg.NUM_KSPLIT * problem.M * problem.N, device=out.device, dtype=torch.float32)
+        kernel = problem.kernel
+
+        def launch() -> None:
+            gk.gemm(kernel, inputs["a"], inputs["b"], cfg, a_scale=inputs["a_scale"], b_scale=inputs["b_scale"],
+                    out=out, workspace=ws)
+
+        return launch
+
+    def compile(self, problem: GemmProblem, config: Config) -> None:
+        if _interpreting():
+            return
+        cfg = gk.GemmConfig.from_params(config.as_dict())
+        gk.compile_only(problem.kernel, problem.M, problem.N, problem.K, cfg, _DTYPES[problem.dtype])
+
+    def compile_key(self, problem: GemmProblem, config: Config) -> str:
+        """Configs with equal keys share one binary (M is never specialized), so compile them once."""
+        return f"{problem.kernel}:{problem.dtype}:N={problem.N}:K={problem.K}:{config.key()}"
+
+    def flops(self, problem: GemmProblem) -> float:
+        return 2.0 * problem.M * problem.N * problem.K
+
+    def bytes_moved(self, problem: GemmProblem) -> float:
+        elt = 1 if problem.kernel != "bf16" else torch.empty((), dtype=_DTYPES[problem.dtype]).element_size()
+        M, N, K = problem.M, problem.N, problem.K
+        scales = 0
+        if problem.kernel == "a8w8":
+            scales = 4 * (M + N)
+        elif problem.kernel == "a8w8_blockscale":
+            scales = 4 * (M * triton.cdiv(K, 128) + triton.cdiv(N, 128) * triton.cdiv(K, 128))
+        return float(elt * (M * K + N * K) + 2 * M * N + scales)
+
+    def tolerance(self, problem: GemmProblem) -> Tolerance:
+        return Tolerance(self.atol, self.rtol, self.max_mismatch_ratio, max_rel_l2=2e-2)

@@ -1,0 +1,126 @@
+"""Search strategies: plain functions over `evaluate(batch)` and a budget, plus a journal replay evaluator.
+
+A strategy never measures anything itself, so every strategy is tested by replaying a recorded journal.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from tritune.tuning.journal import Journal
+from tritune.tuning.types import Config, Measurement, Status
+
+Evaluate = Callable[[Sequence[Config]], list[Measurement]]
+
+
+class Strategy(Protocol):
+    """The calling convention every entry of STRATEGIES accepts."""
+
+    def __call__(
+        self, candidates: Sequence[Config], evaluate: Evaluate, budget: int | None = None, seed: int = 0
+    ) -> list[Measurement]: ...
+
+
+def best(measurements: Iterable[Measurement]) -> Measurement | None:
+    """The OK measurement with the lowest finite time; ties go to the smaller Config; None if none is OK."""
+    ok = [m for m in measurements if m.ok and math.isfinite(m.time_us)]
+    return min(ok, key=lambda m: (m.time_us, m.config)) if ok else None
+
+
+def _unique(candidates: Sequence[Config]) -> list[Config]:
+    return list(dict.fromkeys(candidates))
+
+
+def _limit(budget: int | None, available: int) -> int:
+    if budget is not None and budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    return available if budget is None else min(budget, available)
+
+
+def exhaustive(
+    candidates: Sequence[Config], evaluate: Evaluate, budget: int | None = None, seed: int = 0
+) -> list[Measurement]:
+    """Evaluate every candidate (or the first `budget`) in one batch, in candidate order.
+
+    `seed` is unused; it is accepted so all strategies share one calling convention.
+    """
+    batch = _unique(candidates)
+    batch = batch[: _limit(budget, len(batch))]
+    return evaluate(batch) if batch else []
+
+
+def random_sample(
+    candidates: Sequence[Config], evaluate: Evaluate, budget: int | None = None, seed: int = 0
+) -> list[Measurement]:
+    """Evaluate a seeded random subset of `budget` candidates (all of them, shuffled, if None) in one batch."""
+    pool = _unique(candidates)
+    batch = random.Random(seed).sample(pool, _limit(budget, len(pool)))
+    return evaluate(batch) if batch else []
+
+
+def _neighbours(a: Config, b: Config) -> bool:
+    """True when a and b name the same parameters and differ in exactly one value."""
+    da, db = a.as_dict(), b.as_dict()
+    return da.keys() == db.keys() and sum(da[k] != db[k] for k in da) == 1
+
+
+def neighbourhood(
+    candidates: Sequence[Config], evaluate: Evaluate, budget: int | None = None, seed: int = 0, first: int = 32
+) -> list[Measurement]:
+    """Seeded random batch of `first`, then greedy one-parameter moves from the best OK config so far.
+
+    Each round evaluates, as one batch in candidate order, every untried candidate differing from the
+    current best in exactly one parameter (any value of it, not only adjacent ones), cut to the budget
+    left. While no candidate is OK yet, the round is another random batch of `first` instead. Stops when
+    the budget is spent or the best has no untried neighbour (a local optimum), so it may use less than
+    the budget. Returns every measurement in evaluation order.
+    """
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
+    pool = _unique(candidates)
+    limit = _limit(budget, len(pool))
+    rng = random.Random(seed)
+    tried: set[Config] = set()
+    results: list[Measurement] = []
+
+    def run(batch: list[Config]) -> None:
+        tried.update(batch)
+        results.extend(evaluate(batch))
+
+    while len(tried) < limit:
+        left = limit - len(tried)
+        current = best(results)
+        if current is None:
+            untried = [c for c in pool if c not in tried]
+            run(rng.sample(untried, min(first, left)))
+            continue
+        batch = [c for c in pool if c not in tried and _neighbours(c, current.config)]
+        if not batch:
+            break
+        run(batch[:left])
+    return results
+
+
+def replay_evaluator(journal: Journal, problem_key: str) -> Evaluate:
+    """An Evaluate answering from the measurements `journal` holds for `problem_key` (read once, now).
+
+    Needs no GPU: this is how strategies are tested and compared. A config the journal does not hold comes
+    back as Measurement(problem_key, config, Status.CRASHED, message="not in journal"), so it ranks as
+    infinitely slow instead of stopping the search.
+    """
+    recorded = journal.measurements(problem_key)
+
+    def evaluate(batch: Sequence[Config]) -> list[Measurement]:
+        return [recorded.get(c) or Measurement(problem_key, c, Status.CRASHED, message="not in journal") for c in batch]
+
+    return evaluate
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "exhaustive": exhaustive,
+    "random": random_sample,
+    "neighbourhood": neighbourhood,
+}

@@ -1,0 +1,244 @@
+"""The tuning run: problems → prune → compile ahead (CPU pool) → benchmark behind (GPU workers) → journal → best.
+
+Compilation and benchmarking overlap: a candidate goes to a GPU worker the moment its binary is ready, so the GPU
+never waits on a compile it does not need. Everything measured is in the journal before it is used, so a rerun
+of the same command resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from tritune.tuning.compile import CompileOutcome, CompilePool
+from tritune.tuning.device import DeviceInfo
+from tritune.tuning.executor import BenchSettings, LocalExecutor, Task
+from tritune.tuning.journal import Journal
+from tritune.tuning.strategy import STRATEGIES, best
+from tritune.tuning.tunable import Tunable
+from tritune.tuning.types import Config, Measurement, Status
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    journal_path: Path
+    bench: BenchSettings = BenchSettings()
+    num_gpus: int = 1
+    compile_workers: int | None = None  # None: every CPU core
+    strategy: str = "exhaustive"
+    budget: int | None = None  # candidates per problem; None: all that survive pruning
+    progress: bool = True
+
+
+@dataclass
+class ProblemResult:
+    problem: Any
+    best: Measurement | None
+    measurements: list[Measurement]
+    space_size: int
+    pruned: dict[str, int]
+
+
+@dataclass
+class TuneSummary:
+    problems: int = 0
+    space_size: int = 0
+    pruned: Counter = field(default_factory=Counter)  # rule -> configs removed
+    candidates: int = 0
+    reused: int = 0  # found in the journal, not measured again
+    compiled: int = 0  # distinct binaries built in this run
+    compile_failed: Counter = field(default_factory=Counter)  # status -> count
+    measured: int = 0
+    failed: Counter = field(default_factory=Counter)  # status -> count (benchmark side)
+    compile_wall_s: float = 0.0
+    compile_cpu_s: float = 0.0  # summed per-binary compile times: what one process would have spent
+    bench_wall_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def compile_speedup(self) -> float:
+        """How much faster the pool compiled than one process would have."""
+        return self.compile_cpu_s / self.compile_wall_s if self.compile_wall_s > 0 else float("nan")
+
+    def lines(self) -> list[str]:
+        def kinds(c: Counter) -> str:
+            return ", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none"
+
+        return [
+            f"problems: {self.problems}",
+            f"candidates: {self.space_size} in the spaces, {sum(self.pruned.values())} pruned, "
+            f"{self.candidates} kept, {self.reused} reused from the journal",
+            f"pruned by rule: {kinds(self.pruned)}",
+            f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
+            f"{self.compile_speedup:.1f}x); compile failures: {kinds(self.compile_failed)}",
+            f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}",
+            f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
+            f"overlapped)",
+        ]
+
+
+def journal_key(device: DeviceInfo, problem: Any, tunable: Tunable) -> str:
+    """Everything that changes the answer: device, problem (shape, dtypes), correctness thresholds."""
+    tol = tunable.tolerance(problem)
+    return f"{device.slug}|{problem.key()}|tol={tol.atol:g},{tol.rtol:g},{tol.max_mismatch_ratio:g}"
+
+
+class _Pipeline:
+    """Evaluates (problem, config) pairs: journal first, then compile pool, then GPU executor."""
+
+    def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
+                 summary: TuneSummary):
+        self.tunable, self.device, self.settings = tunable, device, settings
+        self.journal, self.summary = journal, summary
+        self.pool = CompilePool(tunable, settings.compile_workers)
+        self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench)
+        self.compiled: dict[str, Future[CompileOutcome]] = {}
+        self.bars: dict[str, tqdm] = {}
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.executor.close()
+        self.pool.shutdown(cancel=True)
+
+    def _compile_key(self, problem: Any, config: Config) -> str:
+        key_fn = getattr(self.tunable, "compile_key", None)
+        return key_fn(problem, config) if key_fn else f"{problem.key()}|{config.key()}"
+
+    def _bar(self, problem: Any, total: int) -> tqdm | None:
+        if not self.settings.progress:
+            return None
+        key = problem.key()
+        if key not in self.bars:
+            self.bars[key] = tqdm(total=total, desc=key, unit="cfg", leave=True, dynamic_ncols=True)
+        return self.bars[key]
+
+    def _record(self, jkey: str, m: Measurement) -> Measurement:
+        m = dataclasses.replace(m, problem_key=jkey)
+        self.journal.record(m)
+        return m
+
+    def evaluate(self, pairs: Sequence[tuple[Any, Config]]) -> list[Measurement]:
+        """Measure every pair not already journaled; return measurements in the order of `pairs`."""
+        results: dict[tuple[str, str], Measurement] = {}
+        todo: list[tuple[Any, Config, str]] = []
+        per_problem: Counter = Counter(p.key() for p, _ in pairs)
+        for problem, config in pairs:
+            jkey = journal_key(self.device, problem, self.tunable)
+            done = self.journal.measurements(jkey).get(config)
+            if done is not None:
+                results[(jkey, config.key())] = done
+                self.summary.reused += 1
+            else:
+                todo.append((problem, config, jkey))
+        for problem, _ in pairs:
+            bar = self._bar(problem, per_problem[problem.key()])
+            if bar is not None and bar.n == 0:
+                bar.update(sum(1 for (jk, _c) in results if jk == journal_key(self.device, problem, self.tunable)))
+        if not todo:
+            return [results[(journal_key(self.device, p, self.tunable), c.key())] for p, c in pairs]
+
+        start = time.perf_counter()
+        waiting: dict[str, list[tuple[Any, Config, str]]] = defaultdict(list)
+        for problem, config, jkey in todo:
+            ckey = self._compile_key(problem, config)
+            if ckey not in self.compiled:
+                self.compiled[ckey] = self.pool.submit(problem, config)
+                self.summary.compiled += 1
+            waiting[ckey].append((problem, config, jkey))
+        tasks: dict[int, tuple[Any, Config, str]] = {}
+        next_id = 0
+        first_task_at = last_compile_at = None
+        remaining = len(todo)
+        while remaining:
+            for ckey in [k for k in waiting if self.compiled[k].done()]:
+                outcome = self.compiled[ckey].result()
+                last_compile_at = time.perf_counter()
+                self.summary.compile_cpu_s += outcome.seconds
+                for problem, config, jkey in waiting.pop(ckey):
+                    if outcome.status is Status.OK:
+                        tasks[next_id] = (problem, config, jkey)
+                        self.executor.submit(Task(next_id, problem, config))
+                        first_task_at = first_task_at or time.perf_counter()
+                        next_id += 1
+                        continue
+                    m = self._record(jkey, Measurement(jkey, config, outcome.status, message=outcome.message))
+                    self.summary.compile_failed[outcome.status.value] += 1
+                    results[(jkey, config.key())] = m
+                    remaining -= 1
+                    if (bar := self._bar(problem, per_problem[problem.key()])) is not None:
+                        bar.update(1)
+            for m in self.executor.poll(0.02 if waiting else 0.2):
+                problem, config, jkey = tasks.pop(_task_id(m, tasks))
+                m = self._record(jkey, dataclasses.replace(m, config=config))
+                results[(jkey, config.key())] = m
+                remaining -= 1
+                self.summary.measured += 1
+                if not m.ok:
+                    self.summary.failed[m.status.value] += 1
+                if (bar := self._bar(problem, per_problem[problem.key()])) is not None:
+                    bar.update(1)
+                    if m.ok:
+                        bar.set_postfix_str(f"{m.time_us:.1f}us", refresh=False)
+        end = time.perf_counter()
+        self.summary.compile_wall_s += ((last_compile_at or start) - start)
+        self.summary.bench_wall_s += (end - (first_task_at or end))
+        return [results[(journal_key(self.device, p, self.tunable), c.key())] for p, c in pairs]
+
+
+def _task_id(m: Measurement, tasks: dict[int, tuple[Any, Config, str]]) -> int:
+    task_id = m.extra.get("task_id")
+    if task_id is None or task_id not in tasks:
+        raise RuntimeError(f"executor returned a measurement with unknown task id {task_id!r}")
+    return task_id
+
+
+def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
+         settings: TuneSettings) -> tuple[list[ProblemResult], TuneSummary]:
+    """Tune every problem; returns per-problem results (best first measured) and the run summary."""
+    t0 = time.perf_counter()
+    summary = TuneSummary(problems=len(problems))
+    if settings.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {settings.strategy!r}; expected one of {sorted(STRATEGIES)}")
+    spaces = []
+    for problem in problems:
+        space = tunable.space(problem, device)
+        pruned = space.prune()
+        summary.space_size += space.size
+        summary.pruned.update(pruned.pruned)
+        summary.candidates += len(pruned.kept)
+        spaces.append((problem, space.size, pruned))
+    results: list[ProblemResult] = []
+    with Journal(settings.journal_path) as journal:
+        pipeline = _Pipeline(tunable, device, settings, journal, summary)
+        try:
+            if settings.strategy == "exhaustive" and settings.budget is None:
+                # One batch across all problems: compiles are shared and GPU workers never idle between problems.
+                pairs = [(p, c) for p, _, pr in spaces for c in pr.kept]
+                all_ms = pipeline.evaluate(pairs)
+                by_problem: dict[str, list[Measurement]] = defaultdict(list)
+                for (p, _), m in zip(pairs, all_ms, strict=True):
+                    by_problem[p.key()].append(m)
+                per = [by_problem[p.key()] for p, _, _ in spaces]
+            else:
+                strategy = STRATEGIES[settings.strategy]
+                per = []
+                for problem, _, pr in spaces:
+                    def evaluate(batch, problem=problem):
+                        return pipeline.evaluate([(problem, c) for c in batch])
+
+                    per.append(strategy(pr.kept, evaluate, budget=settings.budget, seed=settings.bench.seed))
+        finally:
+            pipeline.close()
+    for (problem, size, pruned), ms in zip(spaces, per, strict=True):
+        results.append(ProblemResult(problem, best(ms), ms, size, pruned.pruned))
+    summary.wall_s = time.perf_counter() - t0
+    return results, summary

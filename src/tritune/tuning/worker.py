@@ -1,0 +1,174 @@
+"""The benchmark process: one per GPU, long-lived; runs candidates one at a time on poisoned output, checks, times.
+
+Pipe protocol. Parent -> worker: a Task, or None to stop. Worker -> parent: ("ready",) once started,
+("started", task_id) once the problem's inputs are ready, ("result", task_id, Measurement) per task.
+After a sticky failure (dead CUDA context) the worker sends the result and exits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tritune.tuning.errors import classify_exception, is_sticky, short_message
+from tritune.tuning.tunable import Tolerance
+from tritune.tuning.types import CheckResult, Config, Measurement, Status
+
+if TYPE_CHECKING:
+    from tritune.tuning.executor import BenchSettings, Task
+
+_DEFAULT_L2_BYTES = 50 * 2**20
+_STICKY_EXIT_CODE = 3
+
+
+@dataclass
+class _ProblemState:
+    """What is made once per problem and reused by every candidate of it."""
+
+    key: str
+    inputs: Any
+    ref: torch.Tensor
+    out: torch.Tensor
+
+
+class _Runner:
+    """Per-process state: the device, the current problem's buffers, and the gate and timer functions."""
+
+    def __init__(self, tunable: Any, device: torch.device, settings: BenchSettings) -> None:
+        # Imported in the worker only, so importing the executor in the parent does not pull them in.
+        from tritune.tuning.bench import time_kernel
+        from tritune.tuning.check import check_output, poison
+
+        self.tunable = tunable
+        self.device = device
+        self.settings = settings
+        self.l2_bytes = _l2_bytes(device)
+        self.state: _ProblemState | None = None
+        self._time_kernel = time_kernel
+        self._check_output = check_output
+        self._poison = poison
+
+    def prepare(self, problem: Any) -> _ProblemState:
+        """Inputs, reference and output buffer of `problem`, built only when the problem changes."""
+        key = problem.key()
+        if self.state is None or self.state.key != key:
+            self.state = None  # free the previous problem's buffers before allocating the next
+            inputs = self.tunable.make_inputs(problem, self.device, self.settings.seed)
+            ref = self.tunable.reference(problem, inputs)
+            out = self.tunable.alloc_output(problem, inputs)
+            self._sync()
+            self.state = _ProblemState(key, inputs, ref, out)
+        return self.state
+
+    def run(self, task: Task, started: Callable[[], None]) -> Measurement:
+        """Measure one candidate; never raises (but Ctrl-C). Calls `started()` once inputs are ready."""
+        problem, config = task.problem, task.config
+        key = _safe_key(problem)
+        try:
+            state = self.prepare(problem)
+        except Exception as exc:
+            self.state = None
+            return Measurement(key, config, classify_exception(exc), message="making inputs: " + short_message(exc))
+        started()
+        try:
+            measurement = self._measure(problem, config, state)
+        except Exception as exc:
+            measurement = Measurement(key, config, classify_exception(exc), message=short_message(exc))
+        if not measurement.ok:
+            # A failing candidate may have written out of bounds into the inputs or the reference: rebuild.
+            self.state = None
+        return measurement
+
+    def _measure(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
+        tol = self.tunable.tolerance(problem)
+        fn = self.tunable.launcher(problem, state.inputs, config, state.out)
+        first = self._checked_run(fn, state, tol)
+        if not first.passed:
+            return Measurement(
+                state.key,
+                config,
+                Status.WRONG_ANSWER,
+                error=first.mismatch_ratio,
+                rel_l2_err=first.rel_l2_err,
+                message=first.reason,
+            )
+        s = self.settings
+        timing = self._time_kernel(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
+        second = self._checked_run(fn, state, tol)
+        if not second.passed:
+            return Measurement(
+                state.key,
+                config,
+                Status.WRONG_ANSWER,
+                error=second.mismatch_ratio,
+                rel_l2_err=second.rel_l2_err,
+                message="after timing: " + second.reason,
+            )
+        return Measurement(
+            state.key,
+            config,
+            Status.OK,
+            time_us=timing.median_us,
+            error=max(first.mismatch_ratio, second.mismatch_ratio),
+            rel_l2_err=max(first.rel_l2_err, second.rel_l2_err),
+            extra={"min_us": timing.min_us, "max_us": timing.max_us, "method": timing.method},
+        )
+
+    def _checked_run(self, fn: Callable[[], None], state: _ProblemState, tol: Tolerance) -> CheckResult:
+        self._poison(state.out)
+        fn()
+        self._sync()  # so an asynchronous CUDA error is raised here and blamed on this candidate
+        return self._check_output(state.out, state.ref, tol)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def worker_main(tunable: Any, device_index: int | None, settings: BenchSettings, conn: Connection) -> None:
+    """Process entry point (spawn): serve Tasks from `conn` on GPU `device_index`, or on the CPU when None."""
+    # Ctrl-C reaches the whole process group; the parent stops the workers, they must not die mid-task.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if device_index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(device_index)
+        device = torch.device("cuda", device_index)
+    else:
+        device = torch.device("cpu")
+    runner = _Runner(tunable, device, settings)
+    conn.send(("ready",))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # parent gone
+            return
+        if task is None:
+            return
+        measurement = runner.run(task, functools.partial(conn.send, ("started", task.task_id)))
+        conn.send(("result", task.task_id, measurement))
+        if is_sticky(measurement.status):
+            # The CUDA context is dead; normal interpreter shutdown could hang in its destructors.
+            conn.close()
+            os._exit(_STICKY_EXIT_CODE)
+
+
+def _l2_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        if size:
+            return int(size)
+    return _DEFAULT_L2_BYTES
+
+
+def _safe_key(problem: Any) -> str:
+    try:
+        return problem.key()
+    except Exception:
+        return repr(problem)

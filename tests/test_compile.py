@@ -1,0 +1,118 @@
+"""CompilePool and failure classification: errors become outcomes, a crashing compile is pinned and survived."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import wait
+from pathlib import Path
+
+import fake_tunables
+import pytest
+from fake_tunables import AddProblem, ScriptedAdd
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
+from tritune.tuning.compile import CompilePool
+from tritune.tuning.errors import classify_exception, is_sticky, short_message
+from tritune.tuning.types import Config, Status
+
+P = AddProblem(64)
+
+
+@pytest.fixture(autouse=True)
+def _children_can_import(monkeypatch):
+    # Spawned compile workers unpickle fake_tunables: make it importable whatever the pytest import mode.
+    here = Path(__file__).resolve().parent
+    paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (OutOfResources(300000, 232448, "shared memory"), Status.OUT_OF_RESOURCES),
+        (RuntimeError("PTXAS error: Internal Triton PTX codegen error"), Status.PTXAS_ERROR),
+        (RuntimeError("ptxas fatal: Unresolved extern function"), Status.PTXAS_ERROR),
+        (CompilationError("x = tl.load(p)", None, "unsupported"), Status.COMPILE_ERROR),
+        (RuntimeError("PassManager::run failed"), Status.COMPILE_ERROR),  # MLIR pipeline failure
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), Status.CRASHED),
+        (RuntimeError("Triton Error [CUDA]: unspecified launch failure"), Status.CRASHED),
+        (RuntimeError("CUDA error: misaligned address"), Status.CRASHED),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), Status.RUNTIME_ERROR),  # not sticky
+        (ValueError("CUDA error: but not a RuntimeError"), Status.RUNTIME_ERROR),
+        (KeyError("x"), Status.RUNTIME_ERROR),
+    ],
+)
+def test_classify_exception(exc, status):
+    assert classify_exception(exc) is status
+    assert is_sticky(status) == (status is Status.CRASHED)
+
+
+def test_short_message():
+    assert short_message(CompilationError("x = tl.load(p)\ny = 2", None, "\nbad index\nmore")) == (
+        "CompilationError: bad index"
+    )  # the error, not the kernel source
+    assert short_message(RuntimeError("\n  CUDA error: boom  \nCUDA kernel errors might be...")) == (
+        "RuntimeError: CUDA error: boom"
+    )
+    assert len(short_message(RuntimeError("x" * 1000))) == 300
+    assert short_message(RuntimeError()) == "RuntimeError"
+
+
+def test_pool_classifies_failures():
+    fake_tunables.COMPILE_PIDS.clear()
+    modes = ["ok", "oor", "ptxas", "compile_error", "value_error"]
+    with CompilePool(ScriptedAdd(), max_workers=2) as pool:
+        assert not pool.inline
+        futures = [pool.submit(P, Config.of(mode=mode)) for mode in modes]
+        outcomes = [f.result(timeout=60) for f in futures]
+    assert [o.status for o in outcomes] == [
+        Status.OK,
+        Status.OUT_OF_RESOURCES,
+        Status.PTXAS_ERROR,
+        Status.COMPILE_ERROR,
+        Status.RUNTIME_ERROR,
+    ]
+    assert outcomes[0].message == "" and outcomes[0].seconds >= 0
+    assert "shared memory" in outcomes[1].message and outcomes[4].message == "ValueError: bad launch grid"
+    assert os.getpid() not in fake_tunables.COMPILE_PIDS  # ran in the pool's processes
+
+
+@pytest.mark.parametrize("interpret", [True, False])
+def test_inline_when_interpreting_or_single_worker(monkeypatch, interpret):
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fake_tunables.COMPILE_PIDS.clear()
+    pool = CompilePool(ScriptedAdd(), max_workers=8 if interpret else 1)
+    assert pool.inline
+    future = pool.submit(P, Config.of(mode="oor"))
+    assert future.done() and future.result().status is Status.OUT_OF_RESOURCES  # completed before submit returned
+    assert fake_tunables.COMPILE_PIDS == [os.getpid()]
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        pool.submit(P, Config.of(mode="ok"))
+
+
+def test_crashing_compile_is_pinned_and_pool_recovers():
+    modes = ["ok", "ok", "compile_exit", "ok", "oor", "ok"]
+    with CompilePool(ScriptedAdd(), max_workers=2) as pool:
+        futures = [pool.submit(P, Config.of(mode=mode, i=i)) for i, mode in enumerate(modes)]
+        outcomes = [f.result(timeout=120) for f in futures]
+        later = pool.submit(P, Config.of(mode="ok", i=99)).result(timeout=60)
+    expected = {"ok": Status.OK, "oor": Status.OUT_OF_RESOURCES, "compile_exit": Status.CRASHED}
+    # Jobs that shared the broken pool with the crasher are re-run, not blamed.
+    assert [o.status for o in outcomes] == [expected[m] for m in modes]
+    assert "died" in outcomes[2].message
+    assert later.status is Status.OK
+
+
+def test_shutdown_cancel_cancels_queued_jobs():
+    pool = CompilePool(ScriptedAdd(), max_workers=2)
+    futures = [pool.submit(P, Config.of(mode="ok", sleep=0.5, i=i)) for i in range(8)]
+    assert futures[0].result(timeout=60).status is Status.OK  # the pool is up and busy
+    pool.shutdown(cancel=True)
+    done, not_done = wait(futures, timeout=30)  # cancelled futures must wake waiters too
+    assert not not_done
+    assert sum(f.cancelled() for f in futures) >= 5
+    assert all(f.result().status is Status.OK for f in futures if not f.cancelled())

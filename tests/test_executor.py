@@ -1,0 +1,110 @@
+"""LocalExecutor on CPU workers: one result per task, failures isolated, hung and dead workers replaced."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fake_tunables import AddProblem, ScriptedAdd
+
+from tritune.tuning.executor import BenchSettings, LocalExecutor, Task, run_all
+from tritune.tuning.types import Config, Status
+
+FAST = BenchSettings(iters=3, warmup=1, timeout_s=2.0, seed=0, flush_l2=False)
+DEVICES = [0] if torch.cuda.is_available() else None  # on a GPU machine every worker shares GPU 0
+P1 = AddProblem(1000)
+P2 = AddProblem(777)  # odd length: "partial" leaves an uneven tail
+
+
+@pytest.fixture(autouse=True)
+def _children_can_import(monkeypatch):
+    # Spawned workers unpickle tritune and fake_tunables: make both importable whatever the pytest import mode.
+    here = Path(__file__).resolve().parent
+    paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+
+
+def tasks_for(modes: list[str], problem: AddProblem = P1, first_id: int = 0) -> list[Task]:
+    return [Task(first_id + i, problem, Config.of(mode=mode, i=first_id + i)) for i, mode in enumerate(modes)]
+
+
+def test_every_task_gets_one_result_and_failures_are_isolated():
+    modes = ["good", "wrong", "partial", "flaky", "raise", "hang", "good", "exit", "good", "sticky", "good", "good"]
+    tasks = tasks_for(modes) + tasks_for(["good", "partial", "good"], P2, first_id=100)
+    expected = {
+        "good": Status.OK,
+        "wrong": Status.WRONG_ANSWER,
+        "partial": Status.WRONG_ANSWER,
+        "flaky": Status.WRONG_ANSWER,
+        "raise": Status.RUNTIME_ERROR,
+        "hang": Status.TIMEOUT,
+        "exit": Status.CRASHED,
+        "sticky": Status.CRASHED,
+    }
+    with LocalExecutor(ScriptedAdd(), num_workers=2, settings=FAST, devices=DEVICES) as ex:
+        results = run_all(ex, tasks)
+        assert ex.pending() == 0
+    assert [m.extra["task_id"] for m in results] == [t.task_id for t in tasks]
+    for task, m in zip(tasks, results, strict=True):
+        assert m.status is expected[task.config["mode"]], (task, m)
+        assert m.config == task.config and m.problem_key == task.problem.key()
+    by_mode = {t.config["mode"]: m for t, m in zip(tasks, results, strict=True)}
+    assert "unwritten" in by_mode["partial"].message
+    assert by_mode["flaky"].message.startswith("after timing")  # passes once, fails under repetition
+    assert by_mode["wrong"].error == 1.0 and by_mode["wrong"].time_us == float("inf")
+    assert "illegal memory access" in by_mode["sticky"].message
+    good = [m for m in results if m.ok]
+    assert len(good) == 7  # including those queued behind the hang, the exit and the sticky error
+    assert all(0 < m.time_us < 1e5 and m.error == 0.0 and set(m.extra) >= {"min_us", "max_us", "method"} for m in good)
+
+
+def test_timeout_is_honoured_and_worker_replaced():
+    with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
+        ex.wait_ready(60)
+        for task in tasks_for(["good", "hang", "good"]):
+            ex.submit(task)
+        times: dict[int, float] = {}
+        results = {}
+        start = time.monotonic()
+        while ex.pending():
+            for m in ex.poll(0.05):
+                results[m.extra["task_id"]] = m
+                times[m.extra["task_id"]] = time.monotonic() - start
+    assert [results[i].status for i in range(3)] == [Status.OK, Status.TIMEOUT, Status.OK]
+    hang_s = times[1] - times[0]
+    assert FAST.timeout_s <= hang_s < FAST.timeout_s + 1.5, hang_s  # killed on time, not at the setup limit
+    assert "worker killed" in results[1].message
+
+
+def test_two_workers_share_one_problem_per_candidate(tmp_path):
+    log = tmp_path / "make_inputs.log"
+    with LocalExecutor(ScriptedAdd(str(log)), num_workers=2, settings=FAST, devices=DEVICES) as ex:
+        ex.wait_ready(60)
+        results = run_all(ex, tasks_for(["slow"] * 10))
+    assert all(m.ok for m in results)
+    assert {m.extra["worker"] for m in results} == {0, 1}  # balanced per candidate, not per problem
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and len({line.split()[0] for line in lines}) == 2  # inputs once per worker
+
+
+def test_inputs_rebuilt_only_after_a_failure(tmp_path):
+    log = tmp_path / "make_inputs.log"
+    with LocalExecutor(ScriptedAdd(str(log)), num_workers=1, settings=FAST, devices=DEVICES) as ex:
+        results = run_all(ex, tasks_for(["good", "good", "wrong", "good", "good"]))
+    assert [m.status for m in results] == [Status.OK] * 2 + [Status.WRONG_ANSWER] + [Status.OK] * 2
+    assert len(log.read_text().splitlines()) == 2  # first task, then after the wrong answer
+
+
+def test_submit_and_poll_do_not_block():
+    with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
+        start = time.monotonic()
+        for task in tasks_for(["good"] * 50):
+            ex.submit(task)
+        ex.poll(0.0)  # workers are still importing torch: nothing to hand out, nothing to wait for
+        assert time.monotonic() - start < 0.5
+        assert ex.pending() == 50
+    with pytest.raises(RuntimeError):
+        ex.submit(tasks_for(["good"])[0])

@@ -1,0 +1,92 @@
+"""knobs: defaults, set values, and clear errors for bad values, all read at call time."""
+
+from pathlib import Path
+
+import pytest
+
+from tritune import knobs
+
+ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ALL:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert knobs.config_dir() is None
+    assert knobs.fmoe_config_files() == []
+    assert knobs.cache_dir() == tmp_path / ".cache" / "tritune"
+    assert knobs.log_level() == "WARNING"
+
+
+def test_blank_means_default(monkeypatch):
+    for name in ALL:
+        monkeypatch.setenv(name, "  ")
+    assert knobs.config_dir() is None
+    assert knobs.fmoe_config_files() == []
+    assert knobs.log_level() == "WARNING"
+
+
+def test_set_values_read_at_call_time(monkeypatch, tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x\n")
+    b.write_text("x\n")
+    monkeypatch.setenv(knobs.CONFIG_DIR, str(tmp_path))
+    monkeypatch.setenv(knobs.CONFIG_FMOE, f"{a}::{b}")  # empty entry skipped
+    monkeypatch.setenv(knobs.CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(knobs.LOG_LEVEL, "debug")
+    assert knobs.config_dir() == tmp_path
+    assert knobs.fmoe_config_files() == [a, b]
+    assert knobs.cache_dir() == tmp_path / "cache"
+    assert knobs.log_level() == "DEBUG"
+    monkeypatch.setenv(knobs.LOG_LEVEL, "error")
+    assert knobs.log_level() == "ERROR"
+
+
+def test_config_dir_must_exist(monkeypatch, tmp_path):
+    missing = tmp_path / "nope"
+    monkeypatch.setenv(knobs.CONFIG_DIR, str(missing))
+    with pytest.raises(ValueError, match="TRITUNE_CONFIG_DIR.*does not exist"):
+        knobs.config_dir()
+    afile = tmp_path / "f.json"
+    afile.write_text("{}")
+    monkeypatch.setenv(knobs.CONFIG_DIR, str(afile))
+    with pytest.raises(ValueError, match="is not a folder"):
+        knobs.config_dir()
+
+
+def test_fmoe_missing_file(monkeypatch, tmp_path):
+    monkeypatch.setenv(knobs.CONFIG_FMOE, str(tmp_path / "missing.csv"))
+    with pytest.raises(ValueError, match="TRITUNE_CONFIG_FMOE.*missing.csv"):
+        knobs.fmoe_config_files()
+
+
+def test_cache_dir_not_a_file(monkeypatch, tmp_path):
+    afile = tmp_path / "f"
+    afile.write_text("")
+    monkeypatch.setenv(knobs.CACHE_DIR, str(afile))
+    with pytest.raises(ValueError, match="TRITUNE_CACHE_DIR.*not a folder"):
+        knobs.cache_dir()
+
+
+def test_bad_log_level(monkeypatch):
+    monkeypatch.setenv(knobs.LOG_LEVEL, "LOUD")
+    with pytest.raises(ValueError, match="TRITUNE_LOG_LEVEL='LOUD' is not a logging level.*DEBUG"):
+        knobs.log_level()
+
+
+def test_describe_lists_every_knob_and_survives_bad_values(monkeypatch, tmp_path):
+    rows = knobs.describe()
+    assert [r[0] for r in rows] == list(ALL)
+    assert all(isinstance(doc, str) and doc for _, _, doc in rows)
+    monkeypatch.setenv(knobs.LOG_LEVEL, "LOUD")
+    monkeypatch.setenv(knobs.CONFIG_DIR, str(tmp_path))
+    values = {name: value for name, value, _ in knobs.describe()}
+    assert values[knobs.LOG_LEVEL].startswith("invalid:")
+    assert values[knobs.CONFIG_DIR] == str(tmp_path)
+    assert values[knobs.CONFIG_FMOE] == ""
+    assert Path(values[knobs.CACHE_DIR]).name == "tritune"

@@ -1,0 +1,160 @@
+"""Strategies replayed against a recorded journal: budgets, no repeats, best(), the optimum, determinism."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from tritune.tuning.journal import Journal
+from tritune.tuning.space import SearchSpace
+from tritune.tuning.strategy import (
+    STRATEGIES,
+    Evaluate,
+    best,
+    exhaustive,
+    neighbourhood,
+    random_sample,
+    replay_evaluator,
+)
+from tritune.tuning.types import Config, Measurement, Status
+
+PROBLEM = "gemm:m=4096,n=4096,k=4096,bf16"
+SPACE = SearchSpace(
+    {
+        "BLOCK_M": (16, 32, 64, 128, 256),
+        "BLOCK_N": (16, 32, 64, 128, 256),
+        "num_warps": (1, 2, 4, 8),
+        "num_stages": (1, 2, 3, 4),
+    }
+)
+CANDIDATES = list(SPACE.configs())  # 400 configs
+OPTIMUM = Config.of(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+
+
+def _landscape(c: Config) -> Measurement:
+    """Separable bowl around OPTIMUM in log2 space; big tiles run out of resources, one tile shape is wrong."""
+    if c["BLOCK_M"] * c["BLOCK_N"] >= 256 * 128:
+        return Measurement(PROBLEM, c, Status.OUT_OF_RESOURCES, message="shared memory")
+    if c["BLOCK_M"] == 16 and c["BLOCK_N"] == 16:
+        return Measurement(PROBLEM, c, Status.WRONG_ANSWER, time_us=1.0, error=0.5, message="mismatch 50% > 0%")
+    cost = sum((math.log2(c[k]) - math.log2(OPTIMUM[k])) ** 2 for k in ("BLOCK_M", "BLOCK_N", "num_warps"))
+    cost += 0.5 * (c["num_stages"] - OPTIMUM["num_stages"]) ** 2
+    return Measurement(PROBLEM, c, Status.OK, time_us=100.0 + 10.0 * cost, error=0.0, rel_l2_err=1e-4)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    with Journal(tmp_path / "journal.sqlite") as j:
+        for c in CANDIDATES:
+            j.record(_landscape(c))
+        yield j
+
+
+class Recorder:
+    """Wraps an Evaluate and remembers every batch it was asked for."""
+
+    def __init__(self, evaluate: Evaluate) -> None:
+        self.evaluate = evaluate
+        self.batches: list[list[Config]] = []
+
+    def __call__(self, batch: Sequence[Config]) -> list[Measurement]:
+        self.batches.append(list(batch))
+        return self.evaluate(batch)
+
+    @property
+    def evaluated(self) -> list[Config]:
+        return [c for b in self.batches for c in b]
+
+
+def test_best() -> None:
+    a, b, c = Config.of(x=1), Config.of(x=2), Config.of(x=3)
+    assert best([]) is None
+    assert best([Measurement("p", a, Status.TIMEOUT), Measurement("p", b, Status.WRONG_ANSWER, time_us=1.0)]) is None
+    ms = [
+        Measurement("p", c, Status.OK, time_us=5.0),
+        Measurement("p", b, Status.WRONG_ANSWER, time_us=1.0),  # fast but wrong never wins
+        Measurement("p", a, Status.OK, time_us=7.0),
+    ]
+    assert best(ms).config == c
+    tie = [Measurement("p", c, Status.OK, time_us=5.0), Measurement("p", a, Status.OK, time_us=5.0)]
+    assert best(tie).config == a and best(reversed(tie)).config == a  # ties go to the smaller config
+
+
+def test_replay_evaluator(journal: Journal) -> None:
+    evaluate = replay_evaluator(journal, PROBLEM)
+    missing = Config.of(BLOCK_M=512, BLOCK_N=16, num_warps=1, num_stages=1)
+    got = evaluate([OPTIMUM, missing])
+    assert got[0].ok and got[0].time_us == 100.0
+    assert got[1].status is Status.CRASHED and got[1].message == "not in journal" and got[1].config == missing
+    assert all(m.status is Status.CRASHED for m in replay_evaluator(journal, "other")([OPTIMUM]))
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("budget", [0, 1, 40, 1000])  # nothing, one, part of the space, more than the space
+def test_budget_and_no_repeats(journal: Journal, name: str, budget: int) -> None:
+    recorder = Recorder(replay_evaluator(journal, PROBLEM))
+    results = STRATEGIES[name](CANDIDATES, recorder, budget=budget, seed=3)
+    evaluated = recorder.evaluated
+    assert len(evaluated) <= budget
+    assert len(set(evaluated)) == len(evaluated)
+    assert [m.config for m in results] == evaluated
+    assert set(evaluated) <= set(CANDIDATES)
+    if budget == 0:
+        assert results == [] and recorder.batches == []
+
+
+def test_exhaustive(journal: Journal) -> None:
+    recorder = Recorder(replay_evaluator(journal, PROBLEM))
+    results = exhaustive(CANDIDATES + CANDIDATES[:5], recorder)  # duplicates are evaluated once
+    assert len(recorder.batches) == 1 and recorder.evaluated == CANDIDATES
+    assert best(results).config == OPTIMUM
+    assert [m.config for m in exhaustive(CANDIDATES, recorder, budget=7)] == CANDIDATES[:7]
+
+
+def test_random_sample(journal: Journal) -> None:
+    evaluate = replay_evaluator(journal, PROBLEM)
+    first = [m.config for m in random_sample(CANDIDATES, evaluate, budget=50, seed=1)]
+    again = [m.config for m in random_sample(CANDIDATES, evaluate, budget=50, seed=1)]
+    other = [m.config for m in random_sample(CANDIDATES, evaluate, budget=50, seed=2)]
+    assert first == again and first != other and len(set(first)) == 50
+    assert set(m.config for m in random_sample(CANDIDATES, evaluate, seed=0)) == set(CANDIDATES)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_neighbourhood_finds_optimum(journal: Journal, seed: int) -> None:
+    recorder = Recorder(replay_evaluator(journal, PROBLEM))
+    results = neighbourhood(CANDIDATES, recorder, budget=120, seed=seed, first=16)
+    assert best(results).config == OPTIMUM
+    assert len(recorder.evaluated) <= 120
+    assert len(recorder.batches[0]) == 16
+    # Every later batch is made of one-parameter moves, so it is far cheaper than the whole space.
+    assert len(recorder.evaluated) < len(CANDIDATES) / 2
+
+
+def test_neighbourhood_deterministic(journal: Journal) -> None:
+    evaluate = replay_evaluator(journal, PROBLEM)
+    runs = [[m.config for m in neighbourhood(CANDIDATES, evaluate, budget=60, seed=7)] for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert runs[0] != [m.config for m in neighbourhood(CANDIDATES, evaluate, budget=60, seed=8)]
+
+
+def test_neighbourhood_keeps_sampling_until_something_is_ok(journal: Journal) -> None:
+    # Every candidate but one fails: random batches continue until the one OK config turns up.
+    failing = [c for c in CANDIDATES if not _landscape(c).ok]
+    candidates = failing + [OPTIMUM]
+    recorder = Recorder(replay_evaluator(journal, PROBLEM))
+    results = neighbourhood(candidates, recorder, budget=None, seed=0, first=4)
+    assert best(results).config == OPTIMUM
+    assert all(len(b) <= 4 for b in recorder.batches)
+    assert len(set(recorder.evaluated)) == len(recorder.evaluated)
+
+
+def test_neighbourhood_stops_at_local_optimum() -> None:
+    # A 1-D space: after the first batch holds the best, its neighbours are everything else.
+    candidates = [Config.of(x=i) for i in range(10)]
+    recorder = Recorder(lambda batch: [Measurement("p", c, Status.OK, time_us=float(c["x"])) for c in batch])
+    results = neighbourhood(candidates, recorder, budget=100, seed=0, first=3)
+    assert len(recorder.batches) == 2 and len(results) == 10 and best(results).config == Config.of(x=0)
