@@ -59,13 +59,14 @@ def tune(kernel: str, shapes, out: Path, journal: Path):
 
 def cublas_and_ops(kernel: str, M: int, N: int, K: int):
     """(tuned op fn, heuristic op fn, cuBLAS fn) on one set of random inputs."""
+    from tritune import ops
     from tritune.kernels.quant import quantize_blocks, quantize_rows
-    from tritune.ops import gemm as ops
+    from tritune.ops.gemm import heuristic_config
 
     a = torch.randn(M, K, device="cuda")
     b = torch.randn(N, K, device="cuda") / math.sqrt(K)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    heur = ops.heuristic_config(kernel, M, N, K, sms)
+    heur = heuristic_config(kernel, M, N, K, sms)
     if kernel == "bf16":
         a16, b16 = a.bfloat16(), b.bfloat16()
         return (lambda: ops.gemm(a16, b16), lambda: ops.gemm(a16, b16, config=heur), lambda: a16 @ b16.T)

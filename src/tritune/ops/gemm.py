@@ -18,7 +18,8 @@ import torch
 import triton
 
 from tritune.kernels import gemm as gk
-from tritune.store.gemm_json import default_store, reload_configs
+from tritune.store.gemm_json import default_store
+from tritune.store.gemm_json import reload_configs as _reload_store
 from tritune.tuners.gemm_tunable import TAGS
 
 __all__ = ["gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "select_config", "heuristic_config", "reload_configs"]
@@ -55,8 +56,26 @@ def _device_facts(index: int) -> tuple[str, int]:
     return info.slug, info.sm_count
 
 
+# (kernel, M, N, K, device) -> (config, source): the hot path of an op is one dict lookup.
+_SELECTED: dict[tuple, tuple[gk.GemmConfig, str]] = {}
+
+
+def reload_configs() -> None:
+    """Forget every cached choice and re-read the config files (and TRITUNE_CONFIG_DIR)."""
+    _SELECTED.clear()
+    _reload_store()
+
+
 def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
     """The config an op will use and where it came from (a file and bucket, or 'heuristic')."""
+    key = (kernel, M, N, K, device)
+    found = _SELECTED.get(key)
+    if found is None:
+        found = _SELECTED[key] = _select(kernel, M, N, K, device)
+    return found
+
+
+def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
     index = device.index if device.type == "cuda" and device.index is not None else 0
     slug, sms = _device_facts(index) if device.type == "cuda" else _device_facts(-1)
     found = default_store().lookup(slug, TAGS[kernel], M, N, K)

@@ -71,6 +71,7 @@ class CompilePool:
         self.inline = self._max_workers <= 1 or interpreting()
         self._events: queue.Queue[tuple] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._pool: ProcessPoolExecutor | None = None  # touched only by the dispatcher thread
         self._closed = False
         self._lock = threading.Lock()
 
@@ -110,37 +111,50 @@ class CompilePool:
         backlog: deque[_Job] = deque()
         retry: deque[_Job] = deque()  # jobs that were in flight when a pool broke, to re-run one at a time
         in_flight: dict[Future, tuple[_Job, ProcessPoolExecutor]] = {}
-        pool: ProcessPoolExecutor | None = None
+        try:
+            self._serve(backlog, retry, in_flight)
+        except BaseException as exc:  # a bug here must not leave callers waiting forever on their futures
+            self._closed = True
+            failed = CompileOutcome(Status.RUNTIME_ERROR, "compile dispatcher failed: " + short_message(exc), 0.0)
+            jobs = [*backlog, *retry, *(job for job, _ in in_flight.values())]
+            while not self._events.empty():
+                event = self._events.get()
+                jobs += [event[1]] if event[0] == "job" else []
+            for job in jobs:
+                _finish(job, failed)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _serve(self, backlog: deque[_Job], retry: deque[_Job], in_flight: dict[Future, tuple[_Job, Any]]) -> None:
         stopping = False
         while True:
             # In flight is capped so a broken pool only takes down what it was running; while blame is being
             # assigned (retry non-empty or a struck job running) jobs run one at a time.
             isolating = bool(retry) or any(job.strikes for job, _ in in_flight.values())
-            cap = 1 if isolating else self._max_workers
-            while (retry or backlog) and len(in_flight) < cap:
+            while (retry or backlog) and len(in_flight) < (1 if isolating else self._max_workers):
                 job = retry.popleft() if retry else backlog.popleft()
                 if job.outer.cancelled():
                     _cancel(job.outer)  # notify waiters: wait()/as_completed() ignore a merely CANCELLED future
                     continue
-                if pool is None:
-                    pool = ProcessPoolExecutor(
-                        self._max_workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
-                    )
+                if self._pool is None:
+                    spawn = multiprocessing.get_context("spawn")
+                    self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn, initializer=_ignore_sigint)
                 try:
-                    inner = pool.submit(compile_one, self._tunable, job.problem, job.config)
+                    inner = self._pool.submit(compile_one, self._tunable, job.problem, job.config)
                 except BrokenProcessPool:  # broke before we saw its futures fail: retry on a fresh pool
-                    pool.shutdown(wait=False)
-                    pool = None
+                    self._drop_pool()
                     (retry if job.strikes else backlog).appendleft(job)
                     continue
                 job.handed_at = time.perf_counter()
-                in_flight[inner] = (job, pool)
+                in_flight[inner] = (job, self._pool)
                 inner.add_done_callback(lambda f: self._events.put(("done", f)))
                 isolating = isolating or bool(job.strikes)
-                cap = 1 if isolating else self._max_workers
 
             if stopping and not (backlog or retry or in_flight):
-                break
+                return
             event = self._events.get()
             if event[0] == "job":
                 backlog.append(event[1])
@@ -151,33 +165,26 @@ class CompilePool:
                         _cancel(job.outer)
                     backlog.clear()
                     retry.clear()
-                    if pool is not None:
-                        pool.shutdown(wait=False, cancel_futures=True)
-                        pool = None
                     in_flight.clear()
+                    self._drop_pool(cancel=True)
             elif event[1] in in_flight:
-                inner = event[1]
-                job, owner = in_flight.pop(inner)
-                if _broken(inner):
-                    if owner is pool:
-                        pool.shutdown(wait=False)
-                        pool = None
-                    if job.strikes:
-                        _finish(
-                            job,
-                            CompileOutcome(
-                                Status.CRASHED,
-                                "compile worker process died (pool broken)",
-                                time.perf_counter() - job.handed_at,
-                            ),
-                        )
-                    else:
-                        job.strikes += 1
-                        retry.append(job)
+                job, owner = in_flight.pop(event[1])
+                if not _broken(event[1]):
+                    _finish(job, _outcome(event[1], job))
+                    continue
+                if owner is self._pool:
+                    self._drop_pool()
+                if job.strikes:  # broke the pool again while running alone: it is the culprit
+                    elapsed = time.perf_counter() - job.handed_at
+                    _finish(job, CompileOutcome(Status.CRASHED, "compile worker process died", elapsed))
                 else:
-                    _finish(job, _outcome(inner, job))
-        if pool is not None:
-            pool.shutdown(wait=True)
+                    job.strikes += 1
+                    retry.append(job)
+
+    def _drop_pool(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=cancel)
+            self._pool = None
 
 
 def _broken(inner: Future) -> bool:

@@ -139,6 +139,7 @@ class LocalExecutor:
                 pass
         for w in self._workers:
             _stop(w, grace_s=2.0 if w.ready else 0.0)  # one still importing torch holds nothing worth a wait
+            w.task = None
         self._queues.clear()
         self._queued = 0
 
