@@ -27,6 +27,10 @@ def entry(M: int, config: Config, time_us: float = 10.0) -> GemmEntry:
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(knobs.CONFIG_DIR, str(tmp_path))
+    # The package ships real H100 files: keep them out of these lookups.
+    shipped = tmp_path / "shipped-empty"
+    shipped.mkdir()
+    monkeypatch.setattr(gj, "PACKAGE_DIR", shipped)
     return tmp_path
 
 

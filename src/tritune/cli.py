@@ -34,15 +34,31 @@ def _use_interpreter_without_gpu() -> bool:
 
 
 def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
 
 
+def _non_negative_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=_positive_int, default=30, help="timed runs per candidate (median reported)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a candidate may run before it is killed")
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed runs before timing")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds per candidate before it is killed")
     p.add_argument("--mp", type=_positive_int, default=None, help="GPU workers (default: every visible GPU)")
     p.add_argument("--compile-workers", type=_positive_int, default=None, help="compile processes (default: all)")
     p.add_argument("--strategy", default="exhaustive", choices=("exhaustive", "random", "neighbourhood"))
@@ -92,7 +108,7 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
 
 
 def _run_gemm(req, args: argparse.Namespace) -> int:
-    from tritune.tuners.gemm import build_tunable, result_table, tune_gemm
+    from tritune.tuners.gemm import build_tunable, check_existing_outputs, result_table, tune_gemm
     from tritune.tuning.device import current_device
 
     device = current_device()
@@ -100,6 +116,7 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
         tunable = build_tunable(req, device)
+        check_existing_outputs(req, device)
     except ValueError as exc:
         return _fail(str(exc))
     report = tune_gemm(req, device, _settings(args, req.out_dir, device))

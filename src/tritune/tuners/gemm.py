@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritune.kernels.gemm import KERNELS
-from tritune.store.gemm_json import GemmEntry, write_default_file, write_shape_file
+from tritune.store.gemm_json import (
+    GemmEntry,
+    default_file_name,
+    read_gemm_file,
+    shape_file_name,
+    write_default_file,
+    write_shape_file,
+)
 from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
 from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import load_space_file
@@ -40,7 +47,7 @@ def parse_m_list(text: str, where: str = "--m") -> tuple[int, ...]:
         raise ValueError(f"{where}: malformed M list {text!r} (expected comma-separated positive integers)")
     out = []
     for item in items:
-        if not item.isdigit() or int(item) < 1:
+        if not (item.isascii() and item.isdigit()) or int(item) < 1:
             raise ValueError(f"{where}: M value {item!r} in {text!r} is not a positive integer")
         out.append(int(item))
     return tuple(sorted(set(out)))
@@ -48,7 +55,7 @@ def parse_m_list(text: str, where: str = "--m") -> tuple[int, ...]:
 
 def _positive(text: str, where: str) -> int:
     text = text.strip()
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"{where}: {text!r} is not a positive integer")
     return int(text)
 
@@ -60,12 +67,16 @@ def read_shapes_file(path: str | Path) -> list[GemmShape]:
         text = path.read_text()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read shapes file ({exc.strerror or exc})") from None
-    rows = [r for r in csv.reader(line for line in text.splitlines() if not line.lstrip().startswith("#"))]
-    rows = [r for r in rows if any(c.strip() for c in r)]
-    if not rows or [c.strip() for c in rows[0]] != ["M", "N", "K"]:
-        raise ValueError(f"{path}: row 1: expected the header M,N,K")
+    rows = []  # (line number in the file, cells)
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        rows.append((lineno, next(csv.reader([line]))))
+    if not rows or [c.strip() for c in rows[0][1]] != ["M", "N", "K"]:
+        where = rows[0][0] if rows else 1
+        raise ValueError(f"{path}: row {where}: expected the header M,N,K")
     shapes = []
-    for i, row in enumerate(rows[1:], start=2):
+    for i, row in rows[1:]:
         if len(row) != 3:
             raise ValueError(f"{path}: row {i}: expected 3 columns M,N,K, got {len(row)}: {row!r}")
         shapes.append(GemmShape(parse_m_list(row[0], f"{path}: row {i}, column M"),
@@ -108,13 +119,28 @@ def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
     tunable = GemmTunable(space_params=space_params, atol=req.atol, rtol=req.rtol,
                           max_mismatch_ratio=req.max_mismatch_ratio)
     if overrides:  # validate names now, before any work starts
-        tunable.space(GemmProblem(req.kernel, 1, 1, 1, req.dtype), device)
+        try:
+            tunable.space(GemmProblem(req.kernel, 1, 1, 1, req.dtype), device)
+        except ValueError as exc:
+            raise ValueError(f"{req.space_file or 'interpreter space'}: {exc}") from None
     return tunable
+
+
+def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:
+    """Refuse to start when a results file we would merge into is unreadable (before any tuning work)."""
+    tag = GemmProblem(req.kernel, 1, 1, 1, req.dtype).tag
+    names = [shape_file_name(device.slug, tag, s.N, s.K) for s in req.shapes]
+    names.append(default_file_name(device.slug, tag))
+    for name in names:
+        path = req.out_dir / name
+        if path.exists():
+            read_gemm_file(path)  # raises ValueError naming the file and what is wrong
 
 
 def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings) -> GemmTuneReport:
     """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag."""
     tunable = build_tunable(req, device)
+    check_existing_outputs(req, device)
     problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype) for s in req.shapes for M in s.Ms]
     results, summary = tune(tunable, problems, device, settings)
     entries: dict[tuple[int, int], dict[int, GemmEntry]] = defaultdict(dict)

@@ -86,9 +86,10 @@ class TuneSummary:
 
 
 def journal_key(device: DeviceInfo, problem: Any, tunable: Tunable) -> str:
-    """Everything that changes the answer: device, problem (shape, dtypes), correctness thresholds."""
+    """Everything that changes the answer: device, compiler, problem (shape, dtypes), correctness thresholds."""
     tol = tunable.tolerance(problem)
-    return f"{device.slug}|{problem.key()}|tol={tol.atol:g},{tol.rtol:g},{tol.max_mismatch_ratio:g}"
+    return (f"{device.slug}|triton={device.triton_version}|{problem.key()}"
+            f"|tol={tol.atol:g},{tol.rtol:g},{tol.max_mismatch_ratio:g}")
 
 
 class _Pipeline:

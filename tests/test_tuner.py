@@ -1,0 +1,160 @@
+"""tune() on the GEMM tunable: journal resume (also after kill -9), summary counts, M buckets and the default file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tritune.tuners.gemm import INTERPRETER_SPACE, GemmShape, GemmTuneRequest, tune_gemm
+from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
+from tritune.tuning.device import current_device
+from tritune.tuning.executor import BenchSettings
+from tritune.tuning.tuner import TuneSettings, tune
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+DEVICE = current_device()
+FAST = BenchSettings(iters=2, warmup=1, timeout_s=60.0, seed=0)
+# BLOCK_SIZE_M in (16, 32) x NUM_KSPLIT in (1, 2); with K < 64 split-K is pruned, and M=1 prunes BLOCK_SIZE_M=32.
+TUNABLE = GemmTunable(space_params=tuple(sorted(INTERPRETER_SPACE.items())))
+SHAPES = (GemmShape((1, 17), 40, 48),  # N, K not multiples of the 32-wide blocks: masked edges
+          GemmShape((1, 17), 24, 40))  # a second (N, K) for the default file's vote
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+
+
+@pytest.fixture(autouse=True)
+def _children_can_import(monkeypatch):
+    # Spawned benchmark workers and the CLI subprocess import tritune from this checkout.
+    monkeypatch.setenv("PYTHONPATH", _pythonpath())
+
+
+def settings(journal: Path) -> TuneSettings:
+    return TuneSettings(journal_path=journal, bench=FAST, progress=False)
+
+
+def space_file(folder: Path, space: dict) -> Path:
+    path = folder / "space.json"
+    path.write_text(json.dumps({k: list(v) for k, v in space.items()}))
+    return path
+
+
+def journal_rows(path: Path) -> int:
+    if not path.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(path, timeout=5.0)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:  # created but the schema not written yet
+        return 0
+
+
+@pytest.fixture(scope="module")
+def two_shapes(tmp_path_factory):
+    """One tune_gemm run over M in (1, 17) for two (N, K): 4 problems, 16 configs, 6 kept."""
+    out = tmp_path_factory.mktemp("two_shapes")
+    req = GemmTuneRequest("bf16", SHAPES, out, dtype="fp16", space_file=space_file(out, INTERPRETER_SPACE))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", _pythonpath())  # module scope: set up before the autouse fixture
+        report = tune_gemm(req, DEVICE, settings(out / "journal.sqlite"))
+    return out, report
+
+
+def test_rerun_with_the_same_journal_measures_nothing(tmp_path):
+    problems = [GemmProblem("bf16", M, 40, 48, "fp16") for M in (1, 17)]
+    first, s1 = tune(TUNABLE, problems, DEVICE, settings(tmp_path / "journal.sqlite"))
+    assert (s1.measured, s1.reused, s1.candidates) == (3, 0, 3)
+    again, s2 = tune(TUNABLE, problems, DEVICE, settings(tmp_path / "journal.sqlite"))
+    assert (s2.measured, s2.reused, s2.compiled) == (0, s2.candidates, 0)
+    assert s2.candidates == s1.candidates
+    for r1, r2 in zip(first, again, strict=True):
+        assert r1.problem == r2.problem
+        assert r1.best is not None and r1.best.ok
+        assert (r2.best.config, r2.best.time_us) == (r1.best.config, r1.best.time_us)
+        assert [(m.config, m.status, m.time_us) for m in r2.measurements] == \
+               [(m.config, m.status, m.time_us) for m in r1.measurements]
+
+
+def test_run_killed_mid_way_resumes_without_remeasuring(tmp_path):
+    out = tmp_path / "out"
+    journal = out / f"journal-{DEVICE.slug}.sqlite"
+    Ms = (1, 2, 3, 17, 18, 19, 20, 31)  # 1 + 1 + 1 + 5 x 2 = 13 candidates: seconds of interpreted work
+    space = space_file(tmp_path, INTERPRETER_SPACE)
+    cmd = [sys.executable, "-m", "tritune.cli", "gemm", "--kernel", "bf16", "--dtype", "fp16", "--n", "40",
+           "--k", "48", "--m", ",".join(map(str, Ms)), "-o", str(out), "--search-space", str(space),
+           "--iters", "2", "--warmup", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while journal_rows(journal) == 0 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the CLI and its benchmark workers: no clean-up runs
+        except ProcessLookupError:  # the whole group already exited; the returncode check below says so
+            pass
+        _, err = proc.communicate(timeout=30)
+    before = journal_rows(journal)
+    assert before >= 1, err.decode()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed: give it more work"
+
+    req = GemmTuneRequest("bf16", (GemmShape(Ms, 40, 48),), out, dtype="fp16", space_file=space)
+    report = tune_gemm(req, DEVICE, settings(journal))
+    summary = report.summary
+    assert before < summary.candidates == 13
+    assert summary.reused == before
+    assert summary.measured == summary.candidates - summary.reused
+    assert journal_rows(journal) == summary.candidates
+    assert not report.failed_problems
+    assert (out / f"{DEVICE.slug}-GEMM-BF16-N=40-K=48.json").is_file()
+    assert (out / f"{DEVICE.slug}-GEMM-BF16.json").is_file()
+
+
+def test_summary_counts_add_up(two_shapes):
+    _, report = two_shapes
+    s = report.summary
+    assert s.problems == 4 and s.space_size == 4 * 4
+    assert sum(s.pruned.values()) + s.candidates == s.space_size
+    # First failing rule counts: M=1 loses BLOCK_SIZE_M=32 twice, K < 64 loses the other split-K configs.
+    assert dict(s.pruned) == {"BLOCK_SIZE_M above next_pow2(M)": 4, "BLOCK_SIZE_K x NUM_KSPLIT > K": 6}
+    assert (s.candidates, s.measured, s.reused) == (6, 6, 0)
+    assert s.compiled == 4  # one binary per (N, K, config): M is not specialized
+    assert not s.failed and not s.compile_failed
+    assert s.wall_s >= s.bench_wall_s > 0
+    text = "\n".join(s.lines())
+    assert "16 in the spaces, 10 pruned, 6 kept, 0 reused" in text
+    wall = next(line for line in s.lines() if line.startswith("wall:"))
+    assert "compiling" in wall and "benchmarking" in wall
+
+
+def test_shape_files_bucket_by_m_and_default_file_votes(two_shapes):
+    out, report = two_shapes
+    slug = DEVICE.slug
+    names = [f"{slug}-GEMM-BF16-N=24-K=40.json", f"{slug}-GEMM-BF16-N=40-K=48.json", f"{slug}-GEMM-BF16.json"]
+    assert sorted(p.name for p in report.files) == names
+    docs = {name: json.loads((out / name).read_text()) for name in names}
+    for name in names[:2]:
+        doc = docs[name]
+        assert sorted(doc["by_M"], key=int) == ["1", "17"]
+        assert set(doc["configs"]) == {"small", "any"}  # 1 and 17 are both under 32
+        assert doc["configs"]["small"]["M"] == doc["configs"]["any"]["M"] == 17  # the largest M of each
+        assert doc["by_M"]["1"]["config"]["BLOCK_SIZE_M"] == 16  # the only config kept for M=1
+    default = docs[names[2]]
+    assert default["from_shapes"] == [{"N": 24, "K": 40}, {"N": 40, "K": 48}]
+    assert set(default["configs"]) == {"small", "any"}
+    for bucket, rec in default["configs"].items():
+        ballots = [docs[name]["configs"][bucket]["config"] for name in names[:2]]
+        assert rec["shapes"] == 2
+        assert rec["config"] in ballots and rec["votes"] == ballots.count(rec["config"])
