@@ -62,10 +62,11 @@ def _run_fp32(kernel: str, ops: dict, cfg: gk.GemmConfig, **kwargs) -> torch.Ten
 
 
 def _assert_close_fp32(out: torch.Tensor, ref: torch.Tensor, operand_dtype: torch.dtype) -> None:
-    # fp16 and fp8 products are exact in fp32, so only the summation order differs from the reference. fp32
-    # operands go through tf32 in tl.dot on a GPU (10-bit mantissa); the interpreter multiplies them in fp32.
-    tf32 = operand_dtype == torch.float32 and DEVICE == "cuda"
-    rtol = 5e-3 if tf32 else 1e-4
+    # fp16 and fp8 products are exact in fp32, so in the interpreter only the summation order differs from the
+    # reference. On a GPU, fp32 operands go through tf32 (10-bit mantissa) and Hopper's fp8 MMA keeps fewer
+    # accumulator bits than fp32.
+    loose = DEVICE == "cuda" and operand_dtype in (torch.float32, FP8)
+    rtol = 5e-3 if loose else 1e-4
     scale = ref.abs().max().clamp_min(1.0).item()
     torch.testing.assert_close(out, ref, rtol=rtol, atol=10 * rtol * scale)
 
@@ -239,7 +240,7 @@ def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) 
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 32, 256)), "BLOCK_SIZE_K dividing 128, got 256"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 32, 48)), "BLOCK_SIZE_K dividing 128, got 48"),
         (_bad("fp4"), "unknown GEMM kernel 'fp4'"),
-        (_bad("bf16", a=torch.zeros(8, 64, dtype=torch.float16)[:, ::2]), "contiguous along K"),
+        (_bad("bf16", a=torch.zeros(32, 8, dtype=torch.float16).t()), "contiguous along K"),  # column-major A
         (_bad("bf16", cfg=gk.GemmConfig(16, 32, 32, NUM_KSPLIT=2, PERSISTENT_TMA=True)), "does not split K"),
         (_bad("bf16", cfg=gk.GemmConfig(16, 32, 32, PERSISTENT_TMA=True, SCALE_PIPELINE=True)), "SCALE_PIPELINE"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 256, 128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),

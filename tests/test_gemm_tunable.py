@@ -269,7 +269,10 @@ def test_heuristic_config_validates_and_runs(kernel: str, M: int, N: int, K: int
     out = torch.full((M, N), math.nan, device=DEVICE, dtype=torch.float32)
     gk.gemm(kernel, inputs["a"], inputs["b"], cfg, a_scale=inputs["a_scale"], b_scale=inputs["b_scale"], out=out)
     assert not out.isnan().any()
-    torch.testing.assert_close(out, tunable.reference(problem, inputs), rtol=1e-4, atol=1e-4)
+    # C is about N(0, 1). On a GPU, Hopper's fp8 MMA keeps fewer accumulator bits than fp32 (errors near 2e-3 seen
+    # with BLOCK_SIZE_K 128); the interpreter accumulates in fp32.
+    tol = 5e-3 if DEVICE == "cuda" else 1e-4
+    torch.testing.assert_close(out, tunable.reference(problem, inputs), rtol=tol, atol=tol)
 
 
 def test_heuristic_split_k() -> None:

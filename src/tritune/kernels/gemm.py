@@ -269,6 +269,8 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"K mismatch: A is {M}x{K} but B is {N}x{Kb} (B must be N x K)")
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"empty GEMM: M={M} N={N} K={K}")
+    if max(M * K, N * K, M * N * cfg.NUM_KSPLIT) >= 2**31:
+        raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("A and B must be contiguous along K (stride 1 in the last dimension)")
     for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
@@ -325,6 +327,8 @@ def gemm(kernel: str, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig, *, a_sc
         need = cfg.NUM_KSPLIT * M * N
         if workspace is None or workspace.numel() < need:
             workspace = torch.empty(need, device=a.device, dtype=torch.float32)
+        elif workspace.dtype != torch.float32:
+            raise ValueError(f"split-K workspace must be float32, got {workspace.dtype}")
         target = workspace[:need].view(cfg.NUM_KSPLIT, M, N)
     per_split = k_per_split(K, cfg)
     grid = (triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N), cfg.NUM_KSPLIT)

@@ -4,10 +4,12 @@ Lookups go through `tritune.store.gemm_json.default_store()` (cached per process
 the files and TRITUNE_CONFIG_DIR). The built-in heuristic, used when no file matches:
 
 - M <= 16:  BLOCK 16x64, BLOCK_K 256 (128 for block-scaled fp8), 4 warps, 3 stages;
+- M <= 32:  BLOCK 32x64, BLOCK_K 128, 4 warps, 4 stages;
 - M <= 64:  BLOCK 64x64, BLOCK_K 128, 4 warps, 4 stages;
 - M <= 256: BLOCK 64x128, BLOCK_K 128, GROUP_SIZE_M 8, 4 warps, 3 stages;
 - larger:   BLOCK 128x256, BLOCK_K 64 (128x128x128 for block-scaled fp8), GROUP_SIZE_M 8, 8 warps, 3 stages;
-- split-K while the tile grid covers under half the SMs: the largest of 2, 4, 8 keeping ≥ 2 K steps per split.
+- split-K when the tile grid covers at most half the SMs: the largest of 2, 4, 8 that keeps the grid within the
+  SMs and at least 2 K steps per split.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def heuristic_config(kernel: str, M: int, N: int, K: int, sm_count: int = 132) -
     block_scaled = kernel == "a8w8_blockscale"
     if M <= 16:
         cfg = gk.GemmConfig(16, 64, 128 if block_scaled else 256, 1, 4, 3)
+    elif M <= 32:
+        cfg = gk.GemmConfig(32, 64, 128, 1, 4, 4)
     elif M <= 64:
         cfg = gk.GemmConfig(64, 64, 128, 1, 4, 4)
     elif M <= 256:
@@ -43,8 +47,6 @@ def heuristic_config(kernel: str, M: int, N: int, K: int, sm_count: int = 132) -
     for s in (2, 4, 8):
         if tiles * s <= sm_count and K >= 2 * s * cfg.BLOCK_SIZE_K:
             split = s
-    if tiles * 2 > sm_count:
-        split = 1
     return gk.GemmConfig(**{**cfg.__dict__, "NUM_KSPLIT": split})
 
 
