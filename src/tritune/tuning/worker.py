@@ -91,27 +91,13 @@ class _Runner:
         fn = self.tunable.launcher(problem, state.inputs, config, state.out)
         first = self._checked_run(fn, state, tol)
         if not first.passed:
-            return Measurement(
-                state.key,
-                config,
-                Status.WRONG_ANSWER,
-                error=first.mismatch_ratio,
-                rel_l2_err=first.rel_l2_err,
-                message=first.reason,
-            )
+            return _wrong_answer(state.key, config, first, "")
         s = self.settings
         timing = self._time_kernel(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
         second = self._checked_run(fn, state, tol)
         if not second.passed:
-            return Measurement(
-                state.key,
-                config,
-                Status.WRONG_ANSWER,
-                error=second.mismatch_ratio,
-                rel_l2_err=second.rel_l2_err,
-                message="after timing: " + second.reason,
-            )
+            return _wrong_answer(state.key, config, second, "after timing: ")
         return Measurement(
             state.key,
             config,
@@ -172,3 +158,8 @@ def _safe_key(problem: Any) -> str:
         return problem.key()
     except Exception:
         return repr(problem)
+
+
+def _wrong_answer(key: str, config: Config, check: CheckResult, when: str) -> Measurement:
+    return Measurement(key, config, Status.WRONG_ANSWER, error=check.mismatch_ratio, rel_l2_err=check.rel_l2_err,
+                       message=when + check.reason)
