@@ -21,7 +21,7 @@ class Counter:
             time.sleep(self.sleep_s)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU path only")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only: the perf_counter path used under the interpreter")
 def test_cpu_sleep_stats() -> None:
     timing = time_kernel(Counter(sleep_s=0.002), iters=7, warmup=1)
     assert timing.method == CPU_METHOD and timing.iters == 7
@@ -44,7 +44,7 @@ def test_bad_counts() -> None:
         time_kernel(Counter(), warmup=-1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: the CUDA-event + L2-flush timer, run on the GPU machine")
 def test_cuda_events() -> None:
     x = torch.randn(4096, 4096, device="cuda")
     timing = time_kernel(lambda: torch.mm(x, x), iters=10, warmup=2)
