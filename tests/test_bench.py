@@ -44,7 +44,7 @@ def test_bad_counts() -> None:
         time_kernel(Counter(), warmup=-1)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: the CUDA-event + L2-flush timer, run on the GPU machine")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: the CUDA-event timer")
 def test_cuda_events() -> None:
     x = torch.randn(4096, 4096, device="cuda")
     timing = time_kernel(lambda: torch.mm(x, x), iters=10, warmup=2)
