@@ -78,7 +78,8 @@ class TuneSummary:
             f"{self.candidates} kept, {self.reused} reused from the journal",
             f"pruned by rule: {kinds(self.pruned)}",
             f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
-            f"{self.compile_speedup:.1f}x); compile failures: {kinds(self.compile_failed)}",
+            f"{f'{self.compile_speedup:.1f}x' if self.compile_cpu_s >= 1.0 else 'n/a'}); "
+            f"compile failures: {kinds(self.compile_failed)}",
             f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}",
             f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
             f"overlapped)",
