@@ -119,7 +119,7 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
         check_existing_outputs(req, device)
     except ValueError as exc:
         return _fail(str(exc))
-    report = tune_gemm(req, device, _settings(args, req.out_dir, device))
+    report = tune_gemm(req, device, _settings(args, req.out_dir, device), tunable)
     print("\n".join(result_table(report.results, tunable.flops)))
     print("\n".join(report.summary.lines()))
     for path in report.files:

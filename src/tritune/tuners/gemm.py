@@ -137,9 +137,13 @@ def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:
             read_gemm_file(path)  # raises ValueError naming the file and what is wrong
 
 
-def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings) -> GemmTuneReport:
-    """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag."""
-    tunable = build_tunable(req, device)
+def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
+              tunable: GemmTunable | None = None) -> GemmTuneReport:
+    """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag.
+
+    `tunable` is `build_tunable(req, device)` when a caller already made (and validated) it.
+    """
+    tunable = tunable or build_tunable(req, device)
     check_existing_outputs(req, device)
     problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype) for s in req.shapes for M in s.Ms]
     results, summary = tune(tunable, problems, device, settings)

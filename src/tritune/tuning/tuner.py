@@ -133,20 +133,24 @@ class _Pipeline:
         results: dict[tuple[str, str], Measurement] = {}
         todo: list[tuple[Any, Config, str]] = []
         per_problem: Counter = Counter(p.key() for p, _ in pairs)
+        jkeys: dict[str, str] = {}  # problem key -> journal key
+        journaled: dict[str, dict[Config, Measurement]] = {}  # journal key -> what the journal holds (one query)
         for problem, config in pairs:
-            jkey = journal_key(self.device, problem, self.tunable)
-            done = self.journal.measurements(jkey).get(config)
+            pkey = problem.key()
+            if pkey not in jkeys:
+                jkeys[pkey] = journal_key(self.device, problem, self.tunable)
+                journaled[jkeys[pkey]] = self.journal.measurements(jkeys[pkey])
+            jkey = jkeys[pkey]
+            done = journaled[jkey].get(config)
             if done is not None:
                 results[(jkey, config.key())] = done
                 self.summary.reused += 1
+                if (bar := self._bar(problem, per_problem[pkey])) is not None:
+                    bar.update(1)
             else:
                 todo.append((problem, config, jkey))
-        for problem, _ in pairs:
-            bar = self._bar(problem, per_problem[problem.key()])
-            if bar is not None and bar.n == 0:
-                bar.update(sum(1 for (jk, _c) in results if jk == journal_key(self.device, problem, self.tunable)))
         if not todo:
-            return [results[(journal_key(self.device, p, self.tunable), c.key())] for p, c in pairs]
+            return [results[(jkeys[p.key()], c.key())] for p, c in pairs]
 
         start = time.perf_counter()
         waiting: dict[str, list[tuple[Any, Config, str]]] = defaultdict(list)
@@ -193,7 +197,7 @@ class _Pipeline:
         end = time.perf_counter()
         self.summary.compile_wall_s += ((last_compile_at or start) - start)
         self.summary.bench_wall_s += (end - (first_task_at or end))
-        return [results[(journal_key(self.device, p, self.tunable), c.key())] for p, c in pairs]
+        return [results[(jkeys[p.key()], c.key())] for p, c in pairs]
 
 
 def _task_id(m: Measurement, tasks: dict[int, tuple[Any, Config, str]]) -> int:
