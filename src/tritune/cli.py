@@ -85,6 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-o", "--output", type=Path, default=Path("tritune-out/gemm"), help="output folder")
     _add_engine_flags(g)
 
+    m = sub.add_parser("moe", help="tune fused-MoE kernels: untuned CSV rows in, tuned CSV rows out (aiter format)")
+    m.add_argument("-i", "--input", type=Path, required=True, help="untuned CSV (token, model_dim, inter_dim, ...)")
+    m.add_argument("-o", "--output", type=Path, default=Path("tuned_fmoe.csv"), help="tuned CSV, merged into")
+    m.add_argument("--last", action="store_true", help="tune only the last input row")
+    m.add_argument("--all", dest="retune_all", action="store_true",
+                   help="retune rows already in the output for this device")
+    m.add_argument("--profile_file", "--profile-file", dest="profile_file", type=Path,
+                   help="CSV of every candidate measured (stage 1, stage 2, 1-stage, end to end), failures included")
+    m.add_argument("--errRatio", "--err-ratio", dest="err_ratio", type=float, default=0.5,
+                   help="fraction of output elements allowed outside atol/rtol (NaN/Inf, unwritten rows and the "
+                        "relative L2 bound are always enforced)")
+    m.add_argument("--skew", type=float, default=0.0,
+                   help="routing while tuning: 0 uniform (default), > 0 Zipf over experts with this exponent")
+    _add_engine_flags(m)
+
     e = sub.add_parser("example", help="the main job: tune the shipped example shapes (tiny, interpreted, on CPU)")
     e.add_argument("-o", "--output", type=Path, default=Path("tritune-out"))
     e.add_argument("--shapes", type=Path, default=Path("examples/gemm_shapes.csv"), help="GEMM shapes on a GPU")
@@ -151,6 +166,45 @@ def _gemm(args: argparse.Namespace) -> int:
     return _run_gemm(req, args)
 
 
+def _moe(args: argparse.Namespace) -> int:
+    from tritune.tuners.fused_moe import MoeTuneRequest
+
+    try:
+        req = MoeTuneRequest(args.input, args.output, args.last, args.retune_all, args.profile_file, args.err_ratio,
+                             args.skew)
+    except ValueError as exc:
+        return _fail(str(exc))
+    return _run_moe(req, args)
+
+
+def _run_moe(req, args: argparse.Namespace) -> int:
+    from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, tune_fmoe
+    from tritune.tuning.device import current_device
+
+    device = current_device()
+    if device.interpreter:
+        print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
+    try:
+        plan_rows(req, device)  # every input and output row is validated before any work starts
+    except ValueError as exc:
+        return _fail(str(exc))
+    journal_dir = req.output.parent
+    report = tune_fmoe(req, device, _settings(args, journal_dir, device), build_tunable(req, device))
+    print("\n".join(result_table(report)))
+    for summary in report.summaries:
+        print("\n".join(summary.lines()))
+    if report.written:
+        print(f"wrote {len(report.written)} row(s) to {req.output}")
+    if req.profile_file is not None and report.results:
+        print(f"wrote every candidate to {req.profile_file}")
+    if device.interpreter:
+        print(f"({INTERPRETER_LABEL})")
+    if report.failed:
+        return _fail(f"{len(report.failed)} row(s) could not be tuned: " + "; ".join(
+            f"token={s.token} model_dim={s.model_dim} inter_dim={s.inter_dim}: {why}" for s, why in report.failed))
+    return 0
+
+
 def _example(args: argparse.Namespace, interpreted: bool) -> int:
     from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
 
@@ -181,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "gemm":
             return _gemm(args)
+        if args.command == "moe":
+            return _moe(args)
         return _example(args, interpreted)
     except KeyboardInterrupt:
         return _fail("interrupted; everything measured so far is in the journal, rerun the command to resume")

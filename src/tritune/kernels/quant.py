@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -34,3 +35,68 @@ def quantize_blocks(x: torch.Tensor, block_rows: int, block_cols: int = 128) -> 
     scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(_EPS)
     q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(gr * block_rows, gc * block_cols)
     return q[:rows, :cols].to(FP8).contiguous(), scale.contiguous()
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """Round fp32 to the nearest-even e4m3 value (normal range) before the cast, so the cast is exact.
+
+    On the GPU the cast already rounds to nearest even and this changes nothing; Triton's interpreter (3.9) drops
+    the carry when rounding crosses a power of two (127.5 becomes 64), which this sidesteps.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # keep 3 mantissa bits, ties to even
+    return tl.where(tl.abs(x) >= 0.015625, rounded.to(tl.float32, bitcast=True), x)
+
+
+@triton.jit
+def _quant_fp8_kernel(
+    x_ptr, q_ptr, s_ptr,  # x [R, C] bf16/fp16/fp32, q fp8 [R, C], s fp32 [R, ⌈C/GROUP⌉]
+    C, stride_x, stride_q, stride_s,
+    GROUP: tl.constexpr,  # columns per scale: a power of two (128 for 1×128), or 0 for one scale per row
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, group); per-row scales loop over the row twice (amax, then quantize).
+
+    Grid: (R, ⌈C/GROUP⌉) or (R, 1) when GROUP == 0.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    if GROUP == 0:
+        start = 0
+        stop = C
+    else:
+        start = g * GROUP
+        stop = tl.minimum(start + GROUP, C)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c in range(start, stop, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < stop, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0), 1e-10) / 448.0
+    for c in range(start, stop, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < stop, other=0.0).to(tl.float32)
+        q = _round_to_e4m3(tl.clamp(x / scale, -448.0, 448.0))
+        tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < stop)
+    tl.store(s_ptr + row * stride_s + g, scale)
+
+
+def quantize_fp8(x: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton form of `quantize_rows` (group 0) and `quantize_blocks(x, 1, group)`: one launch, no host sync.
+
+    x [R, C] contiguous float -> (fp8 [R, C], fp32 scales [R] for group 0, else [R, ⌈C/group⌉]).
+    """
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"quantize_fp8 wants a row-major 2-D tensor, got shape {tuple(x.shape)} strides {x.stride()}")
+    if group and group & (group - 1):
+        raise ValueError(f"quantize_fp8: group {group} is not a power of two")
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), device=x.device, dtype=FP8)
+    groups = triton.cdiv(cols, group) if group else 1
+    scales = torch.empty((rows, groups), device=x.device, dtype=torch.float32)
+    if rows:
+        block = min(group, 1024) if group else min(triton.next_power_of_2(cols), 1024)
+        _quant_fp8_kernel[(rows, groups)](x, q, scales, cols, x.stride(0), q.stride(0), scales.stride(0),
+                                          GROUP=group, BLOCK=block, num_warps=4 if block >= 512 else 1)
+    return q, (scales.view(rows) if not group else scales)

@@ -1,5 +1,16 @@
 """What users call at run time; each op picks its tuned config by itself."""
 
+from tritune.ops.fused_moe import (
+    MoeChoice,
+    fused_moe,
+    fused_moe_a8w8,
+    fused_moe_a8w8_blockscale,
+    fused_moe_choice,
+    heuristic_moe_choice,
+    reload_moe_configs,
+)
 from tritune.ops.gemm import gemm, gemm_a8w8, gemm_a8w8_blockscale, reload_configs, select_config
 
-__all__ = ["gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "reload_configs", "select_config"]
+__all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice", "gemm",
+           "gemm_a8w8", "gemm_a8w8_blockscale", "heuristic_moe_choice", "reload_configs", "reload_moe_configs",
+           "select_config"]

@@ -1,0 +1,675 @@
+"""Fused-MoE kernels: stage 1 (gate-up GEMM + activation), stage 2 (down GEMM + weighted top-k sum), and a
+1-stage kernel doing both in one launch; bf16/fp16, fp8 per token (per-channel weights) and fp8 per 1×128
+(128×128 weight blocks); split-K for small token counts.
+
+Layout: hidden [T, D]; w1 [E, 2I, D] (gate rows then up rows; [E, I, D] without gate-up fusion); w2 [E, D, I];
+topk_weights fp32 [T, topk]; topk_ids [T, topk]. A "pair" is p = t·topk + s; the intermediate is [T·topk, I]
+in pair order, so it does not depend on BLOCK_SIZE_M. Kernels take a config and launch; they never tune.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tritune.kernels.moe_align import MoeSorting, moe_align_block_size
+from tritune.kernels.quant import FP8, quantize_blocks, quantize_fp8, quantize_rows
+
+ACTIVATIONS = ("silu", "gelu")
+QUANT_TYPES = ("none", "per_token", "per_1x128")
+KERNELS = ("stage1", "stage2", "1stage")
+SCALE_BLOCK = 128
+_ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
+_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2}
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Launch parameters of one fused-MoE kernel candidate (stage 1, stage 2 or 1-stage).
+
+    For 1-stage, BLOCK_SIZE_N tiles the intermediate dimension and BLOCK_SIZE_D the output columns.
+    """
+
+    BLOCK_SIZE_M: int = 64
+    BLOCK_SIZE_N: int = 64
+    BLOCK_SIZE_K: int = 64
+    GROUP_SIZE_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    KSPLIT: int = 1
+    BLOCK_SIZE_D: int = 0  # 1-stage only
+    USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
+
+    _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
+              "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA"}
+
+    @staticmethod
+    def from_params(params: dict) -> MoeConfig:
+        known = {f.name for f in fields(MoeConfig)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown fused-MoE config parameter(s) {unknown}")
+        return MoeConfig(**params)
+
+    def name(self, kernel: str, quant: str = "none", activation: str = "silu") -> str:
+        """The kernel and its whole config, e.g. `moe_stage1_per_token_silu_BM64_BN128_BK128_GM8_W8_S3_KS1`."""
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown fused-MoE kernel {kernel!r}; expected one of {KERNELS}")
+        parts = [f"{short}{getattr(self, long)}" for long, short in self._SHORT.items()
+                 if (long != "BLOCK_SIZE_D" or kernel == "1stage") and (long != "USE_TMA" or kernel != "1stage")]
+        return f"moe_{kernel}_{quant}_{activation}_" + "_".join(parts)
+
+    @staticmethod
+    def parse_name(name: str) -> tuple[str, MoeConfig]:
+        """Inverse of `name`: (kernel, config). ValueError naming the text when it is not one of ours."""
+        m = re.fullmatch(r"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_((?:[A-Z]+\d+_?)+)", name)
+        if not m:
+            raise ValueError(f"not a tritune fused-MoE kernel name: {name!r}")
+        by_short = {short: long for long, short in MoeConfig._SHORT.items()}
+        params = {}
+        for part in m.group(4).split("_"):
+            short, value = re.fullmatch(r"([A-Z]+)(\d+)", part).groups()
+            if short not in by_short:
+                raise ValueError(f"kernel name {name!r}: unknown field {short!r}")
+            params[by_short[short]] = int(value)
+        return m.group(1), MoeConfig(**params)
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr):
+    if ACT == 0:
+        return x * tl.sigmoid(x)
+    else:
+        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def _pid_mn(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    # Grouped ordering: GROUP_SIZE_M row-blocks (mostly of one expert) share weight columns while hot in L2.
+    pid = tl.program_id(0)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
+               a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
+               EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr):
+    """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
+
+    With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
+    past K, and rows past this expert's N are read but never stored).
+    """
+    w_ptrs = w_base + offs_n[None, :] * stride_wn + (k + offs_k)[:, None]
+    if USE_TMA:
+        wg = w_desc.load([tma_row, k]).T
+    elif EVEN_K:
+        wg = tl.load(w_ptrs)
+    else:
+        wg = tl.load(w_ptrs, mask=(k + offs_k)[:, None] < K, other=0.0)
+    if QUANT == 2:
+        a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k // 128)
+        wg_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + k // 128)
+        acc_g += tl.dot(a, wg) * (a_s[:, None] * wg_s[None, :])
+    else:
+        acc_g = tl.dot(a, wg, acc_g)
+    if GATED:
+        if USE_TMA:
+            wu = w_desc.load([tma_row + N, k]).T
+        elif EVEN_K:
+            wu = tl.load(w_ptrs + N * stride_wn)
+        else:
+            wu = tl.load(w_ptrs + N * stride_wn, mask=(k + offs_k)[:, None] < K, other=0.0)
+        if QUANT == 2:
+            wu_s = tl.load(w_scale_ptr + ((offs_n + N) // 128) * stride_wsn + k // 128)
+            acc_u += tl.dot(a, wu) * (a_s[:, None] * wu_s[None, :])
+        else:
+            acc_u = tl.dot(a, wu, acc_u)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr,  # stage 1: hidden [T, K]; stage 2: intermediate [numel, K]; dtype or fp8
+    a_scale_ptr,  # fp32: per_token [rows]; per_1x128 [rows, ⌈K/128⌉]
+    w_ptr,  # [E, N·(2 if GATED else 1), K]
+    w_desc,  # USE_TMA: TMA descriptor of w viewed [E·N_W, K], block [BLOCK_N, BLOCK_K]; else unused
+    w_scale_ptr,  # fp32: per_token [E, N_W]; per_1x128 [E, ⌈N_W/128⌉, ⌈K/128⌉]
+    out_ptr,  # KSPLIT == 1: [numel, N]; else fp32 partials [KSPLIT, numel, N_W] (gate and up kept apart)
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # int32, from moe_align_block_size
+    weights_ptr,  # fp32 [numel] routing weights in pair order
+    numel, N, K, k_per_split, num_pid_m,
+    stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om, stride_ok,
+    A_ROW_DIV: tl.constexpr,  # topk for stage 1 (rows of hidden), 1 for stage 2 (rows of the intermediate)
+    GATED: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, KSPLIT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
+
+    Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = blocks of the padded sort; blocks past the padded count exit.
+    """
+    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
+    pid_k = tl.program_id(1)
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
+        return
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    row_ok = pairs < numel
+    # Padding rows read row 0 (in bounds, no mask) and are never stored.
+    a_rows = tl.where(row_ok, pairs // A_ROW_DIV, 0).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_n = offs_n_out % N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    w_base = w_ptr + expert * stride_we
+    ws_base = w_scale_ptr + expert * stride_wse
+
+    tma_row = (expert * (2 * N if GATED else N) + pid_n * BLOCK_SIZE_N).to(tl.int32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_start + offs_k)[None, :]
+    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_SIZE_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+        acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
+                                  a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
+                                  w_desc, tma_row, USE_TMA)
+        a_ptrs += BLOCK_SIZE_K
+
+    if QUANT == 1:
+        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
+        acc_g = acc_g * a_s * tl.load(ws_base + offs_n)[None, :]
+        if GATED:
+            acc_u = acc_u * a_s * tl.load(ws_base + offs_n + N)[None, :]
+    mask = row_ok[:, None] & (offs_n_out < N)[None, :]
+    rows = pairs.to(tl.int64)[:, None]
+    if KSPLIT == 1:
+        if ACT == 2:
+            res = acc_g
+        elif GATED:
+            res = _activation(acc_g, ACT) * acc_u
+        else:
+            res = _activation(acc_g, ACT)
+        if MUL_WEIGHT:
+            res = res * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+        tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        base = out_ptr + pid_k * stride_ok + rows * stride_om + offs_n_out[None, :]
+        if ACT == 2 and MUL_WEIGHT:
+            # Stage 2 is linear after the GEMM, so the routing weight can go on each split's partial.
+            acc_g = acc_g * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+        tl.store(base, acc_g, mask=mask)
+        if GATED:
+            tl.store(base + N, acc_u, mask=mask)
+
+
+@triton.jit
+def _stage1_finish_kernel(
+    part_ptr,  # fp32 [KSPLIT, numel, N_W]
+    out_ptr,  # [numel, N] intermediate dtype
+    weights_ptr,  # fp32 [numel]
+    N, stride_pk, stride_pm,
+    KSPLIT: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Sum the split-K partials of stage 1, then activation and routing weight.
+
+    Grid: (numel, ⌈N/BLOCK⌉).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.zeros((BLOCK,), dtype=tl.float32)
+    u = tl.zeros((BLOCK,), dtype=tl.float32)
+    for ks in range(KSPLIT):
+        base = part_ptr + ks * stride_pk + row * stride_pm + offs
+        g += tl.load(base, mask=mask, other=0.0)
+        if GATED:
+            u += tl.load(base + N, mask=mask, other=0.0)
+    res = _activation(g, ACT) * u if GATED else _activation(g, ACT)
+    if MUL_WEIGHT:
+        res = res * tl.load(weights_ptr + row)
+    tl.store(out_ptr + row * N + offs, res.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _topk_sum_kernel(
+    part_ptr,  # [KSPLIT, T·TOPK, D], out dtype (KSPLIT 1) or fp32
+    out_ptr,  # [T, D]
+    D, stride_pk,
+    TOPK: tl.constexpr, KSPLIT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[t] = Σ_slots Σ_splits part[split, t·TOPK + slot] (routing weights were applied by stage 2).
+
+    Grid: (T, ⌈D/BLOCK⌉).
+    """
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < D
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(TOPK):
+        for ks in range(KSPLIT):
+            acc += tl.load(part_ptr + ks * stride_pk + (t * TOPK + s) * D + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * D + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _moe_1stage_kernel(
+    a_ptr, a_scale_ptr,  # hidden [T, D] (dtype or fp8) and its fp32 scales
+    w1_ptr, w1_scale_ptr,  # [E, I·(2 if GATED else 1), D] and scales as in stage 1
+    w2_ptr, w2_scale_ptr,  # [E, D, I]; per_token scales [E, D], per_1x128 [E, ⌈D/128⌉, ⌈I/128⌉]
+    out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
+    numel, I, D, num_pid_m,
+    stride_am, stride_asm, stride_w1e, stride_w1n, stride_w1se, stride_w1sn,
+    stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
+    TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, WIDE_FP16: tl.constexpr,
+):
+    """A BLOCK_N slice of the intermediate for one block of pairs, then its contribution to every output column.
+
+    Each weight element is read once; the output is summed over intermediate slices with fp32 atomics, so this
+    suits small token counts, where the weights dominate and the atomics are few.
+    Grid: (num_pid_m·⌈I/BLOCK_N⌉,).
+    """
+    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(I, BLOCK_SIZE_N), GROUP_SIZE_M)
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
+        return
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    row_ok = pairs < numel
+    a_rows = tl.where(row_ok, pairs // TOPK, 0).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_i_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    i_ok = offs_i_out < I
+    offs_i = offs_i_out % I
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    w1_base = w1_ptr + expert * stride_w1e
+    w1s_base = w1_scale_ptr + expert * stride_w1se
+
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, D, BLOCK_SIZE_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < D, other=0.0)
+        acc_g, acc_u = _gated_dot(a, a_rows, w1_base, offs_i, offs_k, k, D, I, stride_w1n,
+                                  a_scale_ptr, stride_asm, w1s_base, stride_w1sn, GATED, QUANT, EVEN_K, acc_g, acc_u,
+                                  w1_ptr, 0, False)
+        a_ptrs += BLOCK_SIZE_K
+    if QUANT == 1:
+        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
+        acc_g = acc_g * a_s * tl.load(w1s_base + offs_i)[None, :]
+        if GATED:
+            acc_u = acc_u * a_s * tl.load(w1s_base + offs_i + I)[None, :]
+    inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
+    inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    inter = tl.where(i_ok[None, :], inter, 0.0)
+    # The second GEMM runs in the activation dtype: fp8 weights are widened in registers and their scales
+    # applied after the dot (no per-row scale of the intermediate exists before the whole row is known).
+    if QUANT == 0:
+        inter = inter.to(w2_ptr.dtype.element_ty)
+    elif WIDE_FP16:
+        inter = inter.to(tl.float16)
+    else:
+        inter = inter.to(tl.bfloat16)
+
+    w2_base = w2_ptr + expert * stride_w2e
+    w2s_base = w2_scale_ptr + expert * stride_w2se
+    out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
+    for d in range(0, D, BLOCK_SIZE_D):
+        offs_d = d + tl.arange(0, BLOCK_SIZE_D)
+        d_ok = offs_d < D
+        w2 = tl.load(w2_base + (offs_d % D)[None, :] * stride_w2n + offs_i[:, None])  # [BLOCK_N, BLOCK_D]
+        if QUANT == 0:
+            part = tl.dot(inter, w2)
+        else:
+            part = tl.dot(inter, w2.to(inter.dtype))
+            if QUANT == 1:
+                part = part * tl.load(w2s_base + offs_d % D)[None, :]
+            else:
+                # BLOCK_SIZE_N divides 128, so the slice lies in one 128-wide block of I.
+                s2 = tl.load(w2s_base + ((offs_d % D) // 128) * stride_w2sn + (pid_n * BLOCK_SIZE_N) // 128)
+                part = part * s2[None, :]
+        tl.atomic_add(out_rows + offs_d[None, :], part, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
+
+
+def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
+    """True when w1 holds gate and up rows ([E, 2I, D]), False for a plain [E, I, D] first GEMM."""
+    inter = w2.shape[2]
+    if w1.shape[1] == 2 * inter:
+        return True
+    if w1.shape[1] == inter:
+        return False
+    raise ValueError(f"w1 has {w1.shape[1]} rows per expert; expected 2·inter_dim = {2 * inter} (gate and up) "
+                     f"or inter_dim = {inter}, with inter_dim taken from w2 {tuple(w2.shape)}")
+
+
+def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights [E, N, K] float -> fp8 and the scales the kernels read: per_token [E, N]; per_1x128 [E, ⌈N/128⌉, ⌈K/128⌉]."""
+    experts, n, k = w.shape
+    if quant == "per_token":
+        q, s = quantize_rows(w.reshape(experts * n, k))
+        return q.view(experts, n, k), s.view(experts, n)
+    if quant == "per_1x128":
+        parts = [quantize_blocks(w[e], SCALE_BLOCK, SCALE_BLOCK) for e in range(experts)]
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    raise ValueError(f"quantize_weights: quant {quant!r} is not an fp8 type; expected per_token or per_1x128")
+
+
+def quantize_activations(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Activations [R, C] as the kernels read them (one Triton launch for fp8; unchanged for "none")."""
+    if quant == "none":
+        return x, None
+    return quantize_fp8(x, 0 if quant == "per_token" else SCALE_BLOCK)
+
+
+def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
+    """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
+    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+        v = getattr(config, name)
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{config.name(kernel, quant)}: {name}={v} must be a power of two >= 16")
+    if config.KSPLIT < 1 or config.num_warps < 1 or config.num_stages < 1 or config.GROUP_SIZE_M < 1:
+        raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
+    if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
+        raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
+    if kernel == "1stage":
+        d = config.BLOCK_SIZE_D
+        if d < 16 or d & (d - 1) or config.KSPLIT != 1:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
+        if config.USE_TMA:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no TMA variant")
+        if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
+
+
+def _dummy(device: torch.device) -> torch.Tensor:
+    return torch.empty(1, device=device, dtype=torch.float32)
+
+
+def _scale_strides(scale: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, int, int]:
+    """(tensor, expert stride, row stride) of a weight scale; 2-D per-channel scales have row stride 0 (unused)."""
+    if scale is None:
+        return _dummy(device), 0, 0
+    return scale, scale.stride(0), scale.stride(1) if scale.dim() == 3 else 0
+
+
+def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor, w_scale: torch.Tensor | None,
+                 out: torch.Tensor, sorting: MoeSorting, weights: torch.Tensor, *, n: int, k: int, a_row_div: int,
+                 gated: bool, act: int, mul_weight: bool, quant: str, config: MoeConfig) -> torch.Tensor:
+    """Run _moe_gemm_kernel (and the stage-1 finish when split): returns `out`, or the fp32 partials of stage 2."""
+    numel = sorting.numel
+    cfg = config
+    num_pid_m = sorting.expert_ids.numel()
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+    n_w = n * (2 if gated else 1)
+    target = out if cfg.KSPLIT == 1 else torch.empty((cfg.KSPLIT, numel, n_w), device=a.device, dtype=torch.float32)
+    a_s = a_scale if a_scale is not None else _dummy(a.device)
+    w_s, stride_wse, stride_wsn = _scale_strides(w_scale, a.device)
+    grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
+    w_desc = w
+    if cfg.USE_TMA:
+        if (k * w.element_size()) % 16:
+            raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w.dtype} is not")
+        w_desc = TensorDescriptor.from_tensor(w.view(-1, k), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+    _moe_gemm_kernel[grid](
+        a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
+        weights, numel, n, k, k_per_split, num_pid_m,
+        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
+        w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2), target.stride(0) if cfg.KSPLIT > 1 else 0,
+        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=_QUANT_ID[quant],
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.KSPLIT == 1 or act == _ACT_ID["none"]:
+        return target
+    block = min(triton.next_power_of_2(n), 1024)
+    _stage1_finish_kernel[(numel, triton.cdiv(n, block))](
+        target, out, weights, n, target.stride(0), target.stride(1),
+        KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, num_warps=4)
+    return out
+
+
+def _check_sorting(sorting: MoeSorting, config: MoeConfig, numel: int) -> None:
+    if sorting.block_size != config.BLOCK_SIZE_M:
+        raise ValueError(f"the sort was made for BLOCK_SIZE_M {sorting.block_size}, the config has {config.BLOCK_SIZE_M}")
+    if sorting.numel != numel:
+        raise ValueError(f"the sort covers {sorting.numel} pairs, the routing has {numel}")
+
+
+def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor, topk_weights: torch.Tensor, sorting: MoeSorting,
+               config: MoeConfig, *, inter_dim: int, activation: str = "silu", quant: str = "none",
+               w1_scale: torch.Tensor | None = None, doweight_stage1: bool = False,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(hidden·w1_gateᵀ) ⊙ (hidden·w1_upᵀ) per routed pair, quantizing hidden first for fp8.
+
+    hidden [T, D] bf16/fp16; w1 [E, 2I or I, D]; topk_weights fp32 [T, topk] -> intermediate [T·topk, I], hidden's dtype.
+    """
+    _check_sorting(sorting, config, topk_weights.numel())
+    tokens, model_dim = hidden.shape
+    a, a_scale = quantize_activations(hidden, quant)
+    if out is None:
+        out = torch.empty((sorting.numel, inter_dim), device=hidden.device, dtype=hidden.dtype)
+    return _launch_gemm(a, a_scale, w1, w1_scale, out, sorting, topk_weights.reshape(-1), n=inter_dim, k=model_dim,
+                        a_row_div=sorting.numel // tokens, gated=w1.shape[1] == 2 * inter_dim,
+                        act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, config=config)
+
+
+def moe_stage2(inter: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, sorting: MoeSorting,
+               config: MoeConfig, *, quant: str = "none", w2_scale: torch.Tensor | None = None,
+               doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_slot weight · (inter·w2ᵀ) per token, quantizing the intermediate first for fp8.
+
+    inter [T·topk, I] bf16/fp16; w2 [E, D, I]; topk_weights fp32 [T, topk] -> out [T, D], inter's dtype.
+    """
+    _check_sorting(sorting, config, topk_weights.numel())
+    tokens, topk = topk_weights.shape
+    model_dim = w2.shape[1]
+    a, a_scale = quantize_activations(inter, quant)
+    if out is None:
+        out = torch.empty((tokens, model_dim), device=inter.device, dtype=inter.dtype)
+    direct = topk == 1 and config.KSPLIT == 1
+    # With split-K the partials are fp32 [KSPLIT, numel, D], allocated by the launcher.
+    part = out if direct or config.KSPLIT > 1 else torch.empty((sorting.numel, model_dim), device=inter.device,
+                                                               dtype=inter.dtype)
+    part = _launch_gemm(a, a_scale, w2, w2_scale, part, sorting, topk_weights.reshape(-1), n=model_dim,
+                        k=inter.shape[1], a_row_div=1, gated=False, act=_ACT_ID["none"],
+                        mul_weight=not doweight_stage1, quant=quant, config=config)
+    if direct:
+        return out
+    block = min(triton.next_power_of_2(model_dim), 1024)
+    _topk_sum_kernel[(tokens, triton.cdiv(model_dim, block))](
+        part, out, model_dim, part.stride(0) if config.KSPLIT > 1 else 0,
+        TOPK=topk, KSPLIT=config.KSPLIT, BLOCK=block, num_warps=4)
+    return out
+
+
+def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str, quant: str,
+              w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> tuple[int, int, int]:
+    """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
+    if quant not in QUANT_TYPES:
+        raise ValueError(f"quant {quant!r}; expected one of {QUANT_TYPES}")
+    if hidden.dim() != 2 or hidden.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden.shape)} {hidden.dtype}")
+    if w1.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"w1 and w2 must be 3-D [E, N, K], got {tuple(w1.shape)} and {tuple(w2.shape)}")
+    experts, model_dim, inter_dim = w2.shape
+    gated_of(w1, w2)
+    if w1.shape[0] != experts or w1.shape[2] != model_dim or hidden.shape[1] != model_dim:
+        raise ValueError(f"shapes disagree: hidden {tuple(hidden.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+                         f"[tokens={hidden.shape[0]}, topk]")
+    if topk_weights.dtype != torch.float32:
+        raise ValueError(f"topk_weights must be fp32, got {topk_weights.dtype}")
+    for name, t in (("hidden_states", hidden), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    want_w = FP8 if quant != "none" else hidden.dtype
+    if w1.dtype != want_w or w2.dtype != want_w:
+        raise ValueError(f"quant {quant!r} wants w1/w2 of {want_w}, got {w1.dtype}/{w2.dtype}")
+    if quant != "none":
+        wanted = {"per_token": ((experts, w1.shape[1]), (experts, model_dim)),
+                  "per_1x128": ((experts, triton.cdiv(w1.shape[1], 128), triton.cdiv(model_dim, 128)),
+                                (experts, triton.cdiv(model_dim, 128), triton.cdiv(inter_dim, 128)))}[quant]
+        for name, s, shape in (("w1_scale", w1_scale, wanted[0]), ("w2_scale", w2_scale, wanted[1])):
+            if s is None or tuple(s.shape) != shape or s.dtype != torch.float32 or not s.is_contiguous():
+                got = "None" if s is None else f"{tuple(s.shape)} {s.dtype}"
+                raise ValueError(f"{quant} wants {name} fp32 contiguous {shape}, got {got}")
+    return experts, inter_dim, model_dim
+
+
+def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, stage1: MoeConfig, stage2: MoeConfig, *, activation: str = "silu",
+                     quant: str = "none", w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                     doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole MoE as sort → (quantize) → stage 1 → (quantize) → stage 2 → top-k sum; no host sync.
+
+    hidden [T, D] bf16/fp16, w1 [E, 2I or I, D], w2 [E, D, I], topk_weights fp32 [T, topk], topk_ids int [T, topk]
+    -> [T, D] in hidden's dtype. Both stages share BLOCK_SIZE_M (one sort serves both).
+    """
+    experts, inter_dim, _ = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant, w1_scale, w2_scale)
+    if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
+        raise ValueError(f"stage 1 and stage 2 must share BLOCK_SIZE_M, got {stage1.BLOCK_SIZE_M} and "
+                         f"{stage2.BLOCK_SIZE_M}")
+    check_config(stage1, "stage1", quant)
+    check_config(stage2, "stage2", quant)
+    sorting = moe_align_block_size(topk_ids, stage1.BLOCK_SIZE_M, experts)
+    inter = moe_stage1(hidden, w1, topk_weights, sorting, stage1, inter_dim=inter_dim, activation=activation,
+                       quant=quant, w1_scale=w1_scale, doweight_stage1=doweight_stage1)
+    return moe_stage2(inter, w2, topk_weights, sorting, stage2, quant=quant, w2_scale=w2_scale,
+                      doweight_stage1=doweight_stage1, out=out)
+
+
+def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, config: MoeConfig, *, activation: str = "silu", quant: str = "none",
+                     w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                     doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole MoE in one GEMM launch (plus sort, quantize, zero and cast), for small token counts.
+
+    Same arguments and result as `fused_moe_2stage`. The routing weight is applied to the intermediate whichever
+    way doweight_stage1 says, since both GEMMs are in one kernel and the result is the same.
+    """
+    experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
+                                              w1_scale, w2_scale)
+    check_config(config, "1stage", quant)
+    cfg = config
+    sorting = moe_align_block_size(topk_ids, cfg.BLOCK_SIZE_M, experts)
+    a, a_scale = quantize_activations(hidden, quant)
+    tokens, topk = topk_ids.shape
+    acc = torch.zeros((tokens, model_dim), device=hidden.device, dtype=torch.float32)
+    a_s = a_scale if a_scale is not None else _dummy(hidden.device)
+    w1_s, s1e, s1n = _scale_strides(w1_scale, hidden.device)
+    w2_s, s2e, s2n = _scale_strides(w2_scale, hidden.device)
+    num_pid_m = sorting.expert_ids.numel()
+    _moe_1stage_kernel[(num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)](
+        a, a_s, w1, w1_s, w2, w2_s, acc, sorting.sorted_token_ids, sorting.expert_ids,
+        sorting.num_tokens_post_padded, topk_weights, sorting.numel, inter_dim, model_dim, num_pid_m,
+        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
+        w1.stride(0), w1.stride(1), s1e, s1n, w2.stride(0), w2.stride(1), s2e, s2n,
+        TOPK=topk, GATED=gated_of(w1, w2), ACT=_ACT_ID[activation], QUANT=_QUANT_ID[quant],
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=model_dim % cfg.BLOCK_SIZE_K == 0,
+        WIDE_FP16=hidden.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if out is None:
+        return acc.to(hidden.dtype)
+    return out.copy_(acc)
+
+
+@dataclass(frozen=True)
+class MoeDims:
+    """The host-known sizes a fused-MoE launch specializes on (what `compile_only` needs instead of tensors)."""
+
+    tokens: int
+    topk: int
+    experts: int
+    model_dim: int
+    inter_dim: int
+    gated: bool = True
+    dtype: torch.dtype = torch.bfloat16
+    quant: str = "none"
+    activation: str = "silu"
+    doweight_stage1: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.tokens * self.topk
+
+
+def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
+    """Compile the GEMM kernel `kernel` ("stage1", "stage2", "1stage") would launch, with no GPU and no launch.
+
+    Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
+    binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
+    left to the first real launch: they are few and shared by every config).
+    """
+    from triton.runtime.jit import MockTensor
+
+    check_config(config, kernel, dims.quant)
+    cfg, q = config, dims.quant
+    f32, i32 = torch.float32, torch.int32
+    a_dt = FP8 if q != "none" else dims.dtype
+    numel = dims.numel
+    num_pid_m = triton.cdiv(numel + dims.experts * (cfg.BLOCK_SIZE_M - 1), cfg.BLOCK_SIZE_M)
+    if kernel == "1stage":
+        d, inter = dims.model_dim, dims.inter_dim
+        s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
+        s2 = _mock_scale_strides(q, dims.experts, d, inter)
+        _moe_1stage_kernel.warmup(
+            a_dt, f32, a_dt, f32, a_dt, f32, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
+            d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
+            inter * (2 if dims.gated else 1) * d, d, *s1, d * inter, inter, *s2,
+            TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=_QUANT_ID[q],
+            BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+            BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
+            WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        return
+    if kernel == "stage1":
+        n, k, gated, act, mul = dims.inter_dim, dims.model_dim, dims.gated, _ACT_ID[dims.activation], dims.doweight_stage1
+        a_row_div = dims.topk
+    else:
+        n, k, gated, act, mul = dims.model_dim, dims.inter_dim, False, _ACT_ID["none"], not dims.doweight_stage1
+        a_row_div = 1
+    n_w = n * (2 if gated else 1)
+    split = cfg.KSPLIT > 1
+    out_dt = f32 if split else dims.dtype
+    w_desc = MockTensor(a_dt)
+    if cfg.USE_TMA:
+        w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1], [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+    _moe_gemm_kernel.warmup(
+        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, numel, n, k, k_per_split, num_pid_m,
+        k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
+        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0,
+        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+
+
+def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:
+    """(expert stride, row stride) of a weight scale tensor, as `_scale_strides` reads them off a real one."""
+    if quant == "per_token":
+        return n, 0
+    if quant == "per_1x128":
+        return triton.cdiv(n, SCALE_BLOCK) * triton.cdiv(k, SCALE_BLOCK), triton.cdiv(k, SCALE_BLOCK)
+    return 0, 0

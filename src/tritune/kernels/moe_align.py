@@ -1,0 +1,273 @@
+"""The MoE token sort ("moe_align_block_size"): group (token, slot) pairs by expert, pad each group to BLOCK_SIZE_M.
+
+Owns the Triton kernels (one-launch path for small inputs, count/scan/scatter for larger ones), their launcher,
+and the plain-torch reference they must match exactly. Neither launcher reads device values on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+SMALL_MAX = 256  # numel up to this takes the one-launch path: decode with up to 32 tokens at top-8
+CHUNK = 128  # pairs per program in the multi-launch path; the rank step compares a CHUNK×CHUNK tile
+_TILE_ELEMS = 4096  # elements per 2-D compare tile in the block fill and the chunk scan
+
+
+@dataclass(frozen=True)
+class MoeSorting:
+    """The sort of the flat pairs p = t·topk + s by expert, in the layout the fused-MoE GEMM reads."""
+
+    sorted_token_ids: torch.Tensor  # int32 [max_padded]: pair indices by expert, padding = numel
+    expert_ids: torch.Tensor  # int32 [cdiv(max_padded, block_size)]: expert of each block, -1 past the end
+    num_tokens_post_padded: torch.Tensor  # int32 [1]: sum over experts of the padded group lengths
+    block_size: int
+    numel: int
+
+
+def max_padded_size(numel: int, num_experts: int, block_size: int) -> int:
+    """Length of sorted_token_ids: room for every pair plus block_size-1 padding per expert."""
+    return numel + num_experts * (block_size - 1)
+
+
+@triton.jit
+def _fill_blocks(
+    sorted_ptr, expert_ids_ptr,  # int32 [max_padded], int32 [num_blocks]
+    blk_begin, blk_end,  # this program's block range [blk_begin, blk_end)
+    seg_lo, seg_nblk, seg_cnt, seg_eid,  # int32 [V] each: first block, blocks, real pairs and expert of a segment
+    numel, max_padded,
+    BS: tl.constexpr, BS_P2: tl.constexpr, BT: tl.constexpr,
+):
+    """Write expert_ids for blocks [blk_begin, blk_end) and `numel` into their positions that hold no pair.
+
+    Segments are experts (multi-launch path) or first pairs of experts (one-launch path); empty ones never match.
+    Padding and real positions are disjoint, so these stores never race with the scatter of the pairs.
+
+    Grid: none of its own; inlined into the one-launch and scatter kernels.
+    """
+    seg_hi = seg_lo + seg_nblk
+    j = tl.arange(0, BS_P2)
+    for b0 in range(blk_begin, blk_end, BT):
+        b = b0 + tl.arange(0, BT)
+        b_ok = b < blk_end
+        hit = (seg_lo[None, :] <= b[:, None]) & (b[:, None] < seg_hi[None, :])  # [BT, V], at most one per row
+        found = tl.sum(hit.to(tl.int32), axis=1) > 0
+        eid = tl.sum(tl.where(hit, seg_eid[None, :], 0), axis=1)
+        tl.store(expert_ids_ptr + b, tl.where(found, eid, -1), mask=b_ok)
+        # Real pairs of the segment fill [lo·BS, lo·BS + cnt); blocks of no segment get lo = cnt = 0: all padding.
+        real_end = tl.sum(tl.where(hit, seg_lo[None, :] * BS + seg_cnt[None, :], 0), axis=1)
+        q = b[:, None] * BS + j[None, :]  # [BT, BS_P2] positions
+        pad = b_ok[:, None] & (j[None, :] < BS) & (q < max_padded) & (q >= real_end[:, None])
+        tl.store(sorted_ptr + q, tl.zeros_like(q) + numel, mask=pad)
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks"])
+def _moe_align_small_kernel(
+    ids_ptr,  # int32/int64 [numel] flat topk_ids
+    sorted_ptr,  # int32 [max_padded]
+    expert_ids_ptr,  # int32 [num_blocks]
+    ntpp_ptr,  # int32 [1] num_tokens_post_padded
+    numel, num_experts, max_padded, num_blocks,
+    BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
+):
+    """All three steps in one program for numel <= N_P2, with pair×pair compares only (no per-expert vectors).
+
+    Grid: (1,).
+    """
+    i = tl.arange(0, N_P2)
+    ids = tl.load(ids_ptr + i, mask=i < numel, other=-1).to(tl.int32)
+    valid = (i < numel) & (ids >= 0) & (ids < num_experts)
+    same = (ids[:, None] == ids[None, :]) & valid[:, None] & valid[None, :]  # [N_P2, N_P2]
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)  # earlier pairs of the same expert
+    cnt = tl.sum(same.to(tl.int32), axis=1)
+    # The first pair of each expert stands for the expert: its block count, zero for every other pair.
+    nblk = tl.where(valid & (rank == 0), (cnt + BS - 1) // BS, 0)
+    lo = tl.sum(tl.where(ids[None, :] < ids[:, None], nblk[None, :], 0), axis=1)  # blocks of smaller experts
+    tl.store(sorted_ptr + lo * BS + rank, i, mask=valid)
+    tl.store(ntpp_ptr, tl.sum(nblk, axis=0) * BS)
+    _fill_blocks(sorted_ptr, expert_ids_ptr, 0, num_blocks, lo, nblk, cnt, ids, numel, max_padded, BS, BS_P2, BT)
+
+
+@triton.jit(do_not_specialize=["numel"])
+def _moe_count_kernel(
+    ids_ptr,  # int32/int64 [numel] flat topk_ids
+    counts_ptr,  # int32 [num_chunks, num_experts] out: pairs of each expert in each chunk
+    numel, num_experts,
+    CHUNK: tl.constexpr, NB: tl.constexpr,  # NB: power of two > num_experts (bin num_experts takes bad ids)
+):
+    """Per-expert counts of one chunk of pairs.
+
+    Grid: (⌈numel/CHUNK⌉,).
+    """
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1).to(tl.int32)
+    valid = (offs < numel) & (ids >= 0) & (ids < num_experts)
+    hist = tl.histogram(tl.where(valid, ids, num_experts), NB)
+    e = tl.arange(0, NB)
+    tl.store(counts_ptr + pid * num_experts + e, hist, mask=e < num_experts)
+
+
+@triton.jit(do_not_specialize=["num_chunks"])
+def _moe_scan_kernel(
+    counts_ptr,  # int32 [num_chunks, num_experts] in: counts; out: exclusive prefix over chunks (in place)
+    expert_info_ptr,  # int32 [2, num_experts] out: row 0 first block of each expert, row 1 its pair count
+    ntpp_ptr,  # int32 [1] num_tokens_post_padded
+    num_chunks, num_experts,
+    BS: tl.constexpr, E_P2: tl.constexpr, CT: tl.constexpr,
+):
+    """Chunk offsets per expert, expert totals, block starts and the padded total, CT chunks per step.
+
+    Grid: (1,).
+    """
+    e = tl.arange(0, E_P2)
+    e_ok = e < num_experts
+    carry = tl.zeros((E_P2,), dtype=tl.int32)
+    for c0 in range(0, num_chunks, CT):
+        rows = c0 + tl.arange(0, CT)
+        m = (rows < num_chunks)[:, None] & e_ok[None, :]
+        ptrs = counts_ptr + rows[:, None] * num_experts + e[None, :]
+        x = tl.load(ptrs, mask=m, other=0)
+        tl.store(ptrs, tl.cumsum(x, axis=0) - x + carry[None, :], mask=m)
+        carry += tl.sum(x, axis=0)
+    nblk = (carry + BS - 1) // BS
+    lo = tl.cumsum(nblk, axis=0) - nblk
+    tl.store(expert_info_ptr + e, lo, mask=e_ok)
+    tl.store(expert_info_ptr + num_experts + e, carry, mask=e_ok)
+    tl.store(ntpp_ptr, tl.sum(nblk, axis=0) * BS)
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "blocks_per_program"])
+def _moe_scatter_kernel(
+    ids_ptr,  # int32/int64 [numel] flat topk_ids
+    offsets_ptr,  # int32 [num_chunks, num_experts] exclusive prefix over chunks
+    expert_info_ptr,  # int32 [2, num_experts]: first block, pair count
+    sorted_ptr,  # int32 [max_padded]
+    expert_ids_ptr,  # int32 [num_blocks]
+    numel, num_experts, max_padded, num_blocks, blocks_per_program,
+    CHUNK: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, E_P2: tl.constexpr, BT: tl.constexpr,
+):
+    """Place one chunk's pairs (stable within each expert), then fill this program's share of blocks.
+
+    Grid: (⌈numel/CHUNK⌉,).
+    """
+    pid = tl.program_id(0)
+    k = tl.arange(0, CHUNK)
+    offs = pid * CHUNK + k
+    ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1).to(tl.int32)
+    valid = (offs < numel) & (ids >= 0) & (ids < num_experts)
+    # Rank among the chunk's earlier pairs of the same expert; an invalid i never stores, a valid i only
+    # matches valid j, so the -1 fill of the tail cannot leak into a rank.
+    rank = tl.sum(((ids[:, None] == ids[None, :]) & (k[None, :] < k[:, None])).to(tl.int32), axis=1)
+    e = tl.where(valid, ids, 0)
+    base = tl.load(expert_info_ptr + e) * BS + tl.load(offsets_ptr + pid * num_experts + e)
+    tl.store(sorted_ptr + base + rank, offs, mask=valid)
+
+    ev = tl.arange(0, E_P2)
+    e_ok = ev < num_experts
+    lo = tl.load(expert_info_ptr + ev, mask=e_ok, other=0)
+    cnt = tl.load(expert_info_ptr + num_experts + ev, mask=e_ok, other=0)
+    blk_begin = pid * blocks_per_program
+    blk_end = tl.minimum(blk_begin + blocks_per_program, num_blocks)
+    _fill_blocks(sorted_ptr, expert_ids_ptr, blk_begin, blk_end, lo, (cnt + BS - 1) // BS, cnt, ev,
+                 numel, max_padded, BS, BS_P2, BT)
+
+
+def _validate(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> None:
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be 2-D [tokens, topk], got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    numel = topk_ids.numel()
+    if max(max_padded_size(numel, num_experts, block_size), triton.cdiv(numel, CHUNK) * num_experts) >= 2**31:
+        raise ValueError(f"{numel} pairs, {num_experts} experts, block {block_size} overflow int32 offsets")
+
+
+def moe_align_block_size_reference(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoeSorting:
+    """Plain-torch sort, any device: the definition the Triton path must equal exactly.
+
+    topk_ids int32/int64 [T, topk] with values in [0, num_experts); pairs with other values are left out.
+    """
+    _validate(topk_ids, block_size, num_experts)
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+    max_padded = max_padded_size(numel, num_experts, block_size)
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)  # bad ids sort last, into bin E
+    counts = torch.bincount(key, minlength=num_experts + 1)
+    nblk = (counts[:num_experts] + block_size - 1) // block_size
+    blk_lo = torch.cumsum(nblk, 0) - nblk
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    first_of_key = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(numel, device=dev) - first_of_key[sorted_key]
+    ok = sorted_key < num_experts
+    pos = torch.where(ok, blk_lo[sorted_key.clamp(max=num_experts - 1)] * block_size + rank, max_padded)
+    sorted_ids = torch.full((max_padded + 1,), numel, dtype=torch.int32, device=dev)  # last slot takes bad ids
+    sorted_ids[pos] = order.to(torch.int32)
+    num_blocks = triton.cdiv(max_padded, block_size)
+    expert = torch.searchsorted(torch.cumsum(nblk, 0), torch.arange(num_blocks, device=dev), right=True)
+    expert_ids = torch.where(expert < num_experts, expert, -1).to(torch.int32)
+    ntpp = (nblk.sum() * block_size).reshape(1).to(torch.int32)
+    return MoeSorting(sorted_ids[:max_padded], expert_ids, ntpp, block_size, numel)
+
+
+def _p2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _block_tile(v_p2: int, bs_p2: int) -> int:
+    """Blocks per fill step, so the [BT, V] and [BT, BS_P2] tiles stay near _TILE_ELEMS elements."""
+    return max(1, min(64, _TILE_ELEMS // max(v_p2, bs_p2)))
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoeSorting:
+    """Triton sort, same result as `moe_align_block_size_reference`, without a host synchronisation.
+
+    topk_ids int32/int64 [T, topk], values in [0, num_experts). numel <= SMALL_MAX takes one launch, larger
+    inputs three (count, scan, scatter); every size is host-known, so the call can be captured in a CUDA graph.
+    """
+    _validate(topk_ids, block_size, num_experts)
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    numel = flat.numel()
+    max_padded = max_padded_size(numel, num_experts, block_size)
+    num_blocks = triton.cdiv(max_padded, block_size)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
+    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    bs_p2 = _p2(block_size)
+    if numel <= SMALL_MAX:
+        n_p2 = _p2(numel)
+        _moe_align_small_kernel[(1,)](
+            flat, sorted_ids, expert_ids, ntpp, numel, num_experts, max_padded, num_blocks,
+            BS=block_size, BS_P2=bs_p2, N_P2=n_p2, BT=_block_tile(n_p2, bs_p2), num_warps=4 if n_p2 <= 64 else 8,
+        )
+        return MoeSorting(sorted_ids, expert_ids, ntpp, block_size, numel)
+
+    num_chunks = triton.cdiv(numel, CHUNK)
+    e_p2 = _p2(num_experts)
+    counts = torch.empty((num_chunks, num_experts), dtype=torch.int32, device=dev)
+    expert_info = torch.empty((2, num_experts), dtype=torch.int32, device=dev)
+    _moe_count_kernel[(num_chunks,)](
+        flat, counts, numel, num_experts, CHUNK=CHUNK, NB=_p2(num_experts + 1), num_warps=4,
+    )
+    _moe_scan_kernel[(1,)](
+        counts, expert_info, ntpp, num_chunks, num_experts,
+        BS=block_size, E_P2=e_p2, CT=max(1, _TILE_ELEMS // e_p2), num_warps=8,
+    )
+    _moe_scatter_kernel[(num_chunks,)](
+        flat, counts, expert_info, sorted_ids, expert_ids,
+        numel, num_experts, max_padded, num_blocks, triton.cdiv(num_blocks, num_chunks),
+        CHUNK=CHUNK, BS=block_size, BS_P2=bs_p2, E_P2=e_p2, BT=_block_tile(e_p2, bs_p2), num_warps=4,
+    )
+    return MoeSorting(sorted_ids, expert_ids, ntpp, block_size, numel)

@@ -1,0 +1,293 @@
+"""The fused-MoE kernels as an engine tunable: one problem per (CSV row, kernel kind), its space and pruning rules.
+
+Kinds: "stage1" (sort + activation quantization + gate-up GEMM, timed together), "stage2" (quantization of the
+intermediate + down GEMM + top-k sum; the sort is made outside the timed call since stage 1 paid for it),
+"1stage" (the whole op in one GEMM launch) and "e2e" (a chosen pair re-timed as the op the user calls).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tritune.kernels import fused_moe as fm
+from tritune.kernels.moe_align import moe_align_block_size
+from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
+from tritune.ops.routing import sample_routing
+from tritune.store.fmoe_csv import FmoeShape
+from tritune.tuning.device import DeviceInfo
+from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.tunable import Tolerance
+from tritune.tuning.types import Config
+
+KINDS = ("stage1", "stage2", "1stage", "e2e")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Relative L2 error bound per data path, always enforced whatever --errRatio allows.
+REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2}
+ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
+
+STAGE_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (16, 32, 64, 128),
+    "BLOCK_SIZE_N": (32, 64, 128, 256),
+    "BLOCK_SIZE_K": (64, 128, 256),
+    "GROUP_SIZE_M": (1, 8),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+    "KSPLIT": (1, 2, 4),
+    "USE_TMA": (0, 1),
+}
+ONE_STAGE_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (16, 32),
+    "BLOCK_SIZE_N": (32, 64, 128),
+    "BLOCK_SIZE_K": (64, 128, 256),
+    "BLOCK_SIZE_D": (64, 128, 256),
+    "GROUP_SIZE_M": (1,),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+}
+
+
+@dataclass(frozen=True)
+class MoeProblem:
+    """One kernel kind of one CSV row; `skew` is the Zipf exponent of the synthetic routing (0: uniform)."""
+
+    shape: FmoeShape
+    kind: str
+    skew: float = 0.0
+    names: tuple[str, str] = ("", "")  # e2e only: kernelName1 and kernelName2 ("" when 1-stage)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown fused-MoE problem kind {self.kind!r}; expected one of {KINDS}")
+
+    def key(self) -> str:
+        names = f":{self.names[0]}+{self.names[1]}" if self.kind == "e2e" else ""
+        return f"fused_moe:{self.kind}:{self.shape.key()}:skew={self.skew:g}{names}"
+
+    @property
+    def dims(self) -> fm.MoeDims:
+        s = self.shape
+        return fm.MoeDims(s.token, s.topk, s.expert, s.model_dim, s.inter_dim, s.use_g1u1, DTYPES[s.dtype],
+                          s.q_type, s.act_type, s.doweight_stage1)
+
+
+def routing(shape: FmoeShape, skew: float, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded synthetic routing every kind of one row shares: (weights fp32 [T, topk], ids int32 [T, topk])."""
+    return sample_routing(shape.token, shape.expert, shape.topk, skew=skew, seed=1234, device=device)
+
+
+def routed_experts(shape: FmoeShape, skew: float) -> int:
+    """Experts that receive at least one token under `routing` (the only weights the op must read)."""
+    return int(torch.unique(routing(shape, skew)[1]).numel())
+
+
+def _elt(p: MoeProblem) -> int:
+    return 1 if p.shape.q_type != "none" else 2
+
+
+def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
+    """Static pruning rules of the stage-1/stage-2 space, in order; the first failing rule is the one counted."""
+    s = p.shape
+    stage1 = p.kind == "stage1"
+    numel = s.token * s.topk
+    mean = max(1, math.ceil(numel / s.expert))  # pairs per expert under uniform routing
+    b_tiles = 2 if stage1 and s.use_g1u1 else 1  # gate and up tiles per K step
+    n, k = (s.inter_dim, s.model_dim) if stage1 else (s.model_dim, s.inter_dim)
+    elt = _elt(p)
+    active = min(numel, s.expert)
+
+    def blocks(c: Config) -> int:
+        return active * max(1, triton.cdiv(mean, c["BLOCK_SIZE_M"]))
+
+    def smem(c: Config) -> int:
+        return c["num_stages"] * (c["BLOCK_SIZE_M"] + b_tiles * c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt
+
+    quant = s.q_type
+    return (
+        Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
+        Constraint("accumulator registers per thread > 128",
+                   lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
+        Constraint("8 warps on a tile under 128x64",
+                   lambda c: c["num_warps"] == 4 or b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64),
+        Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
+                   lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
+        Constraint("BLOCK_SIZE_M under a quarter of the pairs per expert (cap 64)",
+                   lambda c: c["BLOCK_SIZE_M"] >= min(64, triton.next_power_of_2(mean) // 4)),
+        Constraint("BLOCK_SIZE_N 32 only with BLOCK_SIZE_M <= 32",
+                   lambda c: c["BLOCK_SIZE_N"] > 32 or c["BLOCK_SIZE_M"] <= 32),
+        Constraint("per_1x128 needs BLOCK_SIZE_K dividing 128",
+                   lambda c: quant != "per_1x128" or fm.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0),
+        Constraint("fp8 per_token with BLOCK_SIZE_K 64", lambda c: quant != "per_token" or c["BLOCK_SIZE_K"] >= 128),
+        Constraint("BLOCK_SIZE_K 256 only with BLOCK_SIZE_M <= 32",
+                   lambda c: c["BLOCK_SIZE_K"] < 256 or c["BLOCK_SIZE_M"] <= 32),
+        Constraint("BLOCK_SIZE_K x KSPLIT > K", lambda c: c["BLOCK_SIZE_K"] * c["KSPLIT"] <= max(k, c["BLOCK_SIZE_K"])),
+        Constraint("split-K on a grid that already fills the GPU",
+                   lambda c: c["KSPLIT"] == 1 or blocks(c) * triton.cdiv(n, c["BLOCK_SIZE_N"]) < dev.sm_count),
+        Constraint("num_stages beyond the K steps",
+                   lambda c: c["num_stages"] <= 2 + triton.cdiv(k, c["BLOCK_SIZE_K"] * c["KSPLIT"])),
+        Constraint("GROUP_SIZE_M > 1 with one block per expert",
+                   lambda c: c["GROUP_SIZE_M"] == 1 or triton.cdiv(mean, c["BLOCK_SIZE_M"]) > 1),
+        Constraint("TMA: needs Hopper and 16-byte weight rows",
+                   lambda c: not c["USE_TMA"] or (dev.capability[0] >= 9 and (k * elt) % 16 == 0)),
+    )
+
+
+def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
+    """Pruning rules of the 1-stage space."""
+    s = p.shape
+    numel = s.token * s.topk
+    mean = max(1, math.ceil(numel / s.expert))
+    b_tiles = 2 if s.use_g1u1 else 1
+    elt = _elt(p)
+
+    def smem(c: Config) -> int:
+        first = c["num_stages"] * (c["BLOCK_SIZE_M"] + b_tiles * c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt
+        return max(first, 2 * (c["BLOCK_SIZE_M"] + c["BLOCK_SIZE_D"]) * c["BLOCK_SIZE_N"] * 2)
+
+    return (
+        Constraint(f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs", lambda c: numel <= ONE_STAGE_MAX_PAIRS),
+        Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
+        Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
+                   lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
+        Constraint("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128",
+                   lambda c: s.q_type != "per_1x128" or (fm.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0
+                                                         and fm.SCALE_BLOCK % c["BLOCK_SIZE_N"] == 0)),
+        Constraint("8 warps on a tile under 32x128",
+                   lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_D"] >= 32 * 128),
+        Constraint("num_stages beyond the K steps",
+                   lambda c: c["num_stages"] <= 2 + triton.cdiv(s.model_dim, c["BLOCK_SIZE_K"])),
+    )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def config_of(config: Config) -> fm.MoeConfig:
+    return fm.MoeConfig.from_params(config.as_dict())
+
+
+@dataclass(frozen=True)
+class FusedMoeTunable:
+    """Engine binding for `tritune.kernels.fused_moe`; picklable (it crosses into compile and GPU workers)."""
+
+    name: str = "fused_moe"
+    err_ratio: float = 0.5
+    atol: float = 1e-2
+    rtol: float = 2e-2
+    stage_space: tuple[tuple[str, tuple], ...] | None = None  # overrides (tests, --search-space)
+    one_stage_space: tuple[tuple[str, tuple], ...] | None = None
+
+    def space(self, problem: MoeProblem, device: DeviceInfo) -> SearchSpace:
+        if problem.kind == "e2e":
+            return SearchSpace({"kernel1": (problem.names[0],), "kernel2": (problem.names[1],)})
+        if problem.kind == "1stage":
+            params = dict(ONE_STAGE_SPACE) | dict(self.one_stage_space or ())
+            return SearchSpace(params, one_stage_constraints(problem, device))
+        params = dict(STAGE_SPACE) | dict(self.stage_space or ())
+        return SearchSpace(params, stage_constraints(problem, device))
+
+    def make_inputs(self, problem: MoeProblem, device: torch.device, seed: int) -> dict:
+        s = problem.shape
+        dt = DTYPES[s.dtype]
+        gen = torch.Generator(device=device).manual_seed(seed)
+        n_w1 = s.inter_dim * (2 if s.use_g1u1 else 1)
+        # Weights scaled by 1/sqrt(K) keep every GEMM's output ~N(0, 1), so tolerances mean the same at any shape.
+        hidden = torch.randn(s.token, s.model_dim, device=device, generator=gen).to(dt)
+        w1 = torch.randn(s.expert, n_w1, s.model_dim, device=device, generator=gen) / math.sqrt(s.model_dim)
+        w2 = torch.randn(s.expert, s.model_dim, s.inter_dim, device=device, generator=gen) / math.sqrt(s.inter_dim)
+        if s.q_type == "none":
+            (w1, w1_s), (w2, w2_s) = (w1.to(dt), None), (w2.to(dt), None)
+        else:
+            (w1, w1_s), (w2, w2_s) = fm.quantize_weights(w1, s.q_type), fm.quantize_weights(w2, s.q_type)
+        weights, ids = routing(s, problem.skew, device)
+        inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
+                  "topk_weights": weights, "topk_ids": ids}
+        if problem.kind == "stage2":
+            inputs["inter"] = self._stage1_ref(problem, inputs).to(dt)
+        return inputs
+
+    def _stage1_ref(self, p: MoeProblem, x: dict) -> torch.Tensor:
+        s = p.shape
+        return stage1_reference(x["hidden"], x["w1"], x["topk_weights"], x["topk_ids"], inter_dim=s.inter_dim,
+                                activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                                doweight_stage1=s.doweight_stage1)
+
+    def reference(self, problem: MoeProblem, inputs: dict) -> torch.Tensor:
+        s, x = problem.shape, inputs
+        if problem.kind == "stage1":
+            return self._stage1_ref(problem, x)
+        if problem.kind == "stage2":
+            return stage2_reference(x["inter"], x["w2"], x["topk_weights"], x["topk_ids"], quant=s.q_type,
+                                    w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1)
+        one_stage = problem.kind == "1stage" or (problem.kind == "e2e" and not problem.names[1])
+        return fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"],
+                                   activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                                   w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1,
+                                   requantize_intermediate=not one_stage)
+
+    def alloc_output(self, problem: MoeProblem, inputs: dict) -> torch.Tensor:
+        s = problem.shape
+        rows, cols = (s.token * s.topk, s.inter_dim) if problem.kind == "stage1" else (s.token, s.model_dim)
+        return torch.empty((rows, cols), device=inputs["hidden"].device, dtype=DTYPES[s.dtype])
+
+    def launcher(self, problem: MoeProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
+        s, x = problem.shape, inputs
+        kw = {"activation": s.act_type, "quant": s.q_type, "w1_scale": x["w1_scale"], "w2_scale": x["w2_scale"],
+              "doweight_stage1": s.doweight_stage1}
+        args = (x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"])
+        if problem.kind == "e2e":
+            kind1, cfg1 = fm.MoeConfig.parse_name(problem.names[0])
+            if not problem.names[1]:
+                return lambda: fm.fused_moe_1stage(*args, cfg1, out=out, **kw)
+            _, cfg2 = fm.MoeConfig.parse_name(problem.names[1])
+            return lambda: fm.fused_moe_2stage(*args, cfg1, cfg2, out=out, **kw)
+        cfg = config_of(config)
+        fm.check_config(cfg, problem.kind, s.q_type)
+        if problem.kind == "1stage":
+            return lambda: fm.fused_moe_1stage(*args, cfg, out=out, **kw)
+        if problem.kind == "stage1":
+            def stage1() -> None:
+                sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
+                fm.moe_stage1(x["hidden"], x["w1"], x["topk_weights"], sorting, cfg, inter_dim=s.inter_dim,
+                              activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                              doweight_stage1=s.doweight_stage1, out=out)
+            return stage1
+        sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
+        return lambda: fm.moe_stage2(x["inter"], x["w2"], x["topk_weights"], sorting, cfg, quant=s.q_type,
+                                     w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1, out=out)
+
+    def compile(self, problem: MoeProblem, config: Config) -> None:
+        if _interpreting() or problem.kind == "e2e":
+            return
+        fm.compile_only(problem.kind, problem.dims, config_of(config))
+
+    def compile_key(self, problem: MoeProblem, config: Config) -> str:
+        return f"{problem.key()}:{config.key()}"
+
+    def flops(self, problem: MoeProblem) -> float:
+        s = problem.shape
+        numel = s.token * s.topk
+        first = 2.0 * numel * s.inter_dim * (2 if s.use_g1u1 else 1) * s.model_dim
+        second = 2.0 * numel * s.model_dim * s.inter_dim
+        return {"stage1": first, "stage2": second}.get(problem.kind, first + second)
+
+    def bytes_moved(self, problem: MoeProblem) -> float:
+        """Weights of the routed experts only, activations in and out once (scales ignored: under 1%)."""
+        s = problem.shape
+        elt, act = _elt(problem), 2
+        routed = routed_experts(s, problem.skew)
+        w1 = routed * s.inter_dim * (2 if s.use_g1u1 else 1) * s.model_dim * elt
+        w2 = routed * s.model_dim * s.inter_dim * elt
+        io1 = act * (s.token * s.model_dim + s.token * s.topk * s.inter_dim)
+        io2 = act * (s.token * s.topk * s.inter_dim + s.token * s.model_dim)
+        whole = w1 + w2 + act * 2 * s.token * s.model_dim
+        return float({"stage1": w1 + io1, "stage2": w2 + io2}.get(problem.kind, whole))
+
+    def tolerance(self, problem: MoeProblem) -> Tolerance:
+        return Tolerance(self.atol, self.rtol, self.err_ratio, max_rel_l2=REL_L2_BOUND[problem.shape.q_type])
