@@ -136,14 +136,19 @@ def _choice_for(tokens: int, model_dim: int = D, quant: str = "none"):
     (7, SMALL),  # bucket 8: tuned exactly
     (5, SMALL),  # another count in bucket 8
     (40, SMALL_N16),  # bucket 64: tuned exactly
-    (1, SMALL),  # bucket 1: nearest tuned bucket is 8
-    (3000, SMALL_N16),  # bucket 4096: nearest tuned bucket is 64
+    (2, SMALL),  # bucket 2: nearest tuned bucket is 8, two doublings away
+    (200, SMALL_N16),  # bucket 256: nearest tuned bucket is 64, two doublings away
 ])
 def test_choice_exact_and_nearest_bucket(tokens, want, use_rows):
     path = use_rows([two_stage(shape(token=8)), two_stage(shape(token=64), SMALL_N16, SMALL_N16)])
     choice = _choice_for(tokens)
     assert choice.stage1 == want and choice.stage2 == want
     assert choice.source == f"tuned: {path}, row {1 if want == SMALL else 2}"
+
+
+def test_bucket_too_far_from_tuned_ones_uses_heuristic(use_rows):
+    use_rows([two_stage(shape(token=8)), two_stage(shape(token=64), SMALL_N16, SMALL_N16)])
+    assert _choice_for(3000).source == "heuristic"  # bucket 4096 is 6 doublings from 64
 
 
 def test_unknown_shape_and_other_sm_count_use_heuristic(use_rows):

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("example", help="the main job: tune the shipped example shapes (tiny, interpreted, on CPU)")
     e.add_argument("-o", "--output", type=Path, default=Path("tritune-out"))
     e.add_argument("--shapes", type=Path, default=Path("examples/gemm_shapes.csv"), help="GEMM shapes on a GPU")
+    e.add_argument("--moe-shapes", type=Path, default=Path("examples/untuned_fmoe.csv"),
+                   help="untuned fused-MoE rows on a GPU")
     _add_engine_flags(e)
 
     sub.add_parser("device", help="print the device identity recorded in every output file")
@@ -206,21 +208,35 @@ def _run_moe(req, args: argparse.Namespace) -> int:
 
 
 def _example(args: argparse.Namespace, interpreted: bool) -> int:
+    from tritune.tuners.fused_moe import MoeTuneRequest
     from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
 
     if interpreted:
-        # A tiny odd shape in fp16 (the interpreter's tl.dot is wrong on bf16 operands).
-        req = GemmTuneRequest("bf16", (GemmShape((1, 17), 96, 80),), args.output / "gemm", dtype="fp16")
-        return _run_gemm(req, args)
+        # Tiny odd shapes in fp16 (the interpreter's tl.dot is wrong on bf16 operands); few timed runs, since
+        # interpreted timings mean nothing.
+        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
+        code = _run_gemm(GemmTuneRequest("bf16", (GemmShape((1, 17), 96, 80),), args.output / "gemm",
+                                         dtype="fp16"), args)
+        tiny = args.output / "untuned_fmoe_tiny.csv"
+        tiny.parent.mkdir(parents=True, exist_ok=True)
+        tiny.write_text("token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
+                        "doweight_stage1\n5,96,80,5,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp16,"
+                        "QuantType.No,True,False\n")
+        print("== fused MoE", flush=True)
+        req = MoeTuneRequest(tiny, args.output / "tuned_fmoe.csv", retune_all=True)
+        return max(code, _run_moe(req, args))
     try:
         shapes = tuple(read_shapes_file(args.shapes))
+        moe_req = MoeTuneRequest(args.moe_shapes, args.output / "tuned_fmoe.csv",
+                                 profile_file=args.output / "tuned_fmoe_profile.csv")
     except ValueError as exc:
         return _fail(str(exc))
     code = 0
     for kernel in ("bf16", "a8w8", "a8w8_blockscale"):
         print(f"== {kernel}", flush=True)
         code = max(code, _run_gemm(GemmTuneRequest(kernel, shapes, args.output / "gemm"), args))
-    return code
+    print("== fused MoE", flush=True)
+    return max(code, _run_moe(moe_req, args))
 
 
 def main(argv: list[str] | None = None) -> int:

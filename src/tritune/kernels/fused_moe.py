@@ -67,7 +67,8 @@ class MoeConfig:
     @staticmethod
     def parse_name(name: str) -> tuple[str, MoeConfig]:
         """Inverse of `name`: (kernel, config). ValueError naming the text when it is not one of ours."""
-        m = re.fullmatch(r"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_((?:[A-Z]+\d+_?)+)", name)
+        fields_re = r"[A-Z]+\d+(?:_[A-Z]+\d+)*"  # one or more FIELD<int>, joined by single underscores
+        m = re.fullmatch(rf"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_({fields_re})", name)
         if not m:
             raise ValueError(f"not a tritune fused-MoE kernel name: {name!r}")
         by_short = {short: long for long, short in MoeConfig._SHORT.items()}
@@ -139,6 +140,33 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 
 @triton.jit
+def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, stride_wn, a_scale_ptr, stride_asm,
+                ws_base, stride_wsn, w_desc, tma_row, GATED: tl.constexpr, QUANT: tl.constexpr,
+                EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+                BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied."""
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_start + offs_k)[None, :]
+    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_SIZE_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+        acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
+                                  a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
+                                  w_desc, tma_row, USE_TMA)
+        a_ptrs += BLOCK_SIZE_K
+    if QUANT == 1:
+        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
+        acc_g = acc_g * a_s * tl.load(ws_base + offs_n)[None, :]
+        if GATED:
+            acc_u = acc_u * a_s * tl.load(ws_base + offs_n + N)[None, :]
+    return acc_g, acc_u
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr,  # stage 1: hidden [T, K]; stage 2: intermediate [numel, K]; dtype or fp8
     a_scale_ptr,  # fp32: per_token [rows]; per_1x128 [rows, ⌈K/128⌉]
@@ -170,31 +198,13 @@ def _moe_gemm_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = offs_n_out % N
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
     w_base = w_ptr + expert * stride_we
     ws_base = w_scale_ptr + expert * stride_wse
-
     tma_row = (expert * (2 * N if GATED else N) + pid_n * BLOCK_SIZE_N).to(tl.int32)
     k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_start + offs_k)[None, :]
-    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_SIZE_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
-        acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
-                                  a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w_desc, tma_row, USE_TMA)
-        a_ptrs += BLOCK_SIZE_K
-
-    if QUANT == 1:
-        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
-        acc_g = acc_g * a_s * tl.load(ws_base + offs_n)[None, :]
-        if GATED:
-            acc_u = acc_u * a_s * tl.load(ws_base + offs_n + N)[None, :]
+    acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
+                               w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
+                               tma_row, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     mask = row_ok[:, None] & (offs_n_out < N)[None, :]
     rows = pairs.to(tl.int64)[:, None]
     if KSPLIT == 1:
@@ -266,89 +276,6 @@ def _topk_sum_kernel(
     tl.store(out_ptr + t * D + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _moe_1stage_kernel(
-    a_ptr, a_scale_ptr,  # hidden [T, D] (dtype or fp8) and its fp32 scales
-    w1_ptr, w1_scale_ptr,  # [E, I·(2 if GATED else 1), D] and scales as in stage 1
-    w2_ptr, w2_scale_ptr,  # [E, D, I]; per_token scales [E, D], per_1x128 [E, ⌈D/128⌉, ⌈I/128⌉]
-    out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
-    numel, I, D, num_pid_m,
-    stride_am, stride_asm, stride_w1e, stride_w1n, stride_w1se, stride_w1sn,
-    stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
-    TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, WIDE_FP16: tl.constexpr,
-):
-    """A BLOCK_N slice of the intermediate for one block of pairs, then its contribution to every output column.
-
-    Each weight element is read once; the output is summed over intermediate slices with fp32 atomics, so this
-    suits small token counts, where the weights dominate and the atomics are few.
-    Grid: (num_pid_m·⌈I/BLOCK_N⌉,).
-    """
-    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(I, BLOCK_SIZE_N), GROUP_SIZE_M)
-    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
-        return
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
-    row_ok = pairs < numel
-    a_rows = tl.where(row_ok, pairs // TOPK, 0).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_i_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    i_ok = offs_i_out < I
-    offs_i = offs_i_out % I
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    w1_base = w1_ptr + expert * stride_w1e
-    w1s_base = w1_scale_ptr + expert * stride_w1se
-
-    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, D, BLOCK_SIZE_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < D, other=0.0)
-        acc_g, acc_u = _gated_dot(a, a_rows, w1_base, offs_i, offs_k, k, D, I, stride_w1n,
-                                  a_scale_ptr, stride_asm, w1s_base, stride_w1sn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w1_ptr, 0, False)
-        a_ptrs += BLOCK_SIZE_K
-    if QUANT == 1:
-        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
-        acc_g = acc_g * a_s * tl.load(w1s_base + offs_i)[None, :]
-        if GATED:
-            acc_u = acc_u * a_s * tl.load(w1s_base + offs_i + I)[None, :]
-    inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
-    inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
-    inter = tl.where(i_ok[None, :], inter, 0.0)
-    # The second GEMM runs in the activation dtype: fp8 weights are widened in registers and their scales
-    # applied after the dot (no per-row scale of the intermediate exists before the whole row is known).
-    if QUANT == 0:
-        inter = inter.to(w2_ptr.dtype.element_ty)
-    elif WIDE_FP16:
-        inter = inter.to(tl.float16)
-    else:
-        inter = inter.to(tl.bfloat16)
-
-    w2_base = w2_ptr + expert * stride_w2e
-    w2s_base = w2_scale_ptr + expert * stride_w2se
-    out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
-    for d in range(0, D, BLOCK_SIZE_D):
-        offs_d = d + tl.arange(0, BLOCK_SIZE_D)
-        d_ok = offs_d < D
-        w2 = tl.load(w2_base + (offs_d % D)[None, :] * stride_w2n + offs_i[:, None])  # [BLOCK_N, BLOCK_D]
-        if QUANT == 0:
-            part = tl.dot(inter, w2)
-        else:
-            part = tl.dot(inter, w2.to(inter.dtype))
-            if QUANT == 1:
-                part = part * tl.load(w2s_base + offs_d % D)[None, :]
-            else:
-                # BLOCK_SIZE_N divides 128, so the slice lies in one 128-wide block of I.
-                s2 = tl.load(w2s_base + ((offs_d % D) // 128) * stride_w2sn + (pid_n * BLOCK_SIZE_N) // 128)
-                part = part * s2[None, :]
-        tl.atomic_add(out_rows + offs_d[None, :], part, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
-
-
 def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
     """True when w1 holds gate and up rows ([E, 2I, D]), False for a plain [E, I, D] first GEMM."""
     inter = w2.shape[2]
@@ -361,7 +288,10 @@ def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
 
 
 def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights [E, N, K] float -> fp8 and the scales the kernels read: per_token [E, N]; per_1x128 [E, ⌈N/128⌉, ⌈K/128⌉]."""
+    """Weights [E, N, K] float -> fp8 and the scales the kernels read.
+
+    Scales: per_token [E, N]; per_1x128 [E, ⌈N/128⌉, ⌈K/128⌉].
+    """
     experts, n, k = w.shape
     if quant == "per_token":
         q, s = quantize_rows(w.reshape(experts * n, k))
@@ -448,7 +378,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
 
 def _check_sorting(sorting: MoeSorting, config: MoeConfig, numel: int) -> None:
     if sorting.block_size != config.BLOCK_SIZE_M:
-        raise ValueError(f"the sort was made for BLOCK_SIZE_M {sorting.block_size}, the config has {config.BLOCK_SIZE_M}")
+        raise ValueError(f"the sort was made for BLOCK_SIZE_M {sorting.block_size}, "
+                         f"the config has {config.BLOCK_SIZE_M}")
     if sorting.numel != numel:
         raise ValueError(f"the sort covers {sorting.numel} pairs, the routing has {numel}")
 
@@ -459,7 +390,8 @@ def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor, topk_weights: torch.Tenso
                out: torch.Tensor | None = None) -> torch.Tensor:
     """act(hidden·w1_gateᵀ) ⊙ (hidden·w1_upᵀ) per routed pair, quantizing hidden first for fp8.
 
-    hidden [T, D] bf16/fp16; w1 [E, 2I or I, D]; topk_weights fp32 [T, topk] -> intermediate [T·topk, I], hidden's dtype.
+    hidden [T, D] bf16/fp16; w1 [E, 2I or I, D]; topk_weights fp32 [T, topk]
+    -> intermediate [T·topk, I] in hidden's dtype.
     """
     _check_sorting(sorting, config, topk_weights.numel())
     tokens, model_dim = hidden.shape
@@ -560,116 +492,15 @@ def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
                       doweight_stage1=doweight_stage1, out=out)
 
 
-def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, config: MoeConfig, *, activation: str = "silu", quant: str = "none",
-                     w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-                     doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The whole MoE in one GEMM launch (plus sort, quantize, zero and cast), for small token counts.
-
-    Same arguments and result as `fused_moe_2stage`. The routing weight is applied to the intermediate whichever
-    way doweight_stage1 says, since both GEMMs are in one kernel and the result is the same.
-    """
-    experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
-                                              w1_scale, w2_scale)
-    check_config(config, "1stage", quant)
-    cfg = config
-    sorting = moe_align_block_size(topk_ids, cfg.BLOCK_SIZE_M, experts)
-    a, a_scale = quantize_activations(hidden, quant)
-    tokens, topk = topk_ids.shape
-    acc = torch.zeros((tokens, model_dim), device=hidden.device, dtype=torch.float32)
-    a_s = a_scale if a_scale is not None else _dummy(hidden.device)
-    w1_s, s1e, s1n = _scale_strides(w1_scale, hidden.device)
-    w2_s, s2e, s2n = _scale_strides(w2_scale, hidden.device)
-    num_pid_m = sorting.expert_ids.numel()
-    _moe_1stage_kernel[(num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)](
-        a, a_s, w1, w1_s, w2, w2_s, acc, sorting.sorted_token_ids, sorting.expert_ids,
-        sorting.num_tokens_post_padded, topk_weights, sorting.numel, inter_dim, model_dim, num_pid_m,
-        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
-        w1.stride(0), w1.stride(1), s1e, s1n, w2.stride(0), w2.stride(1), s2e, s2n,
-        TOPK=topk, GATED=gated_of(w1, w2), ACT=_ACT_ID[activation], QUANT=_QUANT_ID[quant],
-        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=model_dim % cfg.BLOCK_SIZE_K == 0,
-        WIDE_FP16=hidden.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if out is None:
-        return acc.to(hidden.dtype)
-    return out.copy_(acc)
+_ELSEWHERE = {"fused_moe_1stage": "fused_moe_1stage", "MoeDims": "fused_moe_compile",
+              "compile_only": "fused_moe_compile"}
 
 
-@dataclass(frozen=True)
-class MoeDims:
-    """The host-known sizes a fused-MoE launch specializes on (what `compile_only` needs instead of tensors)."""
+def __getattr__(name: str):
+    """The 1-stage kernel and the compile-only path live in their own modules (which import this one); they are
+    served from here on first use, so callers see one op module without an import cycle."""
+    if name in _ELSEWHERE:
+        import importlib
 
-    tokens: int
-    topk: int
-    experts: int
-    model_dim: int
-    inter_dim: int
-    gated: bool = True
-    dtype: torch.dtype = torch.bfloat16
-    quant: str = "none"
-    activation: str = "silu"
-    doweight_stage1: bool = False
-
-    @property
-    def numel(self) -> int:
-        return self.tokens * self.topk
-
-
-def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
-    """Compile the GEMM kernel `kernel` ("stage1", "stage2", "1stage") would launch, with no GPU and no launch.
-
-    Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
-    binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
-    left to the first real launch: they are few and shared by every config).
-    """
-    from triton.runtime.jit import MockTensor
-
-    check_config(config, kernel, dims.quant)
-    cfg, q = config, dims.quant
-    f32, i32 = torch.float32, torch.int32
-    a_dt = FP8 if q != "none" else dims.dtype
-    numel = dims.numel
-    num_pid_m = triton.cdiv(numel + dims.experts * (cfg.BLOCK_SIZE_M - 1), cfg.BLOCK_SIZE_M)
-    if kernel == "1stage":
-        d, inter = dims.model_dim, dims.inter_dim
-        s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
-        s2 = _mock_scale_strides(q, dims.experts, d, inter)
-        _moe_1stage_kernel.warmup(
-            a_dt, f32, a_dt, f32, a_dt, f32, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
-            d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
-            inter * (2 if dims.gated else 1) * d, d, *s1, d * inter, inter, *s2,
-            TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=_QUANT_ID[q],
-            BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-            BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
-            WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
-        return
-    if kernel == "stage1":
-        n, k, gated, act, mul = dims.inter_dim, dims.model_dim, dims.gated, _ACT_ID[dims.activation], dims.doweight_stage1
-        a_row_div = dims.topk
-    else:
-        n, k, gated, act, mul = dims.model_dim, dims.inter_dim, False, _ACT_ID["none"], not dims.doweight_stage1
-        a_row_div = 1
-    n_w = n * (2 if gated else 1)
-    split = cfg.KSPLIT > 1
-    out_dt = f32 if split else dims.dtype
-    w_desc = MockTensor(a_dt)
-    if cfg.USE_TMA:
-        w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1], [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
-    _moe_gemm_kernel.warmup(
-        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, numel, n, k, k_per_split, num_pid_m,
-        k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
-        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0,
-        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
-        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
-
-
-def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:
-    """(expert stride, row stride) of a weight scale tensor, as `_scale_strides` reads them off a real one."""
-    if quant == "per_token":
-        return n, 0
-    if quant == "per_1x128":
-        return triton.cdiv(n, SCALE_BLOCK) * triton.cdiv(k, SCALE_BLOCK), triton.cdiv(k, SCALE_BLOCK)
-    return 0, 0
+        return getattr(importlib.import_module(f"tritune.kernels.{_ELSEWHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,7 @@ def quantize_blocks(x: torch.Tensor, block_rows: int, block_cols: int = 128) -> 
     padded = torch.zeros((gr * block_rows, gc * block_cols), device=x.device, dtype=torch.float32)
     padded[:rows, :cols] = x.float()
     tiles = padded.view(gr, block_rows, gc, block_cols)
-    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(_EPS)
+    scale = tiles.abs().amax(dim=(1, 3)).clamp_min(_EPS) / FP8_MAX  # clamp, then divide: as quantize_rows does
     q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(gr * block_rows, gc * block_cols)
     return q[:rows, :cols].to(FP8).contiguous(), scale.contiguous()
 

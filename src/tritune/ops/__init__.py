@@ -10,7 +10,8 @@ from tritune.ops.fused_moe import (
     reload_moe_configs,
 )
 from tritune.ops.gemm import gemm, gemm_a8w8, gemm_a8w8_blockscale, reload_configs, select_config
+from tritune.ops.routing import sample_routing, topk_softmax
 
 __all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice", "gemm",
            "gemm_a8w8", "gemm_a8w8_blockscale", "heuristic_moe_choice", "reload_configs", "reload_moe_configs",
-           "select_config"]
+           "sample_routing", "select_config", "topk_softmax"]

@@ -1,0 +1,127 @@
+"""The 1-stage fused MoE: both GEMMs in one launch, for small token counts where the weights dominate.
+
+Each program computes a BLOCK_N slice of the intermediate for one block of sorted pairs and adds its product
+with w2 into an fp32 output with atomics, so every weight element is read once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tritune.kernels.fused_moe import (
+    _ACT_ID,
+    _QUANT_ID,
+    MoeConfig,
+    _activation,
+    _dummy,
+    _gated_tile,
+    _pid_mn,
+    _scale_strides,
+    _validate,
+    check_config,
+    gated_of,
+    quantize_activations,
+)
+from tritune.kernels.moe_align import moe_align_block_size
+
+
+@triton.jit
+def _moe_1stage_kernel(
+    a_ptr, a_scale_ptr,  # hidden [T, D] (dtype or fp8) and its fp32 scales
+    w1_ptr, w1_scale_ptr,  # [E, INTER·(2 if GATED else 1), D] and scales as in stage 1
+    w2_ptr, w2_scale_ptr,  # [E, D, INTER]; per_token scales [E, D], per_1x128 [E, ⌈D/128⌉, ⌈INTER/128⌉]
+    out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
+    numel, INTER, D, num_pid_m,
+    stride_am, stride_asm, stride_w1e, stride_w1n, stride_w1se, stride_w1sn,
+    stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
+    TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, WIDE_FP16: tl.constexpr,
+):
+    """A BLOCK_N slice of the intermediate for one block of pairs, then its contribution to every output column.
+
+    Each weight element is read once; the output is summed over intermediate slices with fp32 atomics, so this
+    suits small token counts, where the weights dominate and the atomics are few.
+    Grid: (num_pid_m·⌈INTER/BLOCK_N⌉,).
+    """
+    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
+        return
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    row_ok = pairs < numel
+    a_rows = tl.where(row_ok, pairs // TOPK, 0).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_i_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    i_ok = offs_i_out < INTER
+    offs_i = offs_i_out % INTER
+    acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, 0, D, D, INTER, w1_ptr + expert * stride_w1e, offs_i,
+                               stride_w1n, a_scale_ptr, stride_asm, w1_scale_ptr + expert * stride_w1se, stride_w1sn,
+                               w1_ptr, 0, GATED, QUANT, EVEN_K, False, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
+    inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    inter = tl.where(i_ok[None, :], inter, 0.0)
+    # The second GEMM runs in the activation dtype: fp8 weights are widened in registers and their scales
+    # applied after the dot (no per-row scale of the intermediate exists before the whole row is known).
+    if QUANT == 0:
+        inter = inter.to(w2_ptr.dtype.element_ty)
+    elif WIDE_FP16:
+        inter = inter.to(tl.float16)
+    else:
+        inter = inter.to(tl.bfloat16)
+
+    w2_base = w2_ptr + expert * stride_w2e
+    w2s_base = w2_scale_ptr + expert * stride_w2se
+    out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
+    for d in range(0, D, BLOCK_SIZE_D):
+        offs_d = d + tl.arange(0, BLOCK_SIZE_D)
+        d_ok = offs_d < D
+        w2 = tl.load(w2_base + (offs_d % D)[None, :] * stride_w2n + offs_i[:, None])  # [BLOCK_N, BLOCK_D]
+        if QUANT == 0:
+            part = tl.dot(inter, w2)
+        else:
+            part = tl.dot(inter, w2.to(inter.dtype))
+            if QUANT == 1:
+                part = part * tl.load(w2s_base + offs_d % D)[None, :]
+            else:
+                # BLOCK_SIZE_N divides 128, so the slice lies in one 128-wide block of INTER.
+                s2 = tl.load(w2s_base + ((offs_d % D) // 128) * stride_w2sn + (pid_n * BLOCK_SIZE_N) // 128)
+                part = part * s2[None, :]
+        tl.atomic_add(out_rows + offs_d[None, :], part, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
+
+
+def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, config: MoeConfig, *, activation: str = "silu", quant: str = "none",
+                     w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                     doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole MoE in one GEMM launch (plus sort, quantize, zero and cast), for small token counts.
+
+    Same arguments and result as `fused_moe_2stage`. The routing weight is applied to the intermediate whichever
+    way doweight_stage1 says, since both GEMMs are in one kernel and the result is the same.
+    """
+    experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
+                                              w1_scale, w2_scale)
+    check_config(config, "1stage", quant)
+    cfg = config
+    sorting = moe_align_block_size(topk_ids, cfg.BLOCK_SIZE_M, experts)
+    a, a_scale = quantize_activations(hidden, quant)
+    tokens, topk = topk_ids.shape
+    acc = torch.zeros((tokens, model_dim), device=hidden.device, dtype=torch.float32)
+    a_s = a_scale if a_scale is not None else _dummy(hidden.device)
+    w1_s, s1e, s1n = _scale_strides(w1_scale, hidden.device)
+    w2_s, s2e, s2n = _scale_strides(w2_scale, hidden.device)
+    num_pid_m = sorting.expert_ids.numel()
+    _moe_1stage_kernel[(num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)](
+        a, a_s, w1, w1_s, w2, w2_s, acc, sorting.sorted_token_ids, sorting.expert_ids,
+        sorting.num_tokens_post_padded, topk_weights, sorting.numel, inter_dim, model_dim, num_pid_m,
+        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
+        w1.stride(0), w1.stride(1), s1e, s1n, w2.stride(0), w2.stride(1), s2e, s2n,
+        TOPK=topk, GATED=gated_of(w1, w2), ACT=_ACT_ID[activation], QUANT=_QUANT_ID[quant],
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=model_dim % cfg.BLOCK_SIZE_K == 0,
+        WIDE_FP16=hidden.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if out is None:
+        return acc.to(hidden.dtype)
+    return out.copy_(acc)

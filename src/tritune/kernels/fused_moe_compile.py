@@ -1,0 +1,98 @@
+"""Compile a fused-MoE kernel without a GPU or a launch: the compile pool's half of tuning.
+
+Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so each binary
+lands in Triton's cache under the key the real launch computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tritune.kernels.fused_moe import _ACT_ID, _QUANT_ID, FP8, SCALE_BLOCK, MoeConfig, _moe_gemm_kernel, check_config
+from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+
+
+@dataclass(frozen=True)
+class MoeDims:
+    """The host-known sizes a fused-MoE launch specializes on (what `compile_only` needs instead of tensors)."""
+
+    tokens: int
+    topk: int
+    experts: int
+    model_dim: int
+    inter_dim: int
+    gated: bool = True
+    dtype: torch.dtype = torch.bfloat16
+    quant: str = "none"
+    activation: str = "silu"
+    doweight_stage1: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.tokens * self.topk
+
+
+def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
+    """Compile the GEMM kernel `kernel` ("stage1", "stage2", "1stage") would launch, with no GPU and no launch.
+
+    Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
+    binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
+    left to the first real launch: they are few and shared by every config).
+    """
+    from triton.runtime.jit import MockTensor
+
+    check_config(config, kernel, dims.quant)
+    cfg, q = config, dims.quant
+    f32, i32 = torch.float32, torch.int32
+    a_dt = FP8 if q != "none" else dims.dtype
+    numel = dims.numel
+    num_pid_m = triton.cdiv(numel + dims.experts * (cfg.BLOCK_SIZE_M - 1), cfg.BLOCK_SIZE_M)
+    if kernel == "1stage":
+        d, inter = dims.model_dim, dims.inter_dim
+        s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
+        s2 = _mock_scale_strides(q, dims.experts, d, inter)
+        _moe_1stage_kernel.warmup(
+            a_dt, f32, a_dt, f32, a_dt, f32, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
+            d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
+            inter * (2 if dims.gated else 1) * d, d, *s1, d * inter, inter, *s2,
+            TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=_QUANT_ID[q],
+            BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+            BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
+            WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        return
+    if kernel == "stage1":
+        n, k, gated = dims.inter_dim, dims.model_dim, dims.gated
+        act, mul = _ACT_ID[dims.activation], dims.doweight_stage1
+        a_row_div = dims.topk
+    else:
+        n, k, gated, act, mul = dims.model_dim, dims.inter_dim, False, _ACT_ID["none"], not dims.doweight_stage1
+        a_row_div = 1
+    n_w = n * (2 if gated else 1)
+    split = cfg.KSPLIT > 1
+    out_dt = f32 if split else dims.dtype
+    w_desc = MockTensor(a_dt)
+    if cfg.USE_TMA:
+        w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1],
+                                  [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+    _moe_gemm_kernel.warmup(
+        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, numel, n, k, k_per_split, num_pid_m,
+        k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
+        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0,
+        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+
+
+def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:
+    """(expert stride, row stride) of a weight scale tensor, as `_scale_strides` reads them off a real one."""
+    if quant == "per_token":
+        return n, 0
+    if quant == "per_1x128":
+        return triton.cdiv(n, SCALE_BLOCK) * triton.cdiv(k, SCALE_BLOCK), triton.cdiv(k, SCALE_BLOCK)
+    return 0, 0

@@ -1,0 +1,208 @@
+"""`tritune moe`: a tiny fp16 run writes the tuned CSV and the profile; --last, skipping, --all, merging with rows of
+another device; bad input is one stderr line, exit 2, and leaves the output file as it was.
+
+Runs in-process through Triton's interpreter with one config per kernel kind, so each tuning run takes seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from tritune.cli import main
+from tritune.kernels.fused_moe import MoeConfig
+from tritune.store.fmoe_csv import TUNED_COLUMNS, UNTUNED_COLUMNS, FmoeShape, FmoeTuned, read_tuned, write_tuned
+from tritune.tuners import fused_moe as fmoe_tuner
+from tritune.tuning.device import current_device
+
+DEV = current_device()
+HEADER = ",".join(UNTUNED_COLUMNS)
+# token 3 top-2 of 3 experts: 6 pairs, under one BLOCK_SIZE_M; inter_dim 48 over 32-wide N tiles (one masked).
+ROW_A = "3,64,48,3,2,ActivationType.Silu,torch.float16,torch.float16,torch.float16,QuantType.No,True,False"
+ROW_B = "5,64,48,3,2,ActivationType.Gelu,torch.float16,torch.float16,torch.float16,QuantType.No,True,True"
+SHAPE_A = FmoeShape(3, 64, 48, 3, 2, "silu", "fp16", "fp16", "fp16", "none", True, False)
+SHAPE_B = FmoeShape(5, 64, 48, 3, 2, "gelu", "fp16", "fp16", "fp16", "none", True, True)
+# The written header: the fixed aiter columns, then the provenance tritune adds, in this order.
+TUNED_HEADER = [*TUNED_COLUMNS, "device", "triton", "torch", "routing", "us_stages", "rel_l2"]
+ENGINE = ["--iters", "1", "--warmup", "0", "--no-progress", "--compile-workers", "1"]
+SMALL = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+
+
+@pytest.fixture(autouse=True)
+def _one_config_per_kind(monkeypatch):
+    # build_tunable reads these when it runs; KSPLIT (1,) leaves one stage-1, one stage-2 and one 1-stage config.
+    monkeypatch.setattr(fmoe_tuner, "INTERPRETER_STAGE_SPACE", {**fmoe_tuner.INTERPRETER_STAGE_SPACE, "KSPLIT": (1,)})
+
+
+def run_cli(argv: list[str]) -> int:
+    """main() returns its code; argparse-level errors raise SystemExit instead."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def write_input(path: Path, *rows: str) -> Path:
+    path.write_text("\n".join([HEADER, *rows]) + "\n")
+    return path
+
+
+def fake_row(shape: FmoeShape, cu_num: int) -> FmoeTuned:
+    """A tuned row as an earlier run (on this or another GPU) would have left it."""
+    return FmoeTuned(cu_num=cu_num, shape=shape, block_m=16, ksplit=0, us1=3.0, kernelName1=SMALL.name("stage1"),
+                     err1=0.0, us2=2.0, kernelName2=SMALL.name("stage2"), err2=0.0, us=5.0, run_1stage=False,
+                     tflops=1.0, bw=1.0)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tritune: error: ")
+    return lines[0]
+
+
+def no_tuning_started(folder: Path) -> bool:
+    return not any(p.name.startswith("journal-") for p in folder.iterdir())
+
+
+def assert_consistent(row: FmoeTuned) -> None:
+    """The kernel names parse, belong to this row's quant/activation, and agree with run_1stage and block_m."""
+    s = row.shape
+    kind1, cfg1 = MoeConfig.parse_name(row.kernelName1)
+    assert row.kernelName1 == cfg1.name(kind1, s.q_type, s.act_type)
+    assert row.block_m == cfg1.BLOCK_SIZE_M
+    if row.run_1stage:
+        assert kind1 == "1stage" and row.kernelName2 == "" and row.us2 == 0
+    else:
+        kind2, cfg2 = MoeConfig.parse_name(row.kernelName2)
+        assert (kind1, kind2) == ("stage1", "stage2") and cfg2.BLOCK_SIZE_M == cfg1.BLOCK_SIZE_M
+        assert row.kernelName2 == cfg2.name(kind2, s.q_type, s.act_type)
+    assert row.us > 0 and row.cu_num == DEV.sm_count
+    assert dict(row.extra)["device"] == DEV.name
+
+
+def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A)
+    out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
+    other = fake_row(SHAPE_A, cu_num=DEV.sm_count + 1)  # same shape tuned on another GPU: kept, not a skip
+    write_tuned(out, [other])
+    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--profile_file", str(profile), *ENGINE])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"wrote 1 row(s) to {out}" in captured.out and f"wrote every candidate to {profile}" in captured.out
+    assert "interpreter" in captured.out
+
+    with out.open() as f:
+        header, *rows = list(csv.reader(f))
+    assert header == TUNED_HEADER
+    assert len(rows) == 2 and rows[0][len(TUNED_COLUMNS):] == [""] * 6  # the other GPU's row first, no provenance
+    old, new = read_tuned(out)
+    assert old == other
+    assert new.shape == SHAPE_A
+    assert_consistent(new)
+    assert dict(new.extra)["routing"] == "uniform"
+
+    with profile.open() as f:
+        prof = list(csv.DictReader(f))
+    assert list(prof[0]) == list(fmoe_tuner.PROFILE_COLUMNS)
+    assert {r["kind"] for r in prof} == {"stage1", "stage2", "1stage", "e2e"}
+    assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in prof)
+    by_kind = {kind: [r["kernelName"] for r in prof if r["kind"] == kind] for kind in ("stage1", "stage2", "1stage")}
+    assert {k: len(v) for k, v in by_kind.items()} == {"stage1": 1, "stage2": 1, "1stage": 1}
+    for kind, names in by_kind.items():
+        assert MoeConfig.parse_name(names[0])[0] == kind
+    # Both winners are re-timed end to end: the stage pair (joined by "+") and the 1-stage kernel.
+    e2e = sorted(r["kernelName"] for r in prof if r["kind"] == "e2e")
+    assert e2e == sorted([f"{by_kind['stage1'][0]}+{by_kind['stage2'][0]}", by_kind["1stage"][0]])
+    assert (new.kernelName1 if new.run_1stage else f"{new.kernelName1}+{new.kernelName2}") in e2e
+
+
+def test_last_tunes_only_the_last_row(tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A, ROW_B)
+    out = tmp_path / "tuned.csv"
+    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--last", "--skew", "0.5", *ENGINE])
+    assert code == 0, capsys.readouterr().err
+    (row,) = read_tuned(out)
+    assert row.shape == SHAPE_B
+    assert_consistent(row)
+    assert dict(row.extra)["routing"] == "zipf0.5"
+
+
+def test_rows_already_tuned_are_skipped_and_all_retunes_them(tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A)
+    out = tmp_path / "tuned.csv"
+    write_tuned(out, [fake_row(SHAPE_A, cu_num=DEV.sm_count)])
+    before = out.read_bytes()
+
+    assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE]) == 0
+    assert "skipped 1 row(s) already tuned for this device (--all to retune)" in capsys.readouterr().out
+    assert out.read_bytes() == before
+    assert no_tuning_started(tmp_path)
+
+    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--all", *ENGINE])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "skipped" not in captured.out and f"wrote 1 row(s) to {out}" in captured.out
+    (row,) = read_tuned(out)  # replaced in place, not appended
+    assert row.shape == SHAPE_A and row != fake_row(SHAPE_A, cu_num=DEV.sm_count)
+    assert_consistent(row)
+
+
+def test_bad_value_in_input_names_file_row_and_column(tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A, ROW_A.replace("ActivationType.Silu", "ActivationType.Relu"))
+    out = tmp_path / "tuned.csv"
+    write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.sm_count)])
+    before = out.read_bytes()
+    assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE]) == 2
+    line = one_error_line(capsys)
+    for text in (str(inp), "row 2", "column 'act_type'", "'ActivationType.Relu'"):
+        assert text in line
+    assert out.read_bytes() == before
+    assert no_tuning_started(tmp_path)
+
+
+def test_missing_input_file(tmp_path, capsys):
+    out = tmp_path / "tuned.csv"
+    assert run_cli(["moe", "-i", str(tmp_path / "nope.csv"), "-o", str(out), *ENGINE]) == 2
+    line = one_error_line(capsys)
+    assert str(tmp_path / "nope.csv") in line and "no such file" in line
+    assert not out.exists() and no_tuning_started(tmp_path)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--errRatio", "1.5"], "--errRatio 1.5 must lie in [0, 1]"),
+    (["--err-ratio", "-0.1"], "--errRatio -0.1 must lie in [0, 1]"),
+    (["--skew", "-1"], "--skew -1.0 must be a finite number >= 0"),
+    (["--skew", "nan"], "--skew nan must be a finite number >= 0"),
+    (["--iters", "0"], "'0' is not a positive integer"),  # argparse-level: SystemExit(2)
+])
+def test_bad_flag_fails_on_one_line(flags, expected, tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A)
+    out = tmp_path / "tuned.csv"
+    assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE, *flags]) == 2
+    assert expected in one_error_line(capsys)
+    assert not out.exists() and no_tuning_started(tmp_path)
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("cu_num,token\n132,3\n", "missing required column(s)"),  # a foreign CSV
+    (None, "column 'us'"),  # a tuned row whose us is not a number
+    ("", "empty file"),
+])
+def test_corrupt_output_fails_before_tuning(content, expected, tmp_path, capsys):
+    inp = write_input(tmp_path / "untuned.csv", ROW_A)
+    out = tmp_path / "tuned.csv"
+    if content is None:
+        write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.sm_count)])
+        content = out.read_text().replace(",5.00,False,", ",fast,False,")
+        assert ",fast," in content
+    out.write_text(content)
+    before = out.read_bytes()
+    assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE]) == 2
+    line = one_error_line(capsys)
+    assert str(out) in line and expected in line
+    assert out.read_bytes() == before
+    assert no_tuning_started(tmp_path)

@@ -1,0 +1,309 @@
+"""The fused-MoE tunable: each pruning rule alone, problem keys, the e2e space, cost model, and the worker's path
+(make_inputs → reference → alloc_output → launcher → gate) for every kind on a tiny fp16 problem."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tritune.kernels.fused_moe import MoeConfig
+from tritune.store.fmoe_csv import FmoeShape
+from tritune.tuners.fused_moe_tunable import (
+    ONE_STAGE_MAX_PAIRS,
+    ONE_STAGE_SPACE,
+    REL_L2_BOUND,
+    STAGE_SPACE,
+    FusedMoeTunable,
+    MoeProblem,
+    one_stage_constraints,
+    routed_experts,
+    routing,
+    stage_constraints,
+)
+from tritune.tuning.check import check_output, poison
+from tritune.tuning.device import current_device
+from tritune.tuning.space import SearchSpace
+from tritune.tuning.types import Config
+
+DEV = current_device()  # no GPU: an interpreter stand-in with H100 limits (132 SMs, 227 KiB shared memory, sm_90)
+AMPERE = dataclasses.replace(DEV, name="ampere-like", capability=(8, 0))
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def shape(quant: str = "none", **changes) -> FmoeShape:
+    """A DeepSeek-ish row (512 tokens, top-2 of 8 experts: 128 pairs per expert) with `changes` applied."""
+    q = "fp8" if quant != "none" else "bf16"
+    fields = dict(token=512, model_dim=4096, inter_dim=1024, expert=8, topk=2, act_type="silu", dtype="bf16",
+                  q_dtype_a=q, q_dtype_w=q, q_type=quant, use_g1u1=True, doweight_stage1=False)
+    fields.update(changes)
+    return FmoeShape(**fields)
+
+
+def stage_config(**changes) -> Config:
+    """A stage config passing every rule for BIG (below), with `changes`; every STAGE_SPACE parameter set."""
+    params = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
+                  KSPLIT=1, USE_TMA=0)
+    params.update(changes)
+    assert set(params) == set(STAGE_SPACE)
+    return Config.of(**params)
+
+
+def one_config(**changes) -> Config:
+    """A 1-stage config passing every rule for ONE (below), with `changes`; every ONE_STAGE_SPACE parameter set."""
+    params = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, BLOCK_SIZE_D=64, GROUP_SIZE_M=1, num_warps=4,
+                  num_stages=2)
+    params.update(changes)
+    assert set(params) == set(ONE_STAGE_SPACE)
+    return Config.of(**params)
+
+
+def _failing(rules, config: Config) -> list[str]:
+    return [c.name for c in rules if not c.ok(config)]
+
+
+BIG = MoeProblem(shape(), "stage1")  # 1024 pairs, 128 per expert, N=1024 (gate+up), K=4096
+FEW = MoeProblem(shape(token=16, model_dim=256, inter_dim=256), "stage1")  # 4 pairs per expert, K=256
+ONE = MoeProblem(shape(token=16, model_dim=512, inter_dim=256), "1stage")  # 32 pairs, 4 per expert, D=512
+
+# (rule, problem, device, config): the config breaks that rule and no other.
+STAGE_RULES = [
+    ("shared memory > device limit", BIG, DEV,
+     stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
+    ("accumulator registers per thread > 128", BIG, DEV,
+     stage_config(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=1)),  # 2 tiles of 128x128 over 128 threads
+    ("8 warps on a tile under 128x64", BIG, DEV, stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
+    ("BLOCK_SIZE_M above 2x the pairs per expert", FEW, DEV,
+     stage_config(BLOCK_SIZE_M=32, GROUP_SIZE_M=1)),  # 4 pairs per expert: BLOCK_SIZE_M up to 16
+    ("BLOCK_SIZE_M under a quarter of the pairs per expert (cap 64)", BIG, DEV,
+     stage_config(BLOCK_SIZE_M=16)),  # 128 pairs per expert: at least 32
+    ("BLOCK_SIZE_N 32 only with BLOCK_SIZE_M <= 32", BIG, DEV, stage_config(BLOCK_SIZE_N=32)),
+    ("per_1x128 needs BLOCK_SIZE_K dividing 128", MoeProblem(shape("per_1x128"), "stage1"), DEV,
+     stage_config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=256)),  # fp8: the 256-deep tiles fit in shared memory
+    ("fp8 per_token with BLOCK_SIZE_K 64", MoeProblem(shape("per_token"), "stage1"), DEV, stage_config()),
+    ("BLOCK_SIZE_K 256 only with BLOCK_SIZE_M <= 32", BIG, DEV, stage_config(BLOCK_SIZE_K=256, num_stages=2)),
+    ("BLOCK_SIZE_K x KSPLIT > K", FEW, DEV,
+     stage_config(BLOCK_SIZE_M=16, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, KSPLIT=4)),  # 512 > K=256; grid of 32 blocks
+    ("split-K on a grid that already fills the GPU", BIG, DEV, stage_config(KSPLIT=2)),  # 16 x 16 blocks >= 132 SMs
+    ("num_stages beyond the K steps", FEW, DEV,
+     stage_config(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_stages=4)),  # 1 K step
+    ("GROUP_SIZE_M > 1 with one block per expert", FEW, DEV, stage_config(BLOCK_SIZE_M=16)),
+    ("TMA: needs Hopper and 16-byte weight rows", BIG, AMPERE, stage_config(USE_TMA=1)),  # sm_80
+    ("TMA: needs Hopper and 16-byte weight rows", MoeProblem(shape(model_dim=4100), "stage1"), DEV,
+     stage_config(USE_TMA=1)),  # stage 1 K=4100 bf16: 8200-byte rows
+    ("TMA: needs Hopper and 16-byte weight rows", MoeProblem(shape(inter_dim=1028), "stage2"), DEV,
+     stage_config(USE_TMA=1)),  # stage 2 K is inter_dim: 1028 bf16 = 2056-byte rows
+]
+
+ONE_STAGE_RULES = [
+    (f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs", MoeProblem(ONE.shape.with_token(200), "1stage"),
+     one_config()),  # 400 pairs
+    ("shared memory > device limit", ONE,
+     one_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=256, num_stages=4)),  # 4*(16+2*128)*256*2 B = 544 KiB
+    ("BLOCK_SIZE_M above 2x the pairs per expert", ONE, one_config(BLOCK_SIZE_M=32)),  # 4 pairs: up to 16
+    ("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128", MoeProblem(
+        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), one_config(BLOCK_SIZE_N=256)),
+    ("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128", MoeProblem(
+        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), one_config(BLOCK_SIZE_K=256)),
+    ("8 warps on a tile under 32x128", ONE, one_config(num_warps=8)),  # 16x64 output tile
+    ("num_stages beyond the K steps", ONE,
+     one_config(BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, num_stages=5)),  # D=512: 2 K steps, so at most 4 stages
+]
+
+
+@pytest.mark.parametrize(("rule", "problem", "dev", "config"), STAGE_RULES, ids=[r[0] for r in STAGE_RULES])
+def test_each_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, dev, config: Config) -> None:
+    rules = stage_constraints(problem, dev)
+    assert _failing(rules, config) == [rule]
+    result = SearchSpace({k: (v,) for k, v in config.items}, rules).prune()
+    assert result.kept == [] and result.pruned == {rule: 1}
+
+
+@pytest.mark.parametrize(("rule", "problem", "config"), ONE_STAGE_RULES, ids=[r[0] for r in ONE_STAGE_RULES])
+def test_each_one_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, config: Config) -> None:
+    rules = one_stage_constraints(problem, DEV)
+    assert _failing(rules, config) == [rule]
+    result = SearchSpace({k: (v,) for k, v in config.items}, rules).prune()
+    assert result.kept == [] and result.pruned == {rule: 1}
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {c.name for c in stage_constraints(BIG, DEV)} == {r[0] for r in STAGE_RULES}
+    assert {c.name for c in one_stage_constraints(ONE, DEV)} == {r[0] for r in ONE_STAGE_RULES}
+
+
+@pytest.mark.parametrize(("problem", "config"), [
+    (BIG, stage_config()),
+    (dataclasses.replace(BIG, kind="stage2"), stage_config(USE_TMA=1)),  # N=4096, K=1024: 16-byte rows on sm_90
+    (FEW, stage_config(BLOCK_SIZE_M=16, GROUP_SIZE_M=1, KSPLIT=2)),  # 32 blocks: split-K allowed, 128*2 <= 256
+])
+def test_stage_config_passing_every_rule(problem: MoeProblem, config: Config) -> None:
+    assert _failing(stage_constraints(problem, DEV), config) == []
+
+
+def test_one_stage_config_passing_every_rule() -> None:
+    assert _failing(one_stage_constraints(ONE, DEV), one_config()) == []
+
+
+def test_space_uses_the_rules_of_its_kind() -> None:
+    t = FusedMoeTunable()
+    assert [c.name for c in t.space(BIG, DEV).constraints] == [c.name for c in stage_constraints(BIG, DEV)]
+    assert [c.name for c in t.space(ONE, DEV).constraints] == [c.name for c in one_stage_constraints(ONE, DEV)]
+    assert dict(t.space(ONE, DEV).params) == ONE_STAGE_SPACE
+    small = FusedMoeTunable(stage_space=(("KSPLIT", (1,)), ("BLOCK_SIZE_M", (16,))))
+    params = small.space(BIG, DEV).params
+    assert params["KSPLIT"] == (1,) and params["BLOCK_SIZE_M"] == (16,) and params["USE_TMA"] == (0, 1)
+
+
+# --- problems -------------------------------------------------------------------------------------------------------
+
+NAMES = (MoeConfig(16, 32, 32, 1, 4, 2).name("stage1"), MoeConfig(16, 32, 32, 1, 4, 2).name("stage2"))
+
+
+def test_problem_keys() -> None:
+    s = shape()
+    keys = {kind: MoeProblem(s, kind).key() for kind in ("stage1", "stage2", "1stage")}
+    keys["e2e"] = MoeProblem(s, "e2e", names=NAMES).key()
+    assert len(set(keys.values())) == 4  # distinct for distinct kinds
+    for kind, key in keys.items():
+        assert key.startswith(f"fused_moe:{kind}:{s.key()}:skew=0")
+    assert keys["e2e"].endswith(f":{NAMES[0]}+{NAMES[1]}")
+    assert MoeProblem(s, "stage1", skew=1.2).key() != keys["stage1"] and "skew=1.2" in MoeProblem(
+        s, "stage1", skew=1.2).key()
+    assert MoeProblem(s, "e2e", names=(NAMES[0], "")).key() != keys["e2e"]  # other names, other key
+    assert MoeProblem(s.with_token(7), "stage1").key() != keys["stage1"]
+    assert MoeProblem(shape("per_token"), "stage1").key() != keys["stage1"]  # q_type (and fp8 dtypes) in the key
+    assert hash(MoeProblem(s, "stage1")) == hash(MoeProblem(s, "stage1"))
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown fused-MoE problem kind 'stage3'"):
+        MoeProblem(shape(), "stage3")
+
+
+def test_e2e_space_is_exactly_one_config() -> None:
+    space = FusedMoeTunable().space(MoeProblem(shape(), "e2e", names=NAMES), DEV)
+    assert space.size == 1
+    assert list(space.configs()) == [Config.of(kernel1=NAMES[0], kernel2=NAMES[1])]
+    assert space.prune().kept == [Config.of(kernel1=NAMES[0], kernel2=NAMES[1])]
+
+
+# --- cost model -----------------------------------------------------------------------------------------------------
+
+def test_flops() -> None:
+    s = shape(token=3, model_dim=64, inter_dim=48, expert=4, topk=2)
+    t = FusedMoeTunable()
+    first, second = 2.0 * 6 * 96 * 64, 2.0 * 6 * 64 * 48
+    assert t.flops(MoeProblem(s, "stage1")) == first
+    assert t.flops(MoeProblem(s, "stage2")) == second
+    assert t.flops(MoeProblem(s, "1stage")) == t.flops(MoeProblem(s, "e2e", names=NAMES)) == first + second
+    plain = dataclasses.replace(s, use_g1u1=False)
+    assert t.flops(MoeProblem(plain, "stage1")) == first / 2
+
+
+def test_bytes_count_only_routed_experts() -> None:
+    t = FusedMoeTunable()
+    few = shape(token=2, model_dim=64, inter_dim=32, expert=64, topk=2)  # 4 pairs over 64 experts
+    many = few.with_token(64)  # 128 pairs: most of the 64 experts get a token
+    r_few, r_many = routed_experts(few, 0.0), routed_experts(many, 0.0)
+    assert 1 <= r_few <= 4 < r_many < few.expert
+    assert r_few == torch.unique(routing(few, 0.0)[1]).numel()
+    w1_expert, w2_expert = 2 * 32 * 64 * 2, 64 * 32 * 2  # bf16 gate+up and down weights of one expert
+
+    def io(s: FmoeShape, kind: str) -> int:
+        """Bytes of everything but the weights."""
+        return int(t.bytes_moved(MoeProblem(s, kind))) - routed_experts(s, 0.0) * {
+            "stage1": w1_expert, "stage2": w2_expert, "1stage": w1_expert + w2_expert}[kind]
+
+    assert io(few, "stage1") == 2 * (2 * 64 + 4 * 32)  # hidden in, intermediate out
+    assert io(few, "stage2") == 2 * (4 * 32 + 2 * 64)  # intermediate in, output out
+    assert io(few, "1stage") == 2 * 2 * 2 * 64  # hidden in, output out
+    for kind in ("stage1", "stage2", "1stage"):
+        grew = t.bytes_moved(MoeProblem(many, kind)) - t.bytes_moved(MoeProblem(few, kind))
+        per_expert = {"stage1": w1_expert, "stage2": w2_expert, "1stage": w1_expert + w2_expert}[kind]
+        assert grew == (r_many - r_few) * per_expert + io(many, kind) - io(few, kind)
+    fp8 = dataclasses.replace(few, q_type="per_token", q_dtype_a="fp8", q_dtype_w="fp8")
+    assert t.bytes_moved(MoeProblem(fp8, "stage1")) == r_few * w1_expert // 2 + io(few, "stage1")  # 1-byte weights
+
+
+def test_skew_concentrates_routing() -> None:
+    s = shape(token=64, model_dim=64, inter_dim=32, expert=64, topk=2)
+    assert routed_experts(s, 3.0) < routed_experts(s, 0.0)
+    w1, ids1 = routing(s, 0.0)
+    w2, ids2 = routing(s, 0.0)
+    assert torch.equal(ids1, ids2) and torch.equal(w1, w2)  # seeded: every kind of a row sees the same routing
+    assert w1.dtype == torch.float32 and ids1.dtype == torch.int32 and ids1.shape == (64, 2)
+
+
+def test_tolerance() -> None:
+    for quant in ("none", "per_token", "per_1x128"):
+        tol = FusedMoeTunable(err_ratio=0.25).tolerance(MoeProblem(shape(quant), "stage1"))
+        assert tol.max_mismatch_ratio == 0.25
+        assert tol.max_rel_l2 == REL_L2_BOUND[quant]
+        assert (tol.atol, tol.rtol) == (FusedMoeTunable().atol, FusedMoeTunable().rtol)
+    assert REL_L2_BOUND["none"] <= REL_L2_BOUND["per_token"] == REL_L2_BOUND["per_1x128"]
+
+
+# --- what the GPU worker does, on the CPU ---------------------------------------------------------------------------
+
+TINY = dict(token=3, model_dim=40, inter_dim=24, expert=5, topk=2, act_type="gelu", dtype="fp16",
+            q_dtype_a="fp16", q_dtype_w="fp16", q_type="none", use_g1u1=True, doweight_stage1=False)
+SMALL = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k != "BLOCK_SIZE_D"})
+ONE_STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k not in ("KSPLIT", "USE_TMA")}
+                      | {"BLOCK_SIZE_D": 32})
+FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", doweight_stage1=True)
+
+
+@pytest.mark.parametrize(("fields", "kind", "config", "names"), [
+    (TINY, "stage1", STAGE, None),
+    (TINY, "stage1", STAGE.replace(KSPLIT=2), None),  # split-K: the finish kernel writes `out`
+    (TINY, "stage2", STAGE, None),
+    (TINY | dict(doweight_stage1=True), "stage2", STAGE.replace(KSPLIT=2), None),
+    (TINY, "1stage", ONE_STAGE, None),
+    (TINY, "e2e", None, (SMALL.name("stage1", "none", "gelu"), SMALL.name("stage2", "none", "gelu"))),
+    (TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32).name("1stage", "none", "gelu"), "")),
+    (FP8_TINY, "stage2", STAGE, None),  # fp8 1x128: the stage-2 input is the reference intermediate
+    (FP8_TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32).name("1stage", "per_1x128", "gelu"), "")),
+], ids=["stage1", "stage1-ksplit2", "stage2", "stage2-ksplit2-doweight", "1stage", "e2e-2stage", "e2e-1stage",
+        "stage2-per_1x128", "e2e-1stage-per_1x128"])
+def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, names) -> None:
+    problem = MoeProblem(FmoeShape(**fields), kind, names=names or ("", ""))
+    tunable = FusedMoeTunable()
+    config = config or next(tunable.space(problem, DEV).configs())
+    inputs = tunable.make_inputs(problem, DEVICE, seed=0)
+    again = tunable.make_inputs(problem, DEVICE, seed=0)
+    assert all(v is None or torch.equal(v.float(), again[k].float()) for k, v in inputs.items())  # seeded
+    ref = tunable.reference(problem, inputs)
+    out = tunable.alloc_output(problem, inputs)
+    s = problem.shape
+    assert out.shape == ref.shape == ((s.token * s.topk, s.inter_dim) if kind == "stage1" else (s.token, s.model_dim))
+    assert out.dtype == torch.float16 and ref.dtype == torch.float32 and ref.abs().max() > 0
+    fn = tunable.launcher(problem, inputs, config, out)
+    for _ in range(2):  # the worker runs the launcher again after timing, on re-poisoned output
+        poison(out)
+        fn()
+        check = check_output(out, ref, tunable.tolerance(problem))
+        assert check.passed, check.reason
+        assert check.rel_l2_err < 1e-2 and check.unwritten == 0
+
+
+def test_make_inputs_shapes_and_dtypes() -> None:
+    t = FusedMoeTunable()
+    s = FmoeShape(**(FP8_TINY | dict(use_g1u1=False)))
+    x = t.make_inputs(MoeProblem(s, "stage2"), DEVICE, seed=3)
+    assert x["hidden"].shape == (3, 40) and x["hidden"].dtype == torch.float16
+    assert x["w1"].shape == (5, 24, 40) and x["w1"].dtype == torch.float8_e4m3fn  # no gate-up: [E, I, D]
+    assert x["w2"].shape == (5, 40, 24) and x["w1_scale"].shape == (5, 1, 1) and x["w2_scale"].shape == (5, 1, 1)
+    assert x["inter"].shape == (6, 24) and x["inter"].dtype == torch.float16
+    assert "inter" not in t.make_inputs(MoeProblem(s, "stage1"), DEVICE, seed=3)
+    assert x["hidden"].float().std() > 0.5  # randn, never zeros
+
+
+def test_launcher_rejects_config_the_kernel_cannot_run() -> None:
+    problem = MoeProblem(FmoeShape(**TINY), "1stage")
+    t = FusedMoeTunable()
+    inputs = t.make_inputs(problem, DEVICE, seed=0)
+    with pytest.raises(ValueError, match="BLOCK_SIZE_D"):
+        t.launcher(problem, inputs, ONE_STAGE.replace(BLOCK_SIZE_D=0), t.alloc_output(problem, inputs))
