@@ -91,7 +91,7 @@ def test_tuned_2stage_matches_reference(use_rows, monkeypatch):
     hidden, w1, w2, weights, ids, _, _ = problem()
     choice = fused_moe_choice(hidden, w1, w2, ids)
     assert (choice.run_1stage, choice.stage1, choice.stage2) == (False, SMALL, SMALL)
-    assert choice.source == f"tuned: {path}, row 1"
+    assert choice.source == f"tuned: {path}, row 1 (line 2)"
     out = fused_moe(hidden, w1, w2, weights, ids)
     assert out.shape == (T, D) and out.dtype == torch.float16
     assert rel_l2(out, fused_moe_reference(hidden, w1, w2, weights, ids)) < 1e-2
@@ -143,7 +143,8 @@ def test_choice_exact_and_nearest_bucket(tokens, want, use_rows):
     path = use_rows([two_stage(shape(token=8)), two_stage(shape(token=64), SMALL_N16, SMALL_N16)])
     choice = _choice_for(tokens)
     assert choice.stage1 == want and choice.stage2 == want
-    assert choice.source == f"tuned: {path}, row {1 if want == SMALL else 2}"
+    row = 1 if want == SMALL else 2
+    assert choice.source == f"tuned: {path}, row {row} (line {row + 1})"
 
 
 def test_bucket_too_far_from_tuned_ones_uses_heuristic(use_rows):

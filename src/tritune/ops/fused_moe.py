@@ -27,13 +27,9 @@ import triton
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.store.fmoe_csv import (
-    FmoeConfigTable,
-    FmoeCsvError,
     FmoeShape,
     FmoeTuned,
-    default_config_files,
     default_table,
-    read_tuned,
     reload_fmoe_configs,
     token_bucket,
 )
@@ -51,7 +47,7 @@ class MoeChoice:
     run_1stage: bool
     stage1: MoeConfig  # the 1-stage kernel's config when run_1stage
     stage2: MoeConfig | None  # None when run_1stage
-    source: str  # "tuned: <file>, row N" or "heuristic"
+    source: str  # "tuned: <file>, row N (line L)" or "heuristic"
 
 
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int,
@@ -90,19 +86,6 @@ def _sm_count(device: torch.device) -> int:
     return current_device().sm_count
 
 
-@functools.lru_cache(maxsize=1)
-def _row_origins(table: FmoeConfigTable) -> dict[FmoeTuned, str]:
-    """Row -> "<file>, row N" for the files behind `table`; read once per table (the table keeps no origins)."""
-    where: dict[FmoeTuned, str] = {}
-    try:
-        for path in default_config_files():
-            for number, row in enumerate(read_tuned(path), start=1):
-                where.setdefault(row, f"{path}, row {number}")
-    except (FmoeCsvError, ValueError):
-        pass  # the files changed since the table was read: rows without an origin say so
-    return where
-
-
 # (cu_num, shape_key, token bucket) -> choice: after the first call of a bucket, an op does one dict lookup.
 _CHOSEN: dict[tuple[int, tuple, int], MoeChoice] = {}
 
@@ -110,7 +93,6 @@ _CHOSEN: dict[tuple[int, tuple, int], MoeChoice] = {}
 def reload_moe_configs() -> None:
     """Forget every cached choice and re-read TRITUNE_CONFIG_FMOE and the tuned files on the next call."""
     _CHOSEN.clear()
-    _row_origins.cache_clear()
     reload_fmoe_configs()
 
 
@@ -162,7 +144,7 @@ def _choose(cu_num: int, shape: FmoeShape, tokens: int) -> MoeChoice:
     table = default_table()
     row = table.lookup(cu_num, shape, tokens)
     if row is not None:
-        origin = _row_origins(table).get(row, f"unknown file, cu_num={cu_num}, token={row.shape.token}")
+        origin = table.origin(row)
         try:
             return _tuned_choice(row, origin)
         except ValueError as err:

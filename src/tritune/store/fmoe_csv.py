@@ -421,6 +421,7 @@ class FmoeConfigTable:
                 row, origin = self._keep(kept[key], (row, origin), key[2])
             kept[key] = row, origin
         self._rows = [row for row, _ in kept.values()]
+        self._origins = {row: origin for row, origin in kept.values()}
         self._index: dict[tuple[int, tuple], tuple[list[int], dict[int, FmoeTuned]]] = {}
         for (cu_num, shape_key, bucket), (row, _) in kept.items():
             self._index.setdefault((cu_num, shape_key), ([], {}))[1][bucket] = row
@@ -451,6 +452,10 @@ class FmoeConfigTable:
     def rows(self) -> list[FmoeTuned]:
         """Every kept row, in the order first seen."""
         return list(self._rows)
+
+    def origin(self, row: FmoeTuned) -> str:
+        """Where a kept row came from ("<file>, row N (line L)" for rows read by from_files)."""
+        return self._origins[row]
 
     def lookup(self, cu_num: int, shape: FmoeShape, tokens: int) -> FmoeTuned | None:
         """The row for `tokens` tokens of `shape` (its own token is ignored) on a GPU with `cu_num` SMs.
