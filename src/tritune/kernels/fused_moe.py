@@ -140,6 +140,18 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 
 @triton.jit
+def _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, ROW_DIV: tl.constexpr, BLOCK_SIZE_M: tl.constexpr):
+    """The sorted pairs of block `pid_m`: (pairs, real-pair mask, rows of A they read, expert as int64).
+
+    Padding pairs read row 0 (in bounds, no mask) and are never stored.
+    """
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    row_ok = pairs < numel
+    a_rows = tl.where(row_ok, pairs // ROW_DIV, 0).to(tl.int64)
+    return pairs, row_ok, a_rows, tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+
+@triton.jit
 def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, stride_wn, a_scale_ptr, stride_asm,
                 ws_base, stride_wsn, w_desc, tma_row, GATED: tl.constexpr, QUANT: tl.constexpr,
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
@@ -191,11 +203,8 @@ def _moe_gemm_kernel(
     pid_k = tl.program_id(1)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
         return
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
-    row_ok = pairs < numel
-    # Padding rows read row 0 (in bounds, no mask) and are never stored.
-    a_rows = tl.where(row_ok, pairs // A_ROW_DIV, 0).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, A_ROW_DIV,
+                                                 BLOCK_SIZE_M)
     offs_n_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = offs_n_out % N
     w_base = w_ptr + expert * stride_we

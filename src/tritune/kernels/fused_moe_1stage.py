@@ -15,6 +15,7 @@ from tritune.kernels.fused_moe import (
     _QUANT_ID,
     MoeConfig,
     _activation,
+    _block_pairs,
     _dummy,
     _gated_tile,
     _pid_mn,
@@ -50,10 +51,7 @@ def _moe_1stage_kernel(
     pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
         return
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
-    row_ok = pairs < numel
-    a_rows = tl.where(row_ok, pairs // TOPK, 0).to(tl.int64)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, TOPK, BLOCK_SIZE_M)
     offs_i_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     i_ok = offs_i_out < INTER
     offs_i = offs_i_out % INTER
