@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import triton
+from cli_asserts import one_error_line
 
 from tritune.cli import main
 from tritune.tuners.gemm import INTERPRETER_SPACE
@@ -58,14 +59,6 @@ def run_cli(argv: list[str]) -> int:
 def assert_untouched(out: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [SHAPE_FILE]  # no journal, no lock, no default file
     assert (out / SHAPE_FILE).read_bytes() == SENTINEL
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tritune: error: ")
-    return lines[0]
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

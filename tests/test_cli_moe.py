@@ -10,6 +10,7 @@ import csv
 from pathlib import Path
 
 import pytest
+from cli_asserts import one_error_line
 
 from tritune.cli import main
 from tritune.kernels.fused_moe import MoeConfig
@@ -54,14 +55,6 @@ def fake_row(shape: FmoeShape, cu_num: int) -> FmoeTuned:
     return FmoeTuned(cu_num=cu_num, shape=shape, block_m=16, ksplit=0, us1=3.0, kernelName1=SMALL.name("stage1"),
                      err1=0.0, us2=2.0, kernelName2=SMALL.name("stage2"), err2=0.0, us=5.0, run_1stage=False,
                      tflops=1.0, bw=1.0)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tritune: error: ")
-    return lines[0]
 
 
 def no_tuning_started(folder: Path) -> bool:
