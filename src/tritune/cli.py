@@ -187,11 +187,10 @@ def _run_moe(req, args: argparse.Namespace) -> int:
     if device.interpreter:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
-        plan_rows(req, device)  # every input and output row is validated before any work starts
+        plan = plan_rows(req, device)  # every input and output row is validated before any work starts
     except ValueError as exc:
         return _fail(str(exc))
-    journal_dir = req.output.parent
-    report = tune_fmoe(req, device, _settings(args, journal_dir, device), build_tunable(req, device))
+    report = tune_fmoe(req, device, _settings(args, req.output.parent, device), build_tunable(req, device), plan)
     print("\n".join(result_table(report)))
     for summary in report.summaries:
         print("\n".join(summary.lines()))

@@ -83,8 +83,8 @@ def build_tunable(req: MoeTuneRequest, device: DeviceInfo) -> FusedMoeTunable:
     return FusedMoeTunable(err_ratio=req.err_ratio)
 
 
-def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape], list[FmoeTuned]]:
-    """(rows to tune, rows skipped as already tuned, rows already in the output); raises FmoeCsvError first."""
+def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
+    """(rows to tune, rows skipped as already tuned); reads and validates input and output, raising FmoeCsvError."""
     shapes = read_untuned(req.input)
     existing = read_tuned(req.output) if req.output.exists() else []
     if req.last:
@@ -93,7 +93,7 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
     todo, skipped = [], []
     for shape in dict.fromkeys(shapes):  # identical input rows are tuned once
         (skipped if shape in done and not req.retune_all else todo).append(shape)
-    return todo, skipped, existing
+    return todo, skipped
 
 
 def _name(p: MoeProblem, m: Measurement) -> str:
@@ -129,9 +129,7 @@ def _tuned_row(shape: FmoeShape, choice: Choice, e2e: Measurement, tunable: Fuse
     if not choice.one_stage:
         ksplit = max(ksplit, MoeConfig.parse_name(choice.names[1])[1].KSPLIT)
     seconds = e2e.time_us * 1e-6
-    prov = device.provenance()
-    extra = (("device", device.name), ("triton", str(prov.get("triton_version", ""))),
-             ("torch", str(prov.get("torch_version", ""))),
+    extra = (("device", device.name), ("triton", device.triton_version), ("torch", device.torch_version),
              ("routing", "uniform" if problem.skew == 0 else f"zipf{problem.skew:g}"),
              ("us_stages", f"{choice.us1 + choice.us2:.2f}"), ("rel_l2", f"{e2e.rel_l2_err:.3g}"))
     return FmoeTuned(
@@ -148,10 +146,14 @@ def _finite(x: float) -> float:
 
 
 def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
-              tunable: FusedMoeTunable | None = None) -> MoeTuneReport:
-    """Tune the request's rows and merge them into the output CSV (atomically; other rows kept)."""
+              tunable: FusedMoeTunable | None = None,
+              plan: tuple[list[FmoeShape], list[FmoeShape]] | None = None) -> MoeTuneReport:
+    """Tune the request's rows and merge them into the output CSV (atomically; other rows kept).
+
+    `plan` is `plan_rows(req, device)` when the caller already read and validated the files.
+    """
     tunable = tunable or build_tunable(req, device)
-    todo, skipped, _ = plan_rows(req, device)
+    todo, skipped = plan or plan_rows(req, device)
     report = MoeTuneReport(skipped=skipped)
     if not todo:
         return report
