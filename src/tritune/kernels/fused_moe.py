@@ -342,6 +342,13 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return torch.empty(1, device=device, dtype=torch.float32)
 
 
+def _act_scale(a_scale: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, int]:
+    """(tensor, row stride) of an activation scale; per-token scales are 1-D and have row stride 0 (unused)."""
+    if a_scale is None:
+        return _dummy(device), 0
+    return a_scale, a_scale.stride(0) if a_scale.dim() == 2 else 0
+
+
 def _scale_strides(scale: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, int, int]:
     """(tensor, expert stride, row stride) of a weight scale; 2-D per-channel scales have row stride 0 (unused)."""
     if scale is None:
@@ -359,7 +366,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     n_w = n * (2 if gated else 1)
     target = out if cfg.KSPLIT == 1 else torch.empty((cfg.KSPLIT, numel, n_w), device=a.device, dtype=torch.float32)
-    a_s = a_scale if a_scale is not None else _dummy(a.device)
+    a_s, stride_asm = _act_scale(a_scale, a.device)
     w_s, stride_wse, stride_wsn = _scale_strides(w_scale, a.device)
     grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
     w_desc = w
@@ -370,8 +377,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     _moe_gemm_kernel[grid](
         a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
         weights, numel, n, k, k_per_split, num_pid_m,
-        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
-        w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2), target.stride(0) if cfg.KSPLIT > 1 else 0,
+        a.stride(0), stride_asm, w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2),
+        target.stride(0) if cfg.KSPLIT > 1 else 0,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=_QUANT_ID[quant],
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),

@@ -14,9 +14,9 @@ from tritune.kernels.fused_moe import (
     _ACT_ID,
     _QUANT_ID,
     MoeConfig,
+    _act_scale,
     _activation,
     _block_pairs,
-    _dummy,
     _gated_tile,
     _pid_mn,
     _scale_strides,
@@ -107,14 +107,14 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     a, a_scale = quantize_activations(hidden, quant)
     tokens, topk = topk_ids.shape
     acc = torch.zeros((tokens, model_dim), device=hidden.device, dtype=torch.float32)
-    a_s = a_scale if a_scale is not None else _dummy(hidden.device)
+    a_s, stride_asm = _act_scale(a_scale, hidden.device)
     w1_s, s1e, s1n = _scale_strides(w1_scale, hidden.device)
     w2_s, s2e, s2n = _scale_strides(w2_scale, hidden.device)
     num_pid_m = sorting.expert_ids.numel()
     _moe_1stage_kernel[(num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)](
         a, a_s, w1, w1_s, w2, w2_s, acc, sorting.sorted_token_ids, sorting.expert_ids,
         sorting.num_tokens_post_padded, topk_weights, sorting.numel, inter_dim, model_dim, num_pid_m,
-        a.stride(0), a_s.stride(0) if a_scale is not None and a_scale.dim() == 2 else 0,
+        a.stride(0), stride_asm,
         w1.stride(0), w1.stride(1), s1e, s1n, w2.stride(0), w2.stride(1), s2e, s2n,
         TOPK=topk, GATED=gated_of(w1, w2), ACT=_ACT_ID[activation], QUANT=_QUANT_ID[quant],
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
