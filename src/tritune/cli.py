@@ -68,7 +68,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tritune", description="Autotune Triton GEMM and MoE kernels.")
+    parser = _Parser(prog="tritune", description="Autotune Triton GEMM, MoE and grouped-GEMM kernels.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("gemm", help="tune GEMM kernels; writes {device}-GEMM-{TAG}-N=..-K=...json")
@@ -106,6 +106,29 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--moe-shapes", type=Path, default=Path("examples/untuned_fmoe.csv"),
                    help="untuned fused-MoE rows on a GPU")
     _add_engine_flags(e)
+
+    gg = sub.add_parser("grouped-gemm", help="tune the grouped-GEMM kernels of an MoE MLP (forward, dX, dW); "
+                                             "writes a CSV of every passing config and {device}-GROUPED_GEMM.json")
+    gg.add_argument("--model", help="preset: qwen3-30b-a3b, mixtral-8x7b or gpt-oss-20b "
+                                    "(explicit --num-experts/--hidden-size/--intermediate-size/--topk override it)")
+    gg.add_argument("--num-experts", type=_positive_int)
+    gg.add_argument("--hidden-size", type=_positive_int)
+    gg.add_argument("--intermediate-size", type=_positive_int)
+    gg.add_argument("--topk", type=_positive_int)
+    gg.add_argument("--seqlen", type=_positive_int, default=1024, help="tokens (pairs = seqlen x topk)")
+    gg.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    gg.add_argument("--routing", choices=("uniform", "zipf"), help="synthetic routing (default uniform)")
+    gg.add_argument("--skew", type=float, help="Zipf exponent (default 1.2 with --routing zipf)")
+    gg.add_argument("--gemms", default="gate_up,down", help="comma-separated subset of gate_up,down")
+    gg.add_argument("--kernels", default="forward,dX,dW", help="comma-separated subset of forward,dX,dW")
+    gg.add_argument("--top-n", type=_non_negative_int, default=10, help="rows printed per kernel")
+    gg.add_argument("-o", "--output", type=Path, default=Path("results.csv"), help="CSV of every passing config")
+    gg.add_argument("--config-dir", type=Path,
+                    help="folder of the store JSON (default: TRITUNE_CONFIG_DIR, else ./tritune-out/configs)")
+    gg.add_argument("--search-space", type=Path,
+                    help="JSON {param: [values]} replacing lists of the default space (without a GPU: the "
+                         "interpreter's)")
+    _add_engine_flags(gg)
 
     sub.add_parser("device", help="print the device identity recorded in every output file")
     return parser
@@ -238,6 +261,42 @@ def _example(args: argparse.Namespace, interpreted: bool) -> int:
     return max(code, _run_moe(moe_req, args))
 
 
+def _grouped_gemm(args: argparse.Namespace) -> int:
+    from tritune.tuners import grouped_gemm as ggt
+    from tritune.tuning.device import current_device
+
+    device = current_device()
+    try:
+        shape = ggt.preset_shape(args.model, num_experts=args.num_experts, hidden_size=args.hidden_size,
+                                 intermediate_size=args.intermediate_size, topk=args.topk, seqlen=args.seqlen,
+                                 dtype=args.dtype, skew=ggt.routing_skew(args.routing, args.skew))
+        req = ggt.GroupedGemmRequest(
+            shape, ggt.parse_names(args.gemms, ggt.GEMMS, "--gemms"),
+            ggt.parse_names(args.kernels, ggt.KERNELS, "--kernels"), args.top_n, args.output,
+            args.config_dir or ggt.default_store_dir(),
+            ggt.space_from_file(args.search_space) if args.search_space else None, device.interpreter)
+        tunable = ggt.build_tunable(req)
+        ggt.check_existing_outputs(req, device)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if device.interpreter:
+        print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
+        if shape.dtype == "bf16":
+            print("note: the interpreter's tl.dot is wrong on bf16 operands; use --dtype fp16 on the CPU", flush=True)
+    outcomes = ggt.tune_grouped_gemm(req, device, _settings(args, req.output.parent, device), tunable)
+    print("\n".join(ggt.result_lines(outcomes)))
+    print(f"wrote {req.output}")
+    if any(o.best is not None for o in outcomes):
+        print(f"wrote {ggt.store_path(req.store_dir, device.name)}")
+    if device.interpreter:
+        print(f"({INTERPRETER_LABEL})")
+    failed = [o.problem for o in outcomes if o.best is None]
+    if failed:
+        return _fail(f"no candidate passed the correctness gate for {len(failed)} kernel(s): "
+                     + ", ".join(f"{p.gemm} {p.kernel}" for p in failed))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     interpreted = _use_interpreter_without_gpu()
@@ -252,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             return _gemm(args)
         if args.command == "moe":
             return _moe(args)
+        if args.command == "grouped-gemm":
+            return _grouped_gemm(args)
         return _example(args, interpreted)
     except KeyboardInterrupt:
         return _fail("interrupted; everything measured so far is in the journal, rerun the command to resume")

@@ -1,0 +1,201 @@
+"""Grouped GEMM for MoE training on the GPU: each kernel (forward, dX, dW of gate_up and down), the forward and
+backward passes, and the whole MoE MLP step, for tritune (tuned configs from the store, else the heuristic) vs
+torch._grouped_mm (bare, and with the permutes the MoE needs) vs a torch loop over experts, against the floor.
+
+    PYTHONPATH=src python benchmarks/bench_grouped_gemm.py --out benchmarks/results/bench_grouped_gemm_h100_DATE.json
+
+Every tritune kernel is checked against torch._grouped_mm (relative L2) before timing; times are medians of
+CUDA-event runs with the L2 flushed before each (tritune.tuning.bench.time_kernel). Floor = max(FLOPs / measured
+bf16 matmul peak, bytes / measured copy bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+import torch.nn.functional as F
+
+from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dw, run_dx, run_forward, select_configs
+from tritune.ops.moe_mlp import moe_mlp
+from tritune.ops.routing import sample_routing
+from tritune.tuning.bench import time_kernel
+from tritune.tuning.device import current_device
+
+MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # E, topk, hidden, inter
+
+
+def timed(fn, iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return time_kernel(fn, iters=iters, warmup=3, flush_l2=True, l2_bytes=64 * 2**20).median_us
+
+
+def peaks() -> dict[str, float]:
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda").bfloat16(), torch.randn(n, n, device="cuda").bfloat16()
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return {"bf16_tflops": 2 * n**3 / timed(lambda: a @ b) / 1e6,
+            "copy_tbps": 2 * x.numel() / timed(lambda: y.copy_(x)) / 1e6}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def torch_loop_mlp(x, w1, w2, tw, ids):
+    """The plain torch MoE MLP: per expert gather, two matmuls, SwiGLU, weighted index_add (autograd by torch)."""
+    out = torch.zeros(x.shape, device=x.device, dtype=torch.float32)
+    inter = w2.shape[2]
+    for e in range(w1.shape[0]):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        h = x[tok] @ w1[e].T
+        a = F.silu(h[:, :inter]) * h[:, inter:]
+        out = out.index_add(0, tok, (a @ w2[e].T).float() * tw[tok, slot, None])
+    return out.to(x.dtype)
+
+
+def grouped_mm_mlp(x, w1, w2, tw, ids, m_sizes, gather):
+    """The same MLP on torch._grouped_mm with torch's permutes (index_select / index_copy) and torch autograd."""
+    topk, inter = ids.shape[1], w2.shape[2]
+    offs = torch.cumsum(m_sizes, 0).to(torch.int32)
+    g = gather.long()
+    h = torch._grouped_mm(x.index_select(0, g // topk), w1.transpose(1, 2), offs=offs)
+    a = F.silu(h[:, :inter]) * h[:, inter:]
+    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+    y = torch.empty_like(y).index_copy(0, g, y)
+    return (y.view(x.shape[0], topk, -1) * tw.to(y.dtype).unsqueeze(-1)).sum(1)
+
+
+def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
+    num_experts, topk, hidden, inter = MODELS[model]
+    tokens, pairs = seqlen, seqlen * topk
+    dev, bf = "cuda", torch.bfloat16
+    tw, ids = sample_routing(tokens, num_experts, topk, seed=0, device=dev)
+    m_sizes, gather = group_by_expert(ids, num_experts)
+    g = gather.long()
+    offs = torch.cumsum(m_sizes, 0).to(torch.int32)
+    x = torch.randn(tokens, hidden, device=dev, dtype=bf)
+    w1 = torch.randn(num_experts, 2 * inter, hidden, device=dev, dtype=bf) * hidden**-0.5
+    w2 = torch.randn(num_experts, hidden, inter, device=dev, dtype=bf) * inter**-0.5
+    a = torch.randn(pairs, inter, device=dev, dtype=bf)
+    dh = torch.randn(pairs, 2 * inter, device=dev, dtype=bf)  # grouped
+    dy = torch.randn(pairs, hidden, device=dev, dtype=bf)  # pair order
+    up, down = select_configs(tokens, w1, topk, True, False), select_configs(pairs, w2, topk, False, True)
+    ref_x = x.index_select(0, g // topk)
+    gmm = torch._grouped_mm
+    kernels = {  # name: (flops, bytes, tritune, grouped_mm bare, grouped_mm with the MoE's permute, compare)
+        "gate_up.forward": (2 * pairs * hidden * 2 * inter, 2 * (tokens * hidden + w1.numel() + pairs * 2 * inter),
+                            lambda: run_forward(x, w1, m_sizes, gather, topk, True, False, up.forward),
+                            lambda: gmm(ref_x, w1.transpose(1, 2), offs=offs),
+                            lambda: gmm(x.index_select(0, g // topk), w1.transpose(1, 2), offs=offs), None),
+        "gate_up.dX": (2 * pairs * hidden * 2 * inter, 2 * (pairs * 2 * inter + w1.numel() + pairs * hidden),
+                       lambda: run_dx(dh, w1, m_sizes, gather, topk, True, False, up.dX),
+                       lambda: gmm(dh, w1, offs=offs),
+                       lambda: torch.empty(pairs, hidden, device=dev, dtype=bf).index_copy_(
+                           0, g, gmm(dh, w1, offs=offs)),
+                       lambda t: t[g]),
+        "gate_up.dW": (2 * pairs * hidden * 2 * inter, 2 * (tokens * hidden + pairs * 2 * inter + w1.numel()),
+                       lambda: run_dw(x, dh, m_sizes, gather, topk, True, False, up.dW),
+                       lambda: gmm(dh.t(), ref_x, offs=offs),
+                       lambda: gmm(dh.t(), x.index_select(0, g // topk), offs=offs), None),
+        "down.forward": (2 * pairs * hidden * inter, 2 * (pairs * inter + w2.numel() + pairs * hidden),
+                         lambda: run_forward(a, w2, m_sizes, gather, topk, False, True, down.forward),
+                         lambda: gmm(a, w2.transpose(1, 2), offs=offs),
+                         lambda: torch.empty(pairs, hidden, device=dev, dtype=bf).index_copy_(
+                             0, g, gmm(a, w2.transpose(1, 2), offs=offs)), lambda t: t[g]),
+        "down.dX": (2 * pairs * hidden * inter, 2 * (pairs * hidden + w2.numel() + pairs * inter),
+                    lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
+                    lambda: gmm(dy[g], w2, offs=offs),
+                    lambda: gmm(dy.index_select(0, g), w2, offs=offs), None),
+        "down.dW": (2 * pairs * hidden * inter, 2 * (pairs * inter + pairs * hidden + w2.numel()),
+                    lambda: run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW),
+                    lambda: gmm(dy[g].t(), a, offs=offs),
+                    lambda: gmm(dy.index_select(0, g).t(), a, offs=offs), None),
+    }
+    rows = {}
+    for name, (flops, nbytes, ours, bare, permuted, view) in kernels.items():
+        out, ref = ours(), bare()
+        err = rel(view(out) if view else out, ref)
+        floor = max(flops / pk["bf16_tflops"] / 1e6, nbytes / pk["copy_tbps"] / 1e6)
+        t_ours, t_bare, t_perm = timed(ours), timed(bare), timed(permuted)
+        rows[name] = {"us": t_ours, "grouped_mm_us": t_bare, "grouped_mm_permuted_us": t_perm, "floor_us": floor,
+                      "of_floor": t_ours / floor, "tflops": flops / t_ours / 1e6, "rel_l2_vs_grouped_mm": err}
+    origins = {"gate_up": up.origins, "down": down.origins}
+
+    # The whole MLP step (forward + backward through autograd) for the three implementations.
+    w1p, w2p = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+    xp, twp = x.clone().requires_grad_(), tw.clone().requires_grad_()
+    grad_out = torch.randn(tokens, hidden, device=dev, dtype=bf)
+
+    def step(fn):
+        def run():
+            out = fn(xp, w1p, w2p, twp)
+            torch.autograd.backward(out, grad_out)
+        return run
+
+    ours_fwd = lambda: moe_mlp(x, w1, w2, tw, ids)  # noqa: E731
+    gmm_fwd = lambda: grouped_mm_mlp(x, w1, w2, tw, ids, m_sizes, gather)  # noqa: E731
+    mlp_flops = 18 * pairs * hidden * inter
+    mlp = {"floor_us": mlp_flops / pk["bf16_tflops"] / 1e6, "flops": mlp_flops,
+           "fwd_us": timed(ours_fwd), "grouped_mm_fwd_us": timed(gmm_fwd),
+           "step_us": timed(step(lambda *t: moe_mlp(*t, ids)), iters=10),
+           "rel_l2_fwd_vs_grouped_mm": rel(ours_fwd(), gmm_fwd())}
+    try:
+        mlp["grouped_mm_step_us"] = timed(step(lambda *t: grouped_mm_mlp(*t, ids, m_sizes, gather)), iters=10)
+    except RuntimeError as exc:  # _grouped_mm without autograd support in this torch
+        mlp["grouped_mm_step_us"] = None
+        mlp["grouped_mm_step_error"] = str(exc)[:200]
+    if loop:
+        mlp["torch_loop_step_us"] = timed(step(lambda *t: torch_loop_mlp(*t, ids)), iters=5)
+    mlp["step_of_floor"] = mlp["step_us"] / mlp["floor_us"]
+    return {"model": model, "seqlen": seqlen, "kernels": rows, "mlp": mlp, "config_origins": origins}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--seqlens", default="1024,8192")
+    p.add_argument("--no-loop", action="store_true", help="skip the torch loop baseline")
+    args = p.parse_args()
+    reload_grouped_gemm_configs()
+    info = current_device()
+    pk = peaks()
+    results = []
+    for model in args.models.split(","):
+        for seqlen in (int(s) for s in args.seqlens.split(",")):
+            r = bench_shape(model, seqlen, pk, loop=not args.no_loop)
+            results.append(r)
+            k = r["kernels"]
+            print(f"\n{model} seqlen {seqlen}  (configs: {r['config_origins']})")
+            print(f"{'kernel':16s} {'tritune':>9s} {'gmm':>9s} {'gmm+perm':>9s} {'floor':>8s} {'x floor':>7s} "
+                  f"{'vs gmm+perm':>11s} {'err':>8s}")
+            for name, v in k.items():
+                print(f"{name:16s} {v['us']:9.1f} {v['grouped_mm_us']:9.1f} {v['grouped_mm_permuted_us']:9.1f} "
+                      f"{v['floor_us']:8.1f} {v['of_floor']:7.2f} {v['grouped_mm_permuted_us'] / v['us']:11.2f} "
+                      f"{v['rel_l2_vs_grouped_mm']:8.1e}")
+            fwd = ("gate_up.forward", "down.forward")
+            bwd = ("gate_up.dX", "gate_up.dW", "down.dX", "down.dW")
+            for label, names in (("forward GEMMs", fwd), ("backward GEMMs", bwd)):
+                ours = sum(k[n]["us"] for n in names)
+                print(f"{label:16s} {ours:9.1f} vs grouped_mm {sum(k[n]['grouped_mm_us'] for n in names):9.1f} "
+                      f"(+perm {sum(k[n]['grouped_mm_permuted_us'] for n in names):9.1f}): "
+                      f"{sum(k[n]['grouped_mm_permuted_us'] for n in names) / ours:.2f}x with permutes, "
+                      f"{sum(k[n]['grouped_mm_us'] for n in names) / ours:.2f}x bare")
+            m = r["mlp"]
+            print(f"MLP step {m['step_us']:.1f} us = {m['step_of_floor']:.2f}x floor {m['floor_us']:.1f}; "
+                  f"grouped_mm step {m['grouped_mm_step_us']}; loop {m.get('torch_loop_step_us')}; "
+                  f"fwd {m['fwd_us']:.1f} vs grouped_mm fwd {m['grouped_mm_fwd_us']:.1f}", flush=True)
+    doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "device": info.provenance(), "peaks": pk, "results": results}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

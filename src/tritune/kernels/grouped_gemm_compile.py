@@ -1,0 +1,70 @@
+"""Compile a grouped-GEMM kernel without a GPU or a launch: the compile pool's half of tuning.
+
+Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes (the program
+count is never specialized), so each binary lands in Triton's cache under the key the real launch computes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tritune.kernels.grouped_gemm import _grouped_dw_kernel, _grouped_dx_kernel, _grouped_fwd_kernel
+from tritune.kernels.grouped_gemm_config import (
+    KernelConfig,
+    KernelConfigBackward_dW,
+    KernelConfigBackward_dX,
+    KernelConfigForward,
+)
+
+_PROGRAMS = 132  # any count that is not 1: the kernels do not specialize on it
+
+
+def _operand(dtype: torch.dtype, tma: bool, rows: int, cols: int, block: list[int]):
+    from triton.runtime.jit import MockTensor
+
+    if tma:
+        return TensorDescriptor(MockTensor(dtype), [rows, cols], [cols, 1], block)
+    return MockTensor(dtype)
+
+
+def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pairs: int, topk: int,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+    """Compile the kernel a launch with `config` would run (forward, dX or dW by the config's class) for weights
+    [num_experts, n, k] over `pairs` grouped rows; raises what Triton raises for a config that cannot compile."""
+    from triton.runtime.jit import MockTensor
+
+    cfg, i32, f32 = config, torch.int32, torch.float32
+    bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+    common = dict(NUM_EXPERTS=num_experts, E_POW2=triton.next_power_of_2(num_experts), NUM_PROGRAMS=_PROGRAMS,
+                  PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y, FLATTEN=cfg.flatten,
+                  BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+    if isinstance(cfg, KernelConfigForward):
+        _grouped_fwd_kernel.warmup(
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_x, pairs, k, [bm, bk]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_w, num_experts * n, k, [bn, bk]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_store and not cfg.permute_y, pairs, n, [bm, bn]),
+            MockTensor(i32), MockTensor(i32), MockTensor(f32 if cfg.fuse_mul_post else i32), n, k,
+            TOPK=topk, FUSE_MUL_POST=cfg.fuse_mul_post, USE_TMA_LOAD_X=cfg.use_tma_load_x,
+            USE_TMA_LOAD_W=cfg.use_tma_load_w, USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_y,
+            EVEN_K=k % bk == 0, **common)
+    elif isinstance(cfg, KernelConfigBackward_dX):
+        _grouped_dx_kernel.warmup(
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_dy, pairs, n, [bm, bn]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_w, num_experts * n, k, [bn, bk]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_store and not cfg.permute_x, pairs, k, [bm, bk]),
+            MockTensor(i32), MockTensor(i32), n, k,
+            USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
+            USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_x, EVEN_N=n % bn == 0, **common)
+    elif isinstance(cfg, KernelConfigBackward_dW):
+        _grouped_dw_kernel.warmup(
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_x, pairs, k, [bm, bk]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_load_dy, pairs, n, [bm, bn]),
+            MockTensor(dtype), _operand(dtype, cfg.use_tma_store, num_experts * n, k, [bn, bk]),
+            MockTensor(i32), MockTensor(i32), n, k,
+            TOPK=topk, USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_X=cfg.use_tma_load_x,
+            USE_TMA_STORE=cfg.use_tma_store, **common)
+    else:
+        raise TypeError(f"not a grouped-GEMM kernel config: {type(cfg).__name__}")

@@ -1,0 +1,116 @@
+"""Launch configs of the grouped-GEMM kernels (forward, dX, dW), with the field names and defaults users know from
+Unsloth's manual tuning module, plus the shared-memory estimate the pruning rules use.
+
+A config is a frozen, hashable value: `dataclasses.asdict` is its JSON form and `from_dict` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
+
+TUNING_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages", "flatten")
+
+C = TypeVar("C", bound="KernelConfig")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and fusion flags shared by the three kernels.
+
+    permute_x: the kernel gathers its X (forward, dW) or scatters its dX (dX) through `gather_indices`, so the
+      token-order tensor is never copied into expert order. permute_y: the forward scatters Y rows back to
+      token order; dX and dW gather dY from token order. fuse_mul_post: the forward multiplies each row by its
+      routing weight (inference only: no gradient flows to the weights through it).
+    """
+
+    BLOCK_SIZE_M: int = 32
+    BLOCK_SIZE_N: int = 32
+    BLOCK_SIZE_K: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    flatten: bool = True
+    permute_x: bool = False
+    permute_y: bool = False
+    fuse_mul_post: bool = False
+    use_tma_store: bool = False
+
+    def to_string(self, include_tuning_params: bool = False, include_tma: bool = False) -> str:
+        """A short label: the fusion flags that are on, then (optionally) tile params and the TMA flags that are on,
+        e.g. `permute_x,BLOCK_SIZE_M=64,...,flatten=True,use_tma_load_w`."""
+        parts = [name for name in ("permute_x", "permute_y", "fuse_mul_post") if getattr(self, name)]
+        if include_tuning_params:
+            parts += [f"{name}={getattr(self, name)}" for name in TUNING_FIELDS]
+        if include_tma:
+            parts += [f.name for f in fields(self) if f.name.startswith("use_tma_") and getattr(self, f.name)]
+        return ",".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[C], params: dict[str, Any]) -> C:
+        """Rebuild from `to_dict()`; ValueError naming any unknown key."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}")
+        return cls(**params)
+
+    @property
+    def tma_loads(self) -> tuple[bool, bool]:
+        """(first operand, second operand) TMA load flags, in the kernel's operand order."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class KernelConfigForward(KernelConfig):
+    """Y = X·W[e]ᵀ. Tiles: BLOCK_SIZE_M rows × BLOCK_SIZE_N output columns, reduction BLOCK_SIZE_K."""
+
+    use_tma_load_w: bool = False
+    use_tma_load_x: bool = False
+
+    @property
+    def tma_loads(self) -> tuple[bool, bool]:
+        return self.use_tma_load_x, self.use_tma_load_w
+
+
+@dataclass(frozen=True)
+class KernelConfigBackward_dW(KernelConfig):  # noqa: N801 (the name users know)
+    """dW[e] = dY[e]ᵀ·X[e]. Tiles: BLOCK_SIZE_N × BLOCK_SIZE_K of dW, reduction over the expert's rows in
+    BLOCK_SIZE_M steps."""
+
+    use_tma_load_dy: bool = False
+    use_tma_load_x: bool = False
+
+    @property
+    def tma_loads(self) -> tuple[bool, bool]:
+        return self.use_tma_load_dy, self.use_tma_load_x
+
+
+@dataclass(frozen=True)
+class KernelConfigBackward_dX(KernelConfig):  # noqa: N801 (the name users know)
+    """dX = dY·W[e]. Tiles: BLOCK_SIZE_M rows × BLOCK_SIZE_K output columns, reduction over N in BLOCK_SIZE_N."""
+
+    use_tma_load_dy: bool = False
+    use_tma_load_w: bool = False
+
+    @property
+    def tma_loads(self) -> tuple[bool, bool]:
+        return self.use_tma_load_dy, self.use_tma_load_w
+
+
+def smem_bytes(config: KernelConfig, element_size: int = 2) -> int:
+    """Shared memory a config needs: num_stages buffers of both operand tiles, plus the output tile when it is
+    staged for a TMA store. The operand tiles are (M×K, N×K) forward, (M×N, N×K) dX, (M×N, M×K) dW."""
+    m, n, k = config.BLOCK_SIZE_M, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K
+    if isinstance(config, KernelConfigBackward_dX):
+        operands, out_tile = m * n + n * k, m * k
+    elif isinstance(config, KernelConfigBackward_dW):
+        operands, out_tile = m * n + m * k, n * k
+    else:
+        operands, out_tile = m * k + n * k, m * n
+    total = config.num_stages * operands * element_size
+    if config.use_tma_store:
+        total += out_tile * element_size
+    return total

@@ -1,0 +1,291 @@
+"""Grouped-GEMM tuned configs: one JSON file per device, `<slug>-GROUPED_GEMM.json`, holding the best config per
+(Triton version, MoE shape, gemm, kernel, token count); merged on write; looked up at run time, cached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from tritune import knobs
+from tritune.kernels.grouped_gemm_config import (
+    KernelConfig,
+    KernelConfigBackward_dW,
+    KernelConfigBackward_dX,
+    KernelConfigForward,
+)
+from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.store.gemm_json import slug_of
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "configs" / "grouped_gemm"
+CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
+    "forward": KernelConfigForward, "dX": KernelConfigBackward_dX, "dW": KernelConfigBackward_dW}
+GEMMS = ("gate_up", "down")
+DTYPES = ("bf16", "fp16", "fp32")
+MAX_TOKEN_RATIO = 4  # a tuned token count serves a request at most two doublings away
+_INT_FIELDS = ("num_experts", "n", "k", "topk", "tokens")
+
+
+def file_name(device_name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3-GROUPED_GEMM.json'."""
+    return f"{slug_of(device_name)}-GROUPED_GEMM.json"
+
+
+def store_path(folder: str | Path, device_name: str) -> Path:
+    return Path(folder) / file_name(device_name)
+
+
+@dataclass(frozen=True)
+class GroupedGemmEntry:
+    """The winner of one grouped-GEMM kernel ("forward", "dX", "dW") of one MoE GEMM ("gate_up": N=2I, K=H;
+    "down": N=H, K=I) at `tokens` tokens; `us`/`torch_us` are microseconds of the config and the baseline."""
+
+    triton: str
+    num_experts: int
+    n: int
+    k: int
+    topk: int
+    dtype: str
+    gemm: str
+    kernel: str
+    tokens: int
+    config: KernelConfig
+    us: float
+    torch_us: float
+    baseline: str  # how torch_us was measured, e.g. "torch._grouped_mm" or "torch loop over experts"
+    provenance: dict = field(default_factory=dict, hash=False)  # DeviceInfo.provenance() of the tuning run
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def key(self) -> tuple:
+        """What an entry is merged on: a new entry with the same key replaces the old one."""
+        return (self.triton, self.num_experts, self.n, self.k, self.topk, self.dtype, self.gemm, self.kernel,
+                self.tokens)
+
+    def to_dict(self) -> dict:
+        return {"triton": self.triton, "num_experts": self.num_experts, "n": self.n, "k": self.k, "topk": self.topk,
+                "dtype": self.dtype, "gemm": self.gemm, "kernel": self.kernel, "tokens": self.tokens,
+                "config": self.config.to_dict(), "config_class": type(self.config).__name__, "us": self.us,
+                "torch_us": self.torch_us, "baseline": self.baseline, "provenance": self.provenance}
+
+    @staticmethod
+    def from_dict(d: object) -> GroupedGemmEntry:
+        """Inverse of to_dict; ValueError naming the missing or bad field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"entry {d!r} is not an object")
+        names = [f.name for f in fields(GroupedGemmEntry)] + ["config_class"]
+        missing = [name for name in names if name not in d]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        kernel = d["kernel"]
+        if kernel not in CONFIG_CLASSES:
+            raise ValueError(f"field 'kernel': {kernel!r} is not one of {', '.join(CONFIG_CLASSES)}")
+        cls = CONFIG_CLASSES[kernel]
+        if d["config_class"] != cls.__name__:
+            raise ValueError(f"field 'config_class': {d['config_class']!r} does not match kernel {kernel!r} "
+                             f"(expected {cls.__name__!r})")
+        values = {name: d[name] for name in names if name not in ("config", "config_class")}
+        for name in ("us", "torch_us"):
+            if values[name] is None:  # JSON null stands for inf/nan (see atomic.json_safe)
+                values[name] = math.nan
+        return GroupedGemmEntry(config=_config(cls, d["config"]), **values)
+
+
+def _validate(e: GroupedGemmEntry) -> None:
+    for name in _INT_FIELDS:
+        value = getattr(e, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"field {name!r}: {value!r} is not a positive integer")
+    for name, allowed in (("gemm", GEMMS), ("dtype", DTYPES), ("kernel", tuple(CONFIG_CLASSES))):
+        if getattr(e, name) not in allowed:
+            raise ValueError(f"field {name!r}: {getattr(e, name)!r} is not one of {', '.join(allowed)}")
+    for name in ("triton", "baseline"):
+        if not isinstance(getattr(e, name), str) or not getattr(e, name):
+            raise ValueError(f"field {name!r}: {getattr(e, name)!r} is not a non-empty string")
+    for name in ("us", "torch_us"):
+        value = getattr(e, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"field {name!r}: {value!r} is not a number")
+    if not isinstance(e.provenance, dict):
+        raise ValueError(f"field 'provenance': {e.provenance!r} is not an object")
+    if type(e.config) is not CONFIG_CLASSES[e.kernel]:
+        raise ValueError(f"field 'config': a {type(e.config).__name__} does not serve kernel {e.kernel!r}")
+
+
+def _config(cls: type[KernelConfig], value: object) -> KernelConfig:
+    if not isinstance(value, dict):
+        raise ValueError(f"field 'config': {value!r} is not an object")
+    try:
+        config = cls.from_dict(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"field 'config': {err}") from None
+    for f in fields(cls):
+        got, want = getattr(config, f.name), type(f.default)
+        if type(got) is not want or (want is int and got < 1):
+            raise ValueError(f"field 'config': {f.name}={got!r} is not a {'positive int' if want is int else 'bool'}")
+    return config
+
+
+def _load(path: Path) -> tuple[str, list[GroupedGemmEntry]]:
+    """(device name, entries) of a store file; ValueError naming the file and the fault."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: top level is not an object")
+    if not isinstance(doc.get("device"), str) or not doc["device"]:
+        raise ValueError(f"{path}: field 'device' is missing or not a non-empty string")
+    if not isinstance(doc.get("entries"), list):
+        raise ValueError(f"{path}: field 'entries' is missing or not a list")
+    entries, seen = [], {}
+    for i, rec in enumerate(doc["entries"]):
+        try:
+            entry = GroupedGemmEntry.from_dict(rec)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: entries[{i}]: {err}") from None
+        if entry.key() in seen:
+            raise ValueError(f"{path}: entries[{i}] repeats the key of entries[{seen[entry.key()]}]")
+        seen[entry.key()] = i
+        entries.append(entry)
+    return doc["device"], entries
+
+
+def read_entries(path: str | Path) -> list[GroupedGemmEntry]:
+    """Every entry of a store file, validated; ValueError naming the file and the bad field."""
+    return _load(Path(path))[1]
+
+
+def write_entries(path: str | Path, entries: Sequence[GroupedGemmEntry], device: str | None = None) -> Path:
+    """Merge `entries` into the store file at `path` (created if absent) atomically, under its file lock.
+
+    An entry with the key of an existing one replaces it; the others are kept. `device` (the file's "device")
+    defaults to the existing file's, else the first entry's provenance name. A malformed existing file, or one
+    of another device, is a ValueError and is left as it was.
+    """
+    path = Path(path)
+    with path_lock(path):  # held across read-merge-write so two tuners of one device lose no entries
+        old_device, old = _load(path) if path.exists() else (None, [])
+        name = device or old_device or next((e.provenance.get("name") for e in entries if e.provenance), None)
+        if not name:
+            raise ValueError(f"{path}: no device name (pass device= or entries with a provenance)")
+        if old_device is not None and old_device != name:
+            raise ValueError(f"{path}: holds configs of device {old_device!r}, not {name!r}")
+        merged = {e.key(): e for e in old}
+        merged.update({e.key(): e for e in entries})
+        ordered = sorted(merged.values(), key=lambda e: (e.triton, e.gemm, e.kernel, e.dtype, e.num_experts, e.n,
+                                                         e.k, e.topk, e.tokens))
+        atomic_write_json(path, {"device": name, "entries": [e.to_dict() for e in ordered]})
+    return path
+
+
+_MISS = object()
+
+
+class GroupedGemmStore:
+    """Run-time lookup of tuned grouped-GEMM configs, cached per process.
+
+    Folders, in order: `folders` if given, else TRITUNE_CONFIG_DIR (when set) then the shipped
+    `tritune/configs/grouped_gemm/`. An entry of an earlier folder shadows one with the same key in a later
+    one. Matching is exact on everything but tokens: the exact token count wins, else the nearest tuned count
+    at most MAX_TOKEN_RATIO times larger or smaller (ties: the earlier folder, then the larger count), else
+    None. A malformed file warns once and is skipped, never raises. `reload()` forgets everything read.
+    """
+
+    def __init__(self, folders: Sequence[str | Path] | None = None) -> None:
+        self._given = None if folders is None else [Path(f) for f in folders]
+        self._lock = threading.RLock()
+        self.reload()
+
+    def reload(self) -> None:
+        with self._lock:
+            self._folders: list[Path] | None = None
+            self._files: dict[Path, list[GroupedGemmEntry] | None] = {}
+            self._lookups: dict[tuple, tuple[KernelConfig, str] | None] = {}
+
+    def folders(self) -> list[Path]:
+        with self._lock:
+            if self._folders is None:
+                if self._given is not None:
+                    self._folders = list(self._given)
+                else:
+                    try:
+                        user = knobs.config_dir()
+                    except ValueError as err:
+                        warnings.warn(f"tritune: ignoring {err}", stacklevel=5)
+                        user = None
+                    self._folders = ([user] if user else []) + [PACKAGE_DIR]
+            return self._folders
+
+    def lookup(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int, dtype: str,
+               gemm: str, kernel: str, tokens: int) -> tuple[KernelConfig, str] | None:
+        """(config, "<file> entry ...") for one kernel of one MoE GEMM at `tokens` tokens, or None."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
+        key = (device_name, triton_version, num_experts, n, k, topk, dtype, gemm, kernel, tokens)
+        hit = self._lookups.get(key, _MISS)  # lock-free fast path: a dict read is atomic
+        if hit is not _MISS:
+            return hit
+        with self._lock:
+            result = self._resolve(*key)
+            self._lookups[key] = result
+            return result
+
+    def _resolve(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int,
+                 dtype: str, gemm: str, kernel: str, tokens: int) -> tuple[KernelConfig, str] | None:
+        want = (triton_version, num_experts, n, k, topk, dtype, gemm, kernel)
+        found: list[tuple[int, Path, GroupedGemmEntry]] = []
+        for rank, folder in enumerate(self.folders()):
+            path = store_path(folder, device_name)
+            found += [(rank, path, e) for e in self._entries(path) if e.key()[:-1] == want]
+        exact = [(path, e) for _, path, e in found if e.tokens == tokens]
+        if exact:
+            path, e = exact[0]
+            return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens}"
+        near = [(abs(math.log2(e.tokens / tokens)), rank, -e.tokens, path, e) for rank, path, e in found
+                if max(e.tokens, tokens) <= MAX_TOKEN_RATIO * min(e.tokens, tokens)]
+        if not near:
+            return None
+        *_, path, e = min(near, key=lambda item: item[:3])
+        return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens} (nearest tuned to {tokens})"
+
+    def _entries(self, path: Path) -> list[GroupedGemmEntry]:
+        if path not in self._files:
+            self._files[path] = None
+            if path.is_file():
+                try:
+                    self._files[path] = _load(path)[1]
+                except ValueError as err:
+                    warnings.warn(f"tritune: skipping malformed grouped-GEMM config file: {err}", stacklevel=5)
+        return self._files[path] or []
+
+
+_DEFAULT_STORE: GroupedGemmStore | None = None
+_DEFAULT_GUARD = threading.Lock()
+
+
+def default_store() -> GroupedGemmStore:
+    """The process-wide store the ops use."""
+    global _DEFAULT_STORE
+    if _DEFAULT_STORE is not None:
+        return _DEFAULT_STORE
+    with _DEFAULT_GUARD:
+        if _DEFAULT_STORE is None:
+            _DEFAULT_STORE = GroupedGemmStore()
+        return _DEFAULT_STORE
+
+
+def reload_grouped_gemm_configs() -> None:
+    """Make lookups see store files written or changed since they were read (and a new TRITUNE_CONFIG_DIR)."""
+    with _DEFAULT_GUARD:
+        if _DEFAULT_STORE is not None:
+            _DEFAULT_STORE.reload()

@@ -1,0 +1,360 @@
+"""The grouped-GEMM kernels of an MoE MLP (gate_up and down; forward, dX, dW) as an engine tunable: problem key,
+search space and its pruning rules, inputs in each role's layout, the fp32 reference and the torch baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tritune.kernels import grouped_gemm as gg
+from tritune.kernels.grouped_gemm_compile import compile_only
+from tritune.kernels.grouped_gemm_config import (
+    KernelConfig,
+    KernelConfigBackward_dW,
+    KernelConfigBackward_dX,
+    KernelConfigForward,
+)
+from tritune.kernels.grouped_gemm_reference import (
+    grouped_gemm_dw_reference,
+    grouped_gemm_dx_reference,
+    grouped_gemm_reference,
+)
+from tritune.ops.routing import sample_routing
+from tritune.tuners.grouped_gemm_tuning import (
+    BACKWARD_DW_RULES,
+    BACKWARD_DX_RULES,
+    FORWARD_RULES,
+    DeviceProperties,
+    exceeds_smem,
+    uses_tma,
+)
+from tritune.tuning.device import DeviceInfo
+from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.tunable import Tolerance
+from tritune.tuning.types import Config
+
+GEMMS = ("gate_up", "down")
+KERNELS = ("forward", "dX", "dW")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
+    "forward": KernelConfigForward, "dX": KernelConfigBackward_dX, "dW": KernelConfigBackward_dW}
+_RULES = {"forward": FORWARD_RULES, "dX": BACKWARD_DX_RULES, "dW": BACKWARD_DW_RULES}
+# Config fields of the first and second operand's TMA load: x·w forward, dy·w dX, dy·x dW.
+_TMA_FIELDS = {"forward": ("use_tma_load_x", "use_tma_load_w"), "dX": ("use_tma_load_dy", "use_tma_load_w"),
+               "dW": ("use_tma_load_dy", "use_tma_load_x")}
+_LAUNCH = {"forward": gg.grouped_gemm_forward, "dX": gg.grouped_gemm_dx, "dW": gg.grouped_gemm_dw}
+_REFERENCE = {"forward": grouped_gemm_reference, "dX": grouped_gemm_dx_reference, "dW": grouped_gemm_dw_reference}
+# Which kernel argument the role's permute gathers (gate_up: X from token order; down: dY from pair order);
+# absent: the permute scatters the output into pair order instead (gate_up dX, down forward).
+_GATHERED_ARG = {("gate_up", "forward"): 0, ("gate_up", "dW"): 0, ("down", "dX"): 0, ("down", "dW"): 1}
+
+DEFAULT_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (64, 128),
+    "BLOCK_SIZE_N": (64, 128, 256),
+    "BLOCK_SIZE_K": (64, 128, 256),
+    "num_warps": (4, 8),
+    "num_stages": (3, 4, 5),
+    "flatten": (True, False),
+    "use_tma_load_a": (False, True),  # first operand: x forward, dy dX, dy dW
+    "use_tma_load_b": (False, True),  # second operand: w forward, w dX, x dW
+    "use_tma_store": (False, True),
+    "fuse_permute": (True, False),  # True: the kernel permutes; False: torch permutes around it (timed with it)
+}
+# Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
+INTERPRETER_SPACE: dict[str, tuple] = {
+    "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "num_warps": (4,), "num_stages": (2,),
+    "flatten": (True,), "use_tma_load_a": (False,), "use_tma_load_b": (False,), "use_tma_store": (False,),
+    "fuse_permute": (True, False),
+}
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GroupedGemmShape:
+    """An MoE MLP: E experts, hidden H, intermediate I, topk experts per token, seqlen tokens; skew is the Zipf
+    exponent of the synthetic routing (0: uniform)."""
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    topk: int
+    seqlen: int
+    dtype: str
+    skew: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "hidden_size", "intermediate_size", "topk", "seqlen"):
+            _positive_int(name, getattr(self, name))
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk must be <= num_experts ({self.num_experts}), got {self.topk}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if isinstance(self.skew, bool) or not isinstance(self.skew, (int, float)) or not (
+                math.isfinite(self.skew) and self.skew >= 0):
+            raise ValueError(f"skew must be a finite number >= 0, got {self.skew!r}")
+
+    @property
+    def pairs(self) -> int:
+        """P = seqlen·topk: rows of every grouped-order tensor."""
+        return self.seqlen * self.topk
+
+
+@dataclass(frozen=True)
+class GroupedGemmProblem:
+    """One kernel ("forward", "dX", "dW") of one GEMM ("gate_up": W1 [E, 2I, H]; "down": W2 [E, H, I])."""
+
+    shape: GroupedGemmShape
+    gemm: str
+    kernel: str
+
+    def __post_init__(self) -> None:
+        if self.gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+
+    def key(self) -> str:
+        s = self.shape
+        return (f"grouped_gemm:{self.gemm}:{self.kernel}:{s.dtype}:E={s.num_experts}:H={s.hidden_size}"
+                f":I={s.intermediate_size}:topk={s.topk}:seqlen={s.seqlen}:skew={s.skew:g}")
+
+    @property
+    def n(self) -> int:
+        return 2 * self.shape.intermediate_size if self.gemm == "gate_up" else self.shape.hidden_size
+
+    @property
+    def k(self) -> int:
+        return self.shape.hidden_size if self.gemm == "gate_up" else self.shape.intermediate_size
+
+    @property
+    def permute_x(self) -> bool:
+        """gate_up's role: its forward and dW gather X from token order, its dX scatters into pair order."""
+        return self.gemm == "gate_up"
+
+    @property
+    def permute_y(self) -> bool:
+        """down's role: its forward scatters Y into pair order, its dX and dW gather dY from pair order."""
+        return self.gemm == "down"
+
+
+def kernel_config(problem: GroupedGemmProblem, config: Config) -> KernelConfig:
+    """The kernel's config for a search-space point: fuse_permute becomes the role's permute flag and
+    use_tma_load_a/b the kernel's own TMA field names."""
+    first, second = _TMA_FIELDS[problem.kernel]
+    fuse = bool(config["fuse_permute"])
+    return CONFIG_CLASSES[problem.kernel](
+        BLOCK_SIZE_M=int(config["BLOCK_SIZE_M"]), BLOCK_SIZE_N=int(config["BLOCK_SIZE_N"]),
+        BLOCK_SIZE_K=int(config["BLOCK_SIZE_K"]), num_warps=int(config["num_warps"]),
+        num_stages=int(config["num_stages"]), flatten=bool(config["flatten"]),
+        permute_x=fuse and problem.permute_x, permute_y=fuse and problem.permute_y, fuse_mul_post=False,
+        use_tma_store=bool(config["use_tma_store"]),
+        **{first: bool(config["use_tma_load_a"]), second: bool(config["use_tma_load_b"])})
+
+
+def _element_size(problem: GroupedGemmProblem) -> int:
+    return torch.empty((), dtype=DTYPES[problem.shape.dtype]).element_size()
+
+
+def tma_row_elements(problem: GroupedGemmProblem) -> dict[str, int]:
+    """Row length (elements) of each tensor a TMA flag reads or writes: operand a, operand b, the output."""
+    n, k = problem.n, problem.k
+    return {"forward": {"a": k, "b": k, "store": n}, "dX": {"a": n, "b": k, "store": k},
+            "dW": {"a": n, "b": k, "store": k}}[problem.kernel]
+
+
+def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Constraint, ...]:
+    """The pruning rules of grouped_gemm_tuning (each named after its predicate), shared memory against the
+    device, then TMA support; the first failing rule is the one counted."""
+    props = DeviceProperties(NUM_SM=device.sm_count, NUM_REGS=device.regs_per_block,
+                             SIZE_SMEM=device.max_shared_mem, WARP_SIZE=device.warp_size)
+    elt = _element_size(problem)
+    rows = tma_row_elements(problem)
+
+    def keeps(rule: Callable[[KernelConfig], bool]) -> Callable[[Config], bool]:
+        return lambda c: not rule(kernel_config(problem, c))
+
+    def tma_aligned(c: Config) -> bool:
+        flags = {"a": c["use_tma_load_a"], "b": c["use_tma_load_b"], "store": c["use_tma_store"]}
+        return all((rows[what] * elt) % 16 == 0 for what, on in flags.items() if on)
+
+    rules = [Constraint(rule.__name__, keeps(rule)) for rule in _RULES[problem.kernel]]
+    return (
+        *rules,
+        Constraint("exceeds_smem", lambda c: not exceeds_smem(kernel_config(problem, c), props, elt)),
+        Constraint("TMA needs capability >= 9.0",
+                   lambda c: device.capability >= (9, 0) or not uses_tma(kernel_config(problem, c))),
+        Constraint("TMA rows not a multiple of 16 bytes", tma_aligned),
+    )
+
+
+def _rows_of_x(problem: GroupedGemmProblem) -> int:
+    """Rows of the kernel's X: token order [T, K] for gate_up (permute_x role), grouped [P, K] for down."""
+    return problem.shape.seqlen if problem.gemm == "gate_up" else problem.shape.pairs
+
+
+def make_grouped_inputs(problem: GroupedGemmProblem, device: torch.device | str, seed: int) -> dict:
+    """Seeded routing and operands in the layout the problem's kernel reads with its permute fused.
+
+    Returns {"args": the two kernel operands (x, w forward; dy, w dX; x, dy dW), "m_sizes" int32 [E],
+    "gather" int32 [P], "src_rows" int64 [P] (row of the gathered operand for each grouped row), "pairs" int64
+    [P] (pair-order position of each grouped row)}. Activations ~N(0, 1), weights ~N(0, 0.05²).
+    """
+    s, dt = problem.shape, DTYPES[problem.shape.dtype]
+    device = torch.device(device)
+    _, ids = sample_routing(s.seqlen, s.num_experts, s.topk, skew=s.skew, seed=seed, device=device)
+    m_sizes, gather = gg.group_by_expert(ids, s.num_experts)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n, k, p = problem.n, problem.k, s.pairs
+
+    def randn(*size: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(size, generator=gen, device=device).mul_(scale).to(dt)
+
+    if problem.kernel == "forward":
+        args = (randn(_rows_of_x(problem), k), randn(s.num_experts, n, k, scale=0.05))
+    elif problem.kernel == "dX":
+        args = (randn(p, n), randn(s.num_experts, n, k, scale=0.05))
+    else:
+        args = (randn(_rows_of_x(problem), k), randn(p, n))
+    pairs = gather.long()
+    src_rows = pairs // s.topk if problem.gemm == "gate_up" else pairs
+    return {"args": args, "m_sizes": m_sizes, "gather": gather, "src_rows": src_rows, "pairs": pairs}
+
+
+def output_shape(problem: GroupedGemmProblem) -> tuple[int, ...]:
+    p = problem.shape.pairs
+    return {"forward": (p, problem.n), "dX": (p, problem.k),
+            "dW": (problem.shape.num_experts, problem.n, problem.k)}[problem.kernel]
+
+
+def torch_baseline(problem: GroupedGemmProblem, inputs: dict,
+                   use_grouped_mm: bool) -> Callable[[], torch.Tensor]:
+    """The op in torch, explicit permutes included: torch._grouped_mm (use_grouped_mm; bf16 on sm90+), else a
+    loop over experts (m_sizes read to the host here, outside the returned call). Output as the reference's."""
+    a, b = inputs["args"]
+    src, pairs, m_sizes = inputs["src_rows"], inputs["pairs"], inputs["m_sizes"]
+    kernel, gathered = problem.kernel, _GATHERED_ARG.get((problem.gemm, problem.kernel))
+    offs = torch.cumsum(m_sizes, 0, dtype=torch.int32)
+    slices = []
+    start = 0
+    for count in m_sizes.tolist():
+        slices.append(slice(start, start + count))
+        start += count
+
+    def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if use_grouped_mm:
+            if kernel == "forward":
+                return torch._grouped_mm(a, b.transpose(1, 2), offs=offs)
+            if kernel == "dX":
+                return torch._grouped_mm(a, b, offs=offs)
+            return torch._grouped_mm(b.t(), a, offs=offs)
+        if kernel == "dW":
+            out = torch.zeros(output_shape(problem), dtype=a.dtype, device=a.device)
+            for e, rows in enumerate(slices):
+                out[e] = b[rows].T @ a[rows]
+            return out
+        out = torch.empty((a.shape[0], b.shape[1] if kernel == "forward" else b.shape[2]), dtype=a.dtype,
+                          device=a.device)
+        for e, rows in enumerate(slices):
+            out[rows] = a[rows] @ (b[e].T if kernel == "forward" else b[e])
+        return out
+
+    if gathered == 0:
+        return lambda: product(a.index_select(0, src), b)
+    if gathered == 1:
+        return lambda: product(a, b.index_select(0, src))
+    return lambda: torch.empty(output_shape(problem), dtype=a.dtype, device=a.device).index_copy_(
+        0, pairs, product(a, b))
+
+
+# Per output dtype. fp32 assumes tl.dot in full precision (as the interpreter computes it).
+TOLERANCES = {
+    "bf16": Tolerance(atol=2e-2, rtol=2e-2, max_mismatch_ratio=1e-3, max_rel_l2=1e-2),
+    "fp16": Tolerance(atol=1e-2, rtol=1e-2, max_mismatch_ratio=1e-3, max_rel_l2=5e-3),
+    "fp32": Tolerance(atol=1e-4, rtol=1e-4, max_mismatch_ratio=0.0, max_rel_l2=1e-4),
+}
+
+
+@dataclass(frozen=True)
+class GroupedGemmTunable:
+    """Engine binding for `tritune.kernels.grouped_gemm`; picklable (it crosses into compile and GPU workers)."""
+
+    name: str = "grouped_gemm"
+    space_params: tuple[tuple[str, tuple], ...] | None = None  # overrides (interpreter space, --search-space)
+
+    def space(self, problem: GroupedGemmProblem, device: DeviceInfo) -> SearchSpace:
+        space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device))
+        return space.with_params(dict(self.space_params)) if self.space_params else space
+
+    def make_inputs(self, problem: GroupedGemmProblem, device: torch.device, seed: int) -> dict:
+        return make_grouped_inputs(problem, device, seed)
+
+    def reference(self, problem: GroupedGemmProblem, inputs: dict) -> torch.Tensor:
+        """fp32, in the layout of the fused kernel: gate_up forward/dW read X in token order and its dX is
+        written in pair order; down forward is written in pair order and its dX/dW read dY in pair order."""
+        return _REFERENCE[problem.kernel](*inputs["args"], inputs["m_sizes"], topk=problem.shape.topk,
+                                          gather_indices=inputs["gather"], permute_x=problem.permute_x,
+                                          permute_y=problem.permute_y)
+
+    def alloc_output(self, problem: GroupedGemmProblem, inputs: dict) -> torch.Tensor:
+        a = inputs["args"][0]
+        return torch.empty(output_shape(problem), device=a.device, dtype=DTYPES[problem.shape.dtype])
+
+    def launcher(self, problem: GroupedGemmProblem, inputs: dict, config: Config,
+                 out: torch.Tensor) -> Callable[[], None]:
+        """fuse_permute=True: one kernel launch. False: the kernel without permutes, plus the permute in torch
+        (index_select of the gathered operand before, or index_copy_ of the output into pair order after)."""
+        kc = kernel_config(problem, config)
+        launch = _LAUNCH[problem.kernel]
+        m_sizes, gather, topk = inputs["m_sizes"], inputs["gather"], problem.shape.topk
+        args = list(inputs["args"])
+        if config["fuse_permute"]:
+            return lambda: launch(*args, m_sizes, kc, topk=topk, gather_indices=gather, out=out)
+        gathered = _GATHERED_ARG.get((problem.gemm, problem.kernel))
+        if gathered is not None:
+            src, rows = args[gathered], inputs["src_rows"]
+            buf = torch.empty((rows.shape[0], src.shape[1]), device=src.device, dtype=src.dtype)
+            args[gathered] = buf
+
+            def gather_then_launch() -> None:
+                torch.index_select(src, 0, rows, out=buf)
+                launch(*args, m_sizes, kc, topk=topk, out=out)
+
+            return gather_then_launch
+        grouped, pairs = torch.empty_like(out), inputs["pairs"]
+
+        def launch_then_scatter() -> None:
+            launch(*args, m_sizes, kc, topk=topk, out=grouped)
+            out.index_copy_(0, pairs, grouped)
+
+        return launch_then_scatter
+
+    def compile(self, problem: GroupedGemmProblem, config: Config) -> None:
+        """Build the candidate's binary in the CPU pool (nothing to build under the interpreter)."""
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return
+        s = problem.shape
+        compile_only(kernel_config(problem, config), num_experts=s.num_experts, n=problem.n, k=problem.k,
+                     pairs=s.pairs, topk=s.topk, dtype=DTYPES[s.dtype])
+
+    def flops(self, problem: GroupedGemmProblem) -> float:
+        return 2.0 * problem.shape.pairs * problem.n * problem.k
+
+    def bytes_moved(self, problem: GroupedGemmProblem) -> float:
+        """Each operand read once (X [T, K] in token order for gate_up), the output written once; all E weights."""
+        s, n, k = problem.shape, problem.n, problem.k
+        x, w, dy = _rows_of_x(problem) * k, s.num_experts * n * k, s.pairs * n
+        total = {"forward": x + w + s.pairs * n, "dX": dy + w + s.pairs * k, "dW": x + dy + w}[problem.kernel]
+        return float(total * _element_size(problem))
+
+    def tolerance(self, problem: GroupedGemmProblem) -> Tolerance:
+        return TOLERANCES[problem.shape.dtype]
+

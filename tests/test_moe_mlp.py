@@ -1,0 +1,145 @@
+"""The grouped-GEMM autograd Function, SwiGLU and the MoE MLP (function and module) against torch autograd of the
+fp32 references, under the interpreter (fp32/fp16 only: bf16 tl.dot is wrong there)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.kernels.grouped_gemm_reference import grouped_gemm_reference
+from tritune.kernels.swiglu import swiglu_backward, swiglu_forward, swiglu_reference
+from tritune.ops.grouped_gemm import (
+    GroupedGemmConfigs,
+    gemm_role,
+    grouped_gemm,
+    heuristic_configs,
+    reload_grouped_gemm_configs,
+    select_configs,
+)
+from tritune.ops.moe_mlp import MoeMLP, moe_mlp, moe_mlp_reference
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def routing(tokens: int, used_experts: int, topk: int, seed: int) -> torch.Tensor:
+    """topk distinct experts per token drawn from the first `used_experts` (the rest get zero tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(used_experts, generator=g)[:topk] for _ in range(tokens)])
+
+
+CASES = [
+    (9, 5, 2, torch.float32),  # expert 4 gets no tokens, topk 2
+    (11, 7, 1, torch.float32),  # top-1, prime E, experts 5 and 6 empty
+    (13, 5, 3, torch.float16),  # fp16, topk 3
+]
+
+
+@pytest.mark.parametrize("tokens,experts,topk,dtype", CASES)
+@pytest.mark.parametrize("role", ["gate_up", "down", "plain"])
+def test_autograd_function_matches_reference(tokens, experts, topk, dtype, role):
+    torch.manual_seed(1)
+    k, n = 24, 40
+    ids = routing(tokens, experts - 1 if experts > 5 else 4, topk, seed=tokens)
+    m_sizes, gather = group_by_expert(ids, experts)
+    permute_x, permute_y = role == "gate_up", role == "down"
+    rows = tokens if permute_x else tokens * topk
+    x = torch.randn(rows, k, dtype=dtype).requires_grad_()
+    w = (torch.randn(experts, n, k, dtype=dtype) * 0.3).requires_grad_()
+    y = grouped_gemm(x, w, m_sizes, gather, topk=topk, permute_x=permute_x, permute_y=permute_y)
+    dy = torch.randn_like(y)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    y_ref = grouped_gemm_reference(x, w, m_sizes, topk=topk, gather_indices=gather, permute_x=permute_x,
+                                   permute_y=permute_y)
+    dx_ref, dw_ref = torch.autograd.grad(y_ref, (x, w), dy.float())
+    bound = 1e-5 if dtype == torch.float32 else 3e-3
+    assert y.dtype == dtype and dx.shape == x.shape and dw.shape == w.shape
+    assert rel(y, y_ref) < bound and rel(dx, dx_ref) < bound and rel(dw, dw_ref) < bound
+    assert dw[experts - 1].abs().max().item() == 0.0  # the last expert got no rows: its gradient is exactly zero
+
+
+@pytest.mark.parametrize("role", ["gate_up", "down"])
+def test_unfused_permute_configs_give_the_same_values_and_gradients(role):
+    """A tuned config may leave its permute to torch (fuse_permute False): the op must honour it exactly."""
+    torch.manual_seed(2)
+    ids = routing(10, 5, 2, seed=3)
+    m_sizes, gather = group_by_expert(ids, 6)
+    permute_x, permute_y = role == "gate_up", role == "down"
+    x = torch.randn(10 if permute_x else 20, 24).requires_grad_()
+    w = torch.randn(6, 16, 24).requires_grad_()
+    fused = heuristic_configs(16, 24, 3.0, permute_x, permute_y, torch.device("cpu"))
+    unfused = GroupedGemmConfigs(*(dataclasses.replace(c, permute_x=False, permute_y=False)
+                                   for c in (fused.forward, fused.dX, fused.dW)))
+    outs = []
+    for configs in (fused, unfused):
+        y = grouped_gemm(x, w, m_sizes, gather, topk=2, permute_x=permute_x, permute_y=permute_y, configs=configs)
+        outs.append((y, *torch.autograd.grad(y, (x, w), torch.ones_like(y))))
+    for a, b in zip(*outs, strict=True):
+        assert rel(a, b) < 1e-6
+
+
+def test_swiglu_forward_and_backward_match_torch_autograd():
+    torch.manual_seed(3)
+    h = torch.randn(7, 2 * 37, requires_grad=True)  # I = 37: not a multiple of the block
+    a = swiglu_forward(h.detach())
+    da = torch.randn_like(a)
+    ref = swiglu_reference(h)
+    (dh_ref,) = torch.autograd.grad(ref, h, da)
+    assert rel(a, ref) < 1e-6
+    assert rel(swiglu_backward(h.detach(), da), dh_ref) < 1e-6
+    with pytest.raises(ValueError, match="contiguous \\[R, 2I\\]"):
+        swiglu_forward(torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("tokens,experts,topk,dtype", CASES)
+def test_moe_mlp_values_and_gradients_match_the_reference(tokens, experts, topk, dtype):
+    torch.manual_seed(4)
+    hidden, inter = 24, 16
+    ids = routing(tokens, experts - 1, topk, seed=5)  # the last expert gets no tokens
+    x = torch.randn(tokens, hidden, dtype=dtype).requires_grad_()
+    w1 = (torch.randn(experts, 2 * inter, hidden, dtype=dtype) * 0.3).requires_grad_()
+    w2 = (torch.randn(experts, hidden, inter, dtype=dtype) * 0.3).requires_grad_()
+    tw = torch.rand(tokens, topk).requires_grad_()
+    y = moe_mlp(x, w1, w2, tw, ids)
+    g = torch.randn(y.shape, dtype=dtype)
+    grads = torch.autograd.grad(y, (x, w1, w2, tw), g)
+    y_ref = moe_mlp_reference(x, w1, w2, tw, ids)
+    grads_ref = torch.autograd.grad(y_ref, (x, w1, w2, tw), g.float())
+    bound = 1e-5 if dtype == torch.float32 else 5e-3
+    assert y.shape == (tokens, hidden) and y.dtype == dtype
+    assert rel(y, y_ref) < bound
+    for name, got, want in zip(("x", "w1", "w2", "topk_weights"), grads, grads_ref, strict=True):
+        assert rel(got, want) < bound, name
+
+
+def test_moe_mlp_module_routes_and_trains_the_router():
+    torch.manual_seed(6)
+    block = MoeMLP(num_experts=6, hidden_size=24, intermediate_size=16, topk=2)
+    x = torch.randn(2, 5, 24)
+    y = block(x)
+    weights, ids = block.route(x.reshape(-1, 24))
+    assert y.shape == x.shape
+    assert torch.allclose(weights.sum(-1), torch.ones(10))  # norm_topk_prob renormalizes
+    ref = moe_mlp_reference(x.reshape(-1, 24), block.gate_up_proj, block.down_proj, weights, ids).view(x.shape)
+    assert rel(y, ref) < 1e-5
+    y.square().sum().backward()
+    assert block.gate.weight.grad.abs().sum() > 0  # the router learns through the top-k weights
+    assert block.gate_up_proj.grad.shape == block.gate_up_proj.shape
+    with pytest.raises(ValueError, match="topk must be in"):
+        MoeMLP(num_experts=4, hidden_size=8, intermediate_size=8, topk=5)
+
+
+def test_config_selection_without_a_gpu_is_the_documented_heuristic():
+    reload_grouped_gemm_configs()
+    w = torch.empty(4, 16, 24)
+    configs = select_configs(10, w, 2, True, False)
+    assert configs.origins == ("heuristic",) * 3
+    assert configs.forward.permute_x and not configs.forward.use_tma_load_w  # no TMA in the interpreter
+    assert select_configs(10, w, 2, True, False) is configs  # cached per process
+    assert gemm_role(True, False) == "gate_up" and gemm_role(False, True) == "down"
+    with pytest.raises(ValueError, match="never both"):
+        gemm_role(True, True)
