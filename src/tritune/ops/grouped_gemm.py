@@ -129,39 +129,50 @@ def _fit(config: KernelConfig, permute_x: bool, permute_y: bool) -> KernelConfig
                                permute_y=config.permute_y and permute_y)
 
 
+def _to_pair_order(grouped: torch.Tensor, gather: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Rows of a grouped-order result scattered to pair order (row g goes to gather[g])."""
+    target = torch.empty_like(grouped) if out is None else out
+    return target.index_copy_(0, gather.long(), grouped)
+
+
 def run_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int,
-                permute_x: bool, permute_y: bool, config: KernelConfigForward) -> torch.Tensor:
-    """Y [P, N]: grouped, or pair order with permute_y; permutes the config does not fuse are done in torch."""
+                permute_x: bool, permute_y: bool, config: KernelConfigForward,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Y [P, N] (into `out` when given): grouped, or pair order with permute_y; permutes the config does not fuse
+    are done in torch."""
     cfg = _fit(config, permute_x, permute_y)
     if permute_x and not cfg.permute_x:
         x = x.index_select(0, gather.long() // topk)
-    y = grouped_gemm_forward(x, w, m_sizes, cfg, topk=topk, gather_indices=gather)
     if permute_y and not cfg.permute_y:
-        y = torch.empty_like(y).index_copy_(0, gather.long(), y)
-    return y
+        y = grouped_gemm_forward(x, w, m_sizes, cfg, topk=topk, gather_indices=gather)
+        return _to_pair_order(y, gather, out)
+    return grouped_gemm_forward(x, w, m_sizes, cfg, topk=topk, gather_indices=gather, out=out)
 
 
 def run_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int,
-           permute_x: bool, permute_y: bool, config: KernelConfigBackward_dX) -> torch.Tensor:
-    """dX [P, K]: grouped, or pair order when the forward gathered X (sum over topk for token order)."""
+           permute_x: bool, permute_y: bool, config: KernelConfigBackward_dX,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """dX [P, K] (into `out` when given): grouped, or pair order when the forward gathered X (sum over topk for
+    token order)."""
     cfg = _fit(config, permute_x, permute_y)
     if permute_y and not cfg.permute_y:
         dy = dy.index_select(0, gather.long())
-    dx = grouped_gemm_dx(dy, w, m_sizes, cfg, topk=topk, gather_indices=gather)
     if permute_x and not cfg.permute_x:
-        dx = torch.empty_like(dx).index_copy_(0, gather.long(), dx)
-    return dx
+        dx = grouped_gemm_dx(dy, w, m_sizes, cfg, topk=topk, gather_indices=gather)
+        return _to_pair_order(dx, gather, out)
+    return grouped_gemm_dx(dy, w, m_sizes, cfg, topk=topk, gather_indices=gather, out=out)
 
 
 def run_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int,
-           permute_x: bool, permute_y: bool, config: KernelConfigBackward_dW) -> torch.Tensor:
-    """dW [E, N, K] from X and dY in the layouts the forward saw and produced."""
+           permute_x: bool, permute_y: bool, config: KernelConfigBackward_dW,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """dW [E, N, K] (into `out` when given) from X and dY in the layouts the forward saw and produced."""
     cfg = _fit(config, permute_x, permute_y)
     if permute_x and not cfg.permute_x:
         x = x.index_select(0, gather.long() // topk)
     if permute_y and not cfg.permute_y:
         dy = dy.index_select(0, gather.long())
-    return grouped_gemm_dw(x, dy, m_sizes, cfg, topk=topk, gather_indices=gather)
+    return grouped_gemm_dw(x, dy, m_sizes, cfg, topk=topk, gather_indices=gather, out=out)
 
 
 class GroupedGemm(torch.autograd.Function):

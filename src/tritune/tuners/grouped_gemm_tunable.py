@@ -24,6 +24,7 @@ from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dx_reference,
     grouped_gemm_reference,
 )
+from tritune.ops.grouped_gemm import run_dw, run_dx, run_forward
 from tritune.ops.routing import sample_routing
 from tritune.tuners.grouped_gemm_tuning import (
     BACKWARD_DW_RULES,
@@ -47,7 +48,7 @@ _RULES = {"forward": FORWARD_RULES, "dX": BACKWARD_DX_RULES, "dW": BACKWARD_DW_R
 # Config fields of the first and second operand's TMA load: x·w forward, dy·w dX, dy·x dW.
 _TMA_FIELDS = {"forward": ("use_tma_load_x", "use_tma_load_w"), "dX": ("use_tma_load_dy", "use_tma_load_w"),
                "dW": ("use_tma_load_dy", "use_tma_load_x")}
-_LAUNCH = {"forward": gg.grouped_gemm_forward, "dX": gg.grouped_gemm_dx, "dW": gg.grouped_gemm_dw}
+_RUN = {"forward": run_forward, "dX": run_dx, "dW": run_dw}
 _REFERENCE = {"forward": grouped_gemm_reference, "dX": grouped_gemm_dx_reference, "dW": grouped_gemm_dw_reference}
 # Which kernel argument the role's permute gathers (gate_up: X from token order; down: dY from pair order);
 # absent: the permute scatters the output into pair order instead (gate_up dX, down forward).
@@ -310,32 +311,13 @@ class GroupedGemmTunable:
 
     def launcher(self, problem: GroupedGemmProblem, inputs: dict, config: Config,
                  out: torch.Tensor) -> Callable[[], None]:
-        """fuse_permute=True: one kernel launch. False: the kernel without permutes, plus the permute in torch
-        (index_select of the gathered operand before, or index_copy_ of the output into pair order after)."""
-        kc = kernel_config(problem, config)
-        launch = _LAUNCH[problem.kernel]
-        m_sizes, gather, topk = inputs["m_sizes"], inputs["gather"], problem.shape.topk
-        args = list(inputs["args"])
-        if config["fuse_permute"]:
-            return lambda: launch(*args, m_sizes, kc, topk=topk, gather_indices=gather, out=out)
-        gathered = _GATHERED_ARG.get((problem.gemm, problem.kernel))
-        if gathered is not None:
-            src, rows = args[gathered], inputs["src_rows"]
-            buf = torch.empty((rows.shape[0], src.shape[1]), device=src.device, dtype=src.dtype)
-            args[gathered] = buf
-
-            def gather_then_launch() -> None:
-                torch.index_select(src, 0, rows, out=buf)
-                launch(*args, m_sizes, kc, topk=topk, out=out)
-
-            return gather_then_launch
-        grouped, pairs = torch.empty_like(out), inputs["pairs"]
-
-        def launch_then_scatter() -> None:
-            launch(*args, m_sizes, kc, topk=topk, out=grouped)
-            out.index_copy_(0, pairs, grouped)
-
-        return launch_then_scatter
+        """What the op runs (ops.grouped_gemm.run_*): fuse_permute=True is one kernel launch; False is the kernel
+        without permutes plus the permute in torch (index_select before, or index_copy_ into pair order after)."""
+        run = _RUN[problem.kernel]
+        a, b = inputs["args"]
+        m_sizes, gather, kc = inputs["m_sizes"], inputs["gather"], kernel_config(problem, config)
+        return lambda: run(a, b, m_sizes, gather, problem.shape.topk, problem.permute_x, problem.permute_y, kc,
+                           out=out)
 
     def compile(self, problem: GroupedGemmProblem, config: Config) -> None:
         """Build the candidate's binary in the CPU pool (nothing to build under the interpreter)."""
