@@ -24,14 +24,27 @@ from tritune.kernels.grouped_gemm_config import (
 
 
 @triton.jit
-def _tile_expert(t, offs_e, counts, tiles, tiles_end):
-    """(expert, its first tile, its first grouped row, its row count) of tile t, from the counts in registers."""
+def _expert_tiles(m_sizes_ptr, NUM_EXPERTS: tl.constexpr, E_POW2: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                  col_tiles):
+    """(expert ids, row counts, tiles per expert, their running end, total tiles) for BLOCK_SIZE_M row blocks
+    times `col_tiles` output-column tiles, the counts loaded once into registers."""
+    offs_e = tl.arange(0, E_POW2)
+    counts = tl.load(m_sizes_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=0)
+    tiles = tl.cdiv(counts, BLOCK_SIZE_M) * col_tiles
+    return offs_e, counts, tiles, tl.cumsum(tiles, axis=0), tl.sum(tiles, axis=0)
+
+
+@triton.jit
+def _tile_expert(t, offs_e, counts, tiles, tiles_end, BLOCK_SIZE_M: tl.constexpr):
+    """(expert, its first grouped row, its row count, row block, column tile) of tile t; row blocks run fastest
+    within an expert."""
     e = tl.sum((tiles_end <= t).to(tl.int32), axis=0)
     before = offs_e < e
     tile0 = tl.sum(tl.where(before, tiles, 0), axis=0)
     row0 = tl.sum(tl.where(before, counts, 0), axis=0)
     m_e = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
-    return e, tile0, row0, m_e
+    m_tiles = tl.cdiv(m_e, BLOCK_SIZE_M)
+    return e, row0, m_e, (t - tile0) % m_tiles, (t - tile0) // m_tiles
 
 
 @triton.jit(do_not_specialize=["NUM_PROGRAMS"])
@@ -48,19 +61,12 @@ def _grouped_fwd_kernel(
 ):
     """Grid: (NUM_PROGRAMS,), persistent over the Σ_e cdiv(m_e, BM)·cdiv(N, BN) tiles (M fastest in an expert)."""
     pid = tl.program_id(0)
-    offs_e = tl.arange(0, E_POW2)
-    counts = tl.load(m_sizes_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=0)
-    n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
-    tiles = tl.cdiv(counts, BLOCK_SIZE_M) * n_tiles
-    tiles_end = tl.cumsum(tiles, axis=0)
-    total = tl.sum(tiles, axis=0)
+    offs_e, counts, tiles, tiles_end, total = _expert_tiles(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M,
+                                                            tl.cdiv(N, BLOCK_SIZE_N))
     offs_m = tl.arange(0, BLOCK_SIZE_M)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     for t in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
-        e, tile0, row0, m_e = _tile_expert(t, offs_e, counts, tiles, tiles_end)
-        m_tiles = tl.cdiv(m_e, BLOCK_SIZE_M)
-        pid_m = (t - tile0) % m_tiles
-        pid_n = (t - tile0) // m_tiles
+        e, row0, m_e, pid_m, pid_n = _tile_expert(t, offs_e, counts, tiles, tiles_end, BLOCK_SIZE_M)
         rows = pid_m * BLOCK_SIZE_M + offs_m
         row_ok = rows < m_e
         grouped = row0 + tl.where(row_ok, rows, 0)  # rows past the expert re-read its first row; never stored
@@ -118,19 +124,12 @@ def _grouped_dx_kernel(
 ):
     """Grid: (NUM_PROGRAMS,), persistent over Σ_e cdiv(m_e, BM)·cdiv(K, BK) tiles; reduction over N."""
     pid = tl.program_id(0)
-    offs_e = tl.arange(0, E_POW2)
-    counts = tl.load(m_sizes_ptr + offs_e, mask=offs_e < NUM_EXPERTS, other=0)
-    k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
-    tiles = tl.cdiv(counts, BLOCK_SIZE_M) * k_tiles
-    tiles_end = tl.cumsum(tiles, axis=0)
-    total = tl.sum(tiles, axis=0)
+    offs_e, counts, tiles, tiles_end, total = _expert_tiles(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M,
+                                                            tl.cdiv(K, BLOCK_SIZE_K))
     offs_m = tl.arange(0, BLOCK_SIZE_M)
     offs_n = tl.arange(0, BLOCK_SIZE_N)
     for t in tl.range(pid, total, NUM_PROGRAMS, flatten=FLATTEN):
-        e, tile0, row0, m_e = _tile_expert(t, offs_e, counts, tiles, tiles_end)
-        m_tiles = tl.cdiv(m_e, BLOCK_SIZE_M)
-        pid_m = (t - tile0) % m_tiles
-        pid_k = (t - tile0) // m_tiles
+        e, row0, m_e, pid_m, pid_k = _tile_expert(t, offs_e, counts, tiles, tiles_end, BLOCK_SIZE_M)
         rows = pid_m * BLOCK_SIZE_M + offs_m
         row_ok = rows < m_e
         grouped = row0 + tl.where(row_ok, rows, 0)
