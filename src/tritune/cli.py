@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "interpreter's)")
     _add_engine_flags(gg)
 
+    from tritune.aot.cli import add_parsers as add_aot_parsers
+
+    add_aot_parsers(sub, _positive_int, _non_negative_int, _positive_float)
     sub.add_parser("device", help="print the device identity recorded in every output file")
     return parser
 
@@ -299,6 +302,10 @@ def _grouped_gemm(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "aot":  # compiles for a named target, never through the interpreter
+        from tritune.aot.cli import run as run_aot
+
+        return run_aot(args)
     interpreted = _use_interpreter_without_gpu()
     if args.command == "device":
         from tritune.tuning.device import current_device
