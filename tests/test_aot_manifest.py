@@ -91,7 +91,7 @@ def drop(key):
     (art("id", ""), "artifacts[1].id: '' is not file-name safe"),
     (art("id", "moe_stage1_BM64_W4"), "artifacts[1].id: duplicate id 'moe_stage1_BM64_W4' (also artifacts[0])"),
     (art("kernel", "moe_stage2"), "artifacts[1].kernel: unknown kernel 'moe_stage2' (kernels: moe_stage1)"),
-    (art("status", "done"), "artifacts[1].status: expected one of ok, compile_error, out_of_resources, got 'done'"),
+    (art("status", "done"), "artifacts[1].status: expected one of ok, compile_error, out_of_resources, crashed, got 'done'"),
     (art("shared_bytes", -1), "artifacts[1].shared_bytes: expected an integer >= 0"),
     (art("compile_s", "1s"), "artifacts[1].compile_s: expected a finite number >= 0"),
     (art("files", {"binary": "../../bin/sh"}), "artifacts[1].files.binary: expected a relative path inside"),

@@ -95,6 +95,10 @@ def _json_file(path: Path | None, what: str) -> Any:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{what} {path}: no such file") from None
+    except OSError as err:  # a folder, no permission: one line, not a traceback
+        raise ValueError(f"{what} {path}: cannot read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{what} {path}: not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
 

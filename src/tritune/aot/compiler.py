@@ -69,9 +69,12 @@ class _TargetDriver:
         return self._target
 
     def map_python_to_cpp_type(self, ty: str) -> str:
+        """Triton's mapping, except fp32 scalars: since Triton 3.4 its AOT launcher declares them `double` and
+        hands cuLaunchKernel the 8-byte value while the cubin reads 4 bytes, so the kernel sees garbage (a
+        softmax scale of 0.125 arrives as 0). Declared `float`, launcher and cubin agree."""
         from triton.backends.nvidia.driver import ty_to_cpp
 
-        return ty_to_cpp(ty)
+        return "float" if ty in ("fp32", "f32") else ty_to_cpp(ty)
 
     def get_active_torch_device(self):
         import torch
@@ -186,7 +189,7 @@ def compile_artifact(job: CompileJob) -> CompiledArtifact:
         with target_driver(job.target):
             symbol, files = compile_kernel(CompileArgs(
                 path=job.entry_path, kernel_name=job.function, signature=signature, grid=GRID_ARG,
-                target=f"{job.target.backend}:{job.target.arch}:{job.target.warp_size}",
+                target=None,  # the stand-in driver answers with a proper GPUTarget (Triton 3.6 keeps strings)
                 num_warps=int(params["num_warps"]), num_stages=int(params["num_stages"]),
                 out_name="tt_" + job.kernel, out_path=out_dir / ("tt_" + job.kernel)))
     except Exception as exc:  # a config that cannot compile is a result, not a build failure

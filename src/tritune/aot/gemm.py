@@ -33,8 +33,8 @@ def gemm_configs(problem: GemmProblem, device: DeviceInfo, space: Mapping[str, t
     """Pruned configs of the tuner's default space (or `space`), as AOT parameters (cache_modifier -> CACHE_CG)."""
     params = {k: v for k, v in DEFAULT_SPACE.items()} | dict(space or {})
     for name, fixed in _FIXED.items():
-        if name in params and tuple(params[name]) != fixed:
-            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(params[name])})")
+        if name in (space or {}) and tuple(space[name]) != fixed:
+            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(space[name])})")
         params[name] = fixed
     kept = GemmTunable(space_params=tuple(params.items())).space(problem, device).prune().kept
     return [aot_params(c.as_dict()) for c in kept]

@@ -58,8 +58,8 @@ def moe_configs(problem: MoeProblem, device: DeviceInfo, space: Mapping[str, tup
     """The pruned configs of `space` (default AOT_MOE_SPACE) for one stage, split-K and TMA fixed off."""
     params = dict(AOT_MOE_SPACE) | dict(space or {})
     for name, fixed in _FIXED.items():
-        if name in params and tuple(params[name]) != fixed:
-            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(params[name])})")
+        if name in (space or {}) and tuple(space[name]) != fixed:
+            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(space[name])})")
         params[name] = fixed
     tunable = FusedMoeTunable(stage_space=tuple(params.items()))
     kept = tunable.space(problem, device).prune().kept
