@@ -136,7 +136,8 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nbuild (no GPU visible) {build_s:.1f} s; runs {run_s[0]:.1f} s, {run_s[1]:.1f} s; invalid {invalid}")
     for kind, k in report["kernels"].items():
-        print(f"{kind}: {k['configs']} configs; AOT winner {k['aot_winner']['artifact']} {k['aot_winner']['aot_us']:.1f} us"
+        print(f"{kind}: {k['configs']} configs; AOT winner {k['aot_winner']['artifact']} "
+              f"{k['aot_winner']['aot_us']:.1f} us"
               f" (JIT {k['aot_winner']['jit_us']:.1f}); JIT winner {k['jit_winner']['artifact']} "
               f"{k['jit_winner']['jit_us']:.1f} us; equal-or-within-spread {k['winner_equal_or_within_spread']} "
               f"(max JIT spread {100 * k['max_jit_spread']:.1f}%); within 5%: {k['within_5pct']}/{k['configs']}, "

@@ -35,6 +35,8 @@ def main() -> None:
                    env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     subprocess.run(cli + ["run", str(bundle), "--reps", str(args.reps), "--no-progress"], check=True)
 
+    import flash_attention  # examples/ on PYTHONPATH, so the engine's spawned workers import it by name
+
     from tritune.aot.manifest import load_manifest
     from tritune.aot.spec import RunSpec, resolve
     from tritune.aot.stats import read_perf_stats
@@ -43,8 +45,6 @@ def main() -> None:
     from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
     from tritune.tuning.types import Config
-
-    import flash_attention  # examples/ on PYTHONPATH, so the engine's spawned workers import it by name
 
     uk = flash_attention.attention
     manifest = load_manifest(bundle)
@@ -59,7 +59,8 @@ def main() -> None:
         config = Config.from_dict(params)
         grid = uk.grid_for(kargs, config)
         launch = uk.kernel[grid]
-        jit = time_kernel(lambda: launch(**kargs, **params), iters=args.reps, warmup=10).median_us
+        jit = time_kernel(lambda launch=launch, kargs=kargs, params=params: launch(**kargs, **params),
+                          iters=args.reps, warmup=10).median_us
         rows.append({"artifact": art.id, "aot_us": aot.get(art.id), "jit_us": jit,
                      "ratio": aot[art.id] / jit if art.id in aot else None})
     for r in rows:

@@ -193,7 +193,7 @@ def test_inputs_that_cannot_run_on_meta_are_probed_on_the_cpu():
 def test_compile_warms_up_from_dtypes_on_a_gpu(monkeypatch):
     from triton.runtime.jit import MockTensor
 
-    import tritune.user_kernel as uk
+    import tritune.user_tunable as uk
 
     calls = []
     monkeypatch.setattr(uk, "interpreting", lambda: False)  # as on a GPU machine

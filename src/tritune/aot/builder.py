@@ -19,8 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritune.aot.compiler import (AotTarget, CompiledArtifact, CompileJob, KernelArg, compile_artifact,
-                                  init_worker, int_kind, kernel_args)
+from tritune.aot.compiler import (
+    AotTarget,
+    CompiledArtifact,
+    CompileJob,
+    KernelArg,
+    compile_artifact,
+    init_worker,
+    int_kind,
+    kernel_args,
+)
 from tritune.aot.manifest import ArtifactEntry, KernelEntry, Manifest, write_manifest
 from tritune.aot.plan import TRITON_DTYPE, KernelPlan, spec_path
 from tritune.aot.spec import resolve
@@ -244,7 +252,7 @@ def _build_into(staging: Path, target: AotTarget, make_plans: Callable[[Path], l
         (staging / "Makefile").write_text(_makefile(staging, ok))
     versions = _versions()
     manifest = Manifest(
-        created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), target=target.text,
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), target=target.text,
         build_host=f"{socket.gethostname()} ({platform.machine()}, {platform.system()})", **versions,
         kernels={p.name: KernelEntry(p.name, f"specs/{p.name}.spec", p.source, list(p.spec.grid), p.problem,
                                      p.store) for p in plans})

@@ -59,8 +59,8 @@ def winners(rows: Sequence[StatRow]) -> dict[str, list[StatRow]]:
 DEFAULT_OUT = Path("tritune_tuned")
 
 
-def import_bundle(bundle: Path, out_dir: Path | None = None, *, stats: Path | None = None, device_name: str | None = None,
-                  cu_num: int | None = None) -> list[str]:
+def import_bundle(bundle: Path, out_dir: Path | None = None, *, stats: Path | None = None,
+                  device_name: str | None = None, cu_num: int | None = None) -> list[str]:
     """Write the winners of `bundle`'s statistics into `out_dir` (default ./tritune_tuned; fused MoE:
     tuned_fmoe.csv, GEMM: the JSON files), and user kernels into their own store (or `out_dir`/user_kernels when
     `out_dir` is given). Returns one line per kernel saying what went where."""
