@@ -33,10 +33,16 @@ from tritune.aot.manifest import ArtifactEntry, KernelEntry, Manifest, write_man
 from tritune.aot.plan import TRITON_DTYPE, KernelPlan, spec_path
 from tritune.aot.spec import resolve
 from tritune.aot.tdat import read_header
-from tritune.aot.toolchain import ToolchainError, compile_executable, compile_object, cuda_include_dir, find_cc
+from tritune.aot.toolchain import (
+    MAIN_SOURCES,
+    ToolchainError,
+    compile_executable,
+    compile_object,
+    cuda_include_dir,
+    find_cc,
+)
 
 CSRC = Path(__file__).parent / "csrc"
-MAIN_SOURCES = ("main.c", "expr.c", "tdat.c", "cuda_shim.c")
 
 
 @dataclass

@@ -19,7 +19,6 @@ from pathlib import Path
 # Shared memory one block may opt in to, per compute capability (CUDA programming guide, table of limits).
 MAX_SHARED_BYTES = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448,
                     100: 232448, 120: 101376}
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
 GRID_ARG = "tritune_grid[0],tritune_grid[1],tritune_grid[2]"
 _INT32 = (-(2**31), 2**31 - 1)
 _TYPE_CHAR = {"ptr": "p", "i32": "i", "i64": "l", "fp32": "f"}

@@ -24,7 +24,6 @@ from tritune.kernels.moe_align import moe_align_block_size_reference
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuners.fused_moe_tunable import DTYPES, FusedMoeTunable, MoeProblem, config_of
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.space import SearchSpace
 from tritune.tuning.types import Config
 
 MOE_KERNELS = ("stage1", "stage2")
@@ -274,6 +273,3 @@ class MoeGemmTunable(FusedMoeTunable):
                       mul_weight=not s.doweight_stage1)
             a, w = x["inter"], x["w2"]
         return lambda: fm._launch_gemm(a, None, w, None, out, sorting, weights, quant="none", config=cfg, **kw)
-
-    def space(self, problem: MoeProblem, device: DeviceInfo) -> SearchSpace:
-        return super().space(problem, device)

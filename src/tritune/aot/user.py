@@ -19,7 +19,7 @@ from tritune.aot.plan import KernelPlan, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
 
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
+AOT_LAUNCH_OPTIONS = ("num_warps", "num_stages")  # what triton.tools.compile takes
 _TDAT_OF = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "int32",
             torch.int64: "int64", torch.uint8: "uint8"}
 
@@ -89,7 +89,13 @@ def user_plans(bundle: Path, target: str, problem: Mapping[str, Any], *, configs
     chosen = [dict(c) for c in configs] if configs else [c.as_dict() for c in uk.configs(args)]
     if not chosen:
         raise ValueError(f"{uk.name}: no config survives the constraints for this problem")
-    space_names = set(chosen[0]) - set(LAUNCH_OPTIONS)
+    from tritune.user_kernel import LAUNCH_OPTIONS
+
+    other = sorted({k for c in chosen for k in c if k in LAUNCH_OPTIONS and k not in AOT_LAUNCH_OPTIONS})
+    if other:
+        raise ValueError(f"{uk.name}: launch options {other} cannot be compiled ahead of time (only num_warps and "
+                         "num_stages); fix them in the kernel or leave them out of the configs")
+    space_names = set(chosen[0]) - set(AOT_LAUNCH_OPTIONS)
     key_text = uk.key_text(args)
     tag = "".join(ch if ch.isalnum() or ch in "=-" else "-" for ch in key_text.replace(",", "-"))[:120]
     (bundle / "data").mkdir(parents=True, exist_ok=True)
@@ -130,7 +136,7 @@ def user_plans(bundle: Path, target: str, problem: Mapping[str, Any], *, configs
 
     return [KernelPlan(
         name=uk.name, entry_source=entry, function=fn.__name__, param_names=names, spec=spec, configs=chosen,
-        constexprs=lambda p: fixed | {k: v for k, v in p.items() if k not in LAUNCH_OPTIONS},
+        constexprs=lambda p: fixed | {k: v for k, v in p.items() if k not in AOT_LAUNCH_OPTIONS},
         artifact_id=artifact_id, source=target, do_not_specialize=_no_specialize(uk.kernel, names),
         problem={k: str(v) for k, v in problem.items()},
         store={"kind": "user", "path": str(uk.store_path), "name": uk.name, "key_text": key_text,
