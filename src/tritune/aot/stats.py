@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tritune.store.atomic import atomic_write_text, path_lock
+from tritune.store.csv_records import csv_records
 
 HEAD_COLUMNS = ("timestamp", "artifact", "kernel")
 TAIL_COLUMNS = ("valid", "reason", "median_us", "min_us", "max_us", "reps", "total_s")
@@ -132,34 +133,17 @@ def _read_text(path: Path) -> str:
 
 def _raw_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, int, dict[str, str]]]]:
     """The header and (row number, line, cells as written) of every non-blank data row."""
-    reader = csv.reader(io.StringIO(text, newline=""))
-    header: list[str] | None = None
-    rows: list[tuple[int, int, dict[str, str]]] = []
-    try:
-        for record in reader:
-            if not any(cell.strip() for cell in record):
-                continue
-            if header is None:
-                header = [cell.strip() for cell in record]
-                dup = sorted({name for name in header if header.count(name) > 1})
-                if dup:
-                    raise PerfStatsError(f"{path}: column(s) {', '.join(dup)} appear more than once in the header")
-                missing = [name for name in FIXED_COLUMNS if name not in header]
-                if missing:
-                    raise PerfStatsError(f"{path}: not a perf_stats file: the header lacks column(s) "
-                                         f"{', '.join(missing)}")
-                if "" in header:
-                    raise PerfStatsError(f"{path}: column {header.index('') + 1} of the header has no name")
-                continue
-            number = len(rows) + 1
-            if len(record) != len(header):
-                raise PerfStatsError(f"{path}, row {number} (line {reader.line_num}): {len(record)} fields, but "
-                                     f"the header has {len(header)}")
-            rows.append((number, reader.line_num, dict(zip(header, record, strict=True))))
-    except csv.Error as err:
-        raise PerfStatsError(f"{path}, line {reader.line_num}: malformed CSV: {err}") from None
+
+    def check_header(header: list[str]) -> None:
+        missing = [name for name in FIXED_COLUMNS if name not in header]
+        if missing:
+            raise PerfStatsError(f"{path}: not a perf_stats file: the header lacks column(s) {', '.join(missing)}")
+        if "" in header:
+            raise PerfStatsError(f"{path}: column {header.index('') + 1} of the header has no name")
+
+    header, records = csv_records(path, text, PerfStatsError, check_header)
     assert header is not None  # callers pass non-blank text
-    return header, rows
+    return header, [(number, line, dict(zip(header, record, strict=True))) for number, line, record in records]
 
 
 def _csv_text(header: Sequence[str], old: Sequence[tuple[int, int, dict[str, str]]], rows: Sequence[StatRow],

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from tritune import knobs
 from tritune.store.atomic import atomic_write_text
+from tritune.store.csv_records import csv_records
 
 T = TypeVar("T")
 
@@ -265,32 +266,17 @@ def _read_rows(path: Path, required: Sequence[str]) -> tuple[list[str], list[_Ro
         raise FmoeCsvError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise FmoeCsvError(f"{path}: cannot read: {err}".replace("\n", " ")) from None
-    reader = csv.reader(io.StringIO(text, newline=""))
-    header: list[str] | None = None
-    rows: list[_Row] = []
-    try:
-        for record in reader:
-            if not any(cell.strip() for cell in record):
-                continue  # blank line
-            if header is None:
-                header = [cell.strip() for cell in record]
-                dup = sorted({name for name in header if name and header.count(name) > 1})
-                if dup:
-                    raise FmoeCsvError(f"{path}: column(s) {', '.join(dup)} appear more than once in the header")
-                missing = [name for name in required if name not in header]
-                if missing:
-                    raise FmoeCsvError(f"{path}: missing required column(s): {', '.join(missing)}")
-                continue
-            row_no = len(rows) + 1
-            if len(record) != len(header):
-                raise FmoeCsvError(f"{path}, row {row_no} (line {reader.line_num}): {len(record)} fields, but the "
-                                   f"header has {len(header)}")
-            cells = {name: cell.strip() for name, cell in zip(header, record, strict=True) if name}
-            rows.append(_Row(path, row_no, reader.line_num, cells))
-    except csv.Error as err:
-        raise FmoeCsvError(f"{path}, line {reader.line_num}: malformed CSV: {err}") from None
+
+    def check_header(header: list[str]) -> None:
+        missing = [name for name in required if name not in header]
+        if missing:
+            raise FmoeCsvError(f"{path}: missing required column(s): {', '.join(missing)}")
+
+    header, records = csv_records(path, text, FmoeCsvError, check_header)
     if header is None:
         raise FmoeCsvError(f"{path}: empty file (no header)")
+    rows = [_Row(path, number, line, {name: cell.strip() for name, cell in zip(header, record, strict=True) if name})
+            for number, line, record in records]
     return [name for name in header if name], rows
 
 
