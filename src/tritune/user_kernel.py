@@ -130,7 +130,7 @@ class UserKernel:
             raise ValueError(f"kernel name {self.name!r} must be letters, digits, '_', '.' or '-' (it names files)")
         self.arg_names = tuple(p.name for p in params)
         self._required = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
-        constexprs = {p.name for p in params if _is_constexpr(p.annotation)}
+        self.constexpr_names = frozenset(p.name for p in params if _is_constexpr(p.annotation))
         where = f"kernel {self.name}"
 
         if not space:
@@ -144,7 +144,7 @@ class UserKernel:
                 if param not in self.arg_names:
                     raise ValueError(f"{where}: space parameter {param!r} is not a parameter of the kernel "
                                      f"(parameters: {', '.join(self.arg_names)})")
-                if param not in constexprs:
+                if param not in self.constexpr_names:
                     raise ValueError(f"{where}: space parameter {param!r} is not a tl.constexpr parameter of the "
                                      f"kernel; annotate it `{param}: tl.constexpr`")
             self.space_params[param] = values

@@ -180,22 +180,18 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def write_device_file(bundle: Path) -> Path | None:
-    """Record which GPU the statistics come from (import needs its name and SM count)."""
+    """Record which GPU the statistics come from (import needs its name and SM count); None without a GPU."""
     from tritune.aot.importer import DEVICE_FILE
     from tritune.store.atomic import atomic_write_json
+    from tritune.tuning.device import current_device
 
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        props = torch.cuda.get_device_properties(0)
-        doc = {"name": props.name, "sm_count": props.multi_processor_count,
-               "capability": f"{props.major}.{props.minor}", "torch": torch.__version__}
-    except ImportError:
+    device = current_device()
+    if device.interpreter:
         return None
     path = Path(bundle) / DEVICE_FILE
-    atomic_write_json(path, doc)
+    atomic_write_json(path, {"name": device.name, "sm_count": device.sm_count,
+                             "capability": f"{device.capability[0]}.{device.capability[1]}",
+                             "torch": device.torch_version})
     return path
 
 

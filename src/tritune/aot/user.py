@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tritune.aot.plan import KernelPlan, param_names_of
+from tritune.aot.plan import KernelPlan
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
 
@@ -59,13 +58,8 @@ def load_target(text: str) -> tuple[Any, str]:
         raise ValueError(f"--kernel {text!r} is a {type(obj).__name__}, not a tritune.UserKernel: declare it with "
                          "tritune.tunable_kernel(inputs=..., reference=..., output=..., grid=...) so the bundle "
                          "has data to check it with")
-    fn_name = getattr(obj.kernel, "fn", obj.kernel).__name__
+    fn_name = obj.kernel.fn.__name__
     return obj, loader + f"{fn_name} = _mod.{attr}.kernel\n"
-
-
-def _is_constexpr(param: inspect.Parameter) -> bool:
-    ann = param.annotation
-    return "constexpr" in (ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann)))
 
 
 def _no_specialize(kernel: Any, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -83,9 +77,8 @@ def user_plans(bundle: Path, target: str, problem: Mapping[str, Any], *, configs
                          "('cdiv(N_CTX, BLOCK_SIZE_M)', 'Z * H', '1')), not a Python callable")
     grid = tuple(str(g) for g in uk.grid) + ("1",) * (3 - len(uk.grid))
     args = uk.make_args(dict(problem), torch.device("cpu"), seed)
-    fn = getattr(uk.kernel, "fn", uk.kernel)
-    sig = inspect.signature(fn).parameters
-    names = param_names_of(uk.kernel)
+    fn = uk.kernel.fn
+    names = uk.arg_names
     chosen = [dict(c) for c in configs] if configs else [c.as_dict() for c in uk.configs(args)]
     if not chosen:
         raise ValueError(f"{uk.name}: no config survives the constraints for this problem")
@@ -107,7 +100,7 @@ def user_plans(bundle: Path, target: str, problem: Mapping[str, Any], *, configs
         if name not in args:
             raise ValueError(f"{uk.name}: kernel argument {name!r} is missing from inputs()")
         value = args[name]
-        if _is_constexpr(sig[name]):
+        if name in uk.constexpr_names:
             if isinstance(value, bool) or isinstance(value, int):
                 fixed[name] = int(value)
                 continue
