@@ -174,3 +174,20 @@ def test_moe_sort_files_equal_moe_align_block_size_for_every_block_size(tmp_path
         out = read_tensor(tmp_path / data_name("stage1_expected", tag, bm))[1]
         expected = out if expected is None else expected
         assert torch.equal(out, expected)  # pair order: the expected output does not depend on BLOCK_SIZE_M
+
+
+@pytest.mark.parametrize("kind", ["stage1", "stage2"])
+def test_the_jit_twin_of_an_artifact_matches_its_reference(kind: str):
+    # MoeGemmTunable times through the JIT exactly the one launch an artifact makes (the AOT-vs-JIT benchmark).
+    from tritune.aot.moe import MoeGemmTunable
+    from tritune.tuning.types import Config
+
+    tunable, problem = MoeGemmTunable(), MoeProblem(SHAPE, kind)
+    x = tunable.make_inputs(problem, torch.device("cpu"), 0)
+    out = tunable.alloc_output(problem, x).fill_(float("nan"))
+    config = Config.from_dict(dict(MOE_CONFIGS[kind][0], KSPLIT=1, USE_TMA=0))
+    tunable.launcher(problem, x, config, out)()
+    ref = tunable.reference(problem, x)
+    cols = SHAPE.inter_dim if kind == "stage1" else SHAPE.model_dim
+    assert out.shape == ref.shape == (SHAPE.token * SHAPE.topk, cols)
+    assert torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref) < 1e-2

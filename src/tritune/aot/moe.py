@@ -11,12 +11,12 @@ padded token count of the data set for the artifact's BLOCK_SIZE_M.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from tritune.aot.plan import KernelPlan, data_name, param_names_of
+from tritune.aot.plan import TRITON_DTYPE, KernelPlan, data_name, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
 from tritune.kernels import fused_moe as fm
@@ -70,10 +70,6 @@ def artifact_id(kind: str, params: Mapping[str, int]) -> str:
     return fm.MoeConfig.from_params(dict(params)).name(kind)
 
 
-def _sorts(topk_ids: torch.Tensor, experts: int, block_sizes: list[int]) -> dict[int, fm.MoeSorting]:
-    return {bm: moe_align_block_size_reference(topk_ids, bm, experts) for bm in block_sizes}
-
-
 def stage2_pair_reference(inter: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                           topk_ids: torch.Tensor) -> torch.Tensor:
     """What the stage-2 GEMM writes before the top-k sum: fp32 [T·topk, D], each pair times its weight."""
@@ -115,7 +111,8 @@ def write_moe_data(bundle: Path, shape: FmoeShape, kinds: tuple[str, ...], block
         put("inter", inter)
         out2 = stage2_pair_reference(inter, x["w2"], x["topk_weights"], x["topk_ids"]).to(dt)
     out1 = inter_ref.to(dt)
-    for bm, sorting in _sorts(x["topk_ids"], shape.expert, block_sizes).items():
+    for bm in block_sizes:
+        sorting = moe_align_block_size_reference(x["topk_ids"], bm, shape.expert)
         put("sorted_token_ids", sorting.sorted_token_ids, bm, block_size_m=bm)
         put("expert_ids", sorting.expert_ids, bm, block_size_m=bm)
         put("num_tokens_post_padded", sorting.num_tokens_post_padded, bm, block_size_m=bm)
@@ -208,9 +205,9 @@ def moe_plans(bundle: Path, shape: FmoeShape, device: DeviceInfo, *, kinds: tupl
             configs=chosen[kind], constexprs=_constexprs(kind, shape),
             artifact_id=lambda p, kind=kind: artifact_id(kind, p),
             source="tritune.kernels.fused_moe:_moe_gemm_kernel",
-            pointer_dtypes={"a_scale_ptr": "fp32", "w_desc": _triton_dtype(shape.dtype), "w_scale_ptr": "fp32"},
+            pointer_dtypes={"a_scale_ptr": "fp32", "w_desc": TRITON_DTYPE[shape.dtype], "w_scale_ptr": "fp32"},
             problem={"kind": kind, "shape": shape.key(), "skew": skew, "seed": seed},
-            store={"kind": "fmoe", "stage": kind, "shape": _shape_dict(shape)}))
+            store={"kind": "fmoe", "stage": kind, "shape": asdict(shape)}))
     return plans
 
 
@@ -223,28 +220,12 @@ def _full_config(params: Mapping[str, int]) -> dict:
                                          "num_warps", "num_stages", "KSPLIT", "USE_TMA")}
 
 
-def _triton_dtype(dtype: str) -> str:
-    return {"bf16": "bf16", "fp16": "fp16"}[dtype]
-
-
-def _shape_dict(shape: FmoeShape) -> dict:
-    from dataclasses import asdict
-
-    return asdict(shape)
-
-
 @dataclass(frozen=True)
 class MoeGemmTunable(FusedMoeTunable):
     """The artifacts' work through Triton's JIT: one `_moe_gemm_kernel` launch on a sort made outside the timed
     call, stage 2 writing per-pair outputs (no top-k sum), so AOT and JIT times measure the same kernel."""
 
     name: str = "fused_moe_gemm"
-
-    def make_inputs(self, problem: MoeProblem, device: torch.device, seed: int) -> dict:
-        x = super().make_inputs(replace(problem, kind="stage1"), device, seed)
-        if problem.kind == "stage2":
-            x["inter"] = super().reference(replace(problem, kind="stage1"), x).to(DTYPES[problem.shape.dtype])
-        return x
 
     def reference(self, problem: MoeProblem, inputs: dict) -> torch.Tensor:
         if problem.kind == "stage1":
