@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tritune.aot.plan import KernelPlan, data_name, param_names_of
+from tritune.aot.plan import KernelPlan, aot_space, data_name, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
 from tritune.tuners.gemm_tunable import DEFAULT_SPACE, GemmProblem, GemmTunable
@@ -31,11 +31,7 @@ def shape_tag(p: GemmProblem) -> str:
 
 def gemm_configs(problem: GemmProblem, device: DeviceInfo, space: Mapping[str, tuple] | None = None) -> list[dict]:
     """Pruned configs of the tuner's default space (or `space`), as AOT parameters (cache_modifier -> CACHE_CG)."""
-    params = {k: v for k, v in DEFAULT_SPACE.items()} | dict(space or {})
-    for name, fixed in _FIXED.items():
-        if name in (space or {}) and tuple(space[name]) != fixed:
-            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(space[name])})")
-        params[name] = fixed
+    params = aot_space(DEFAULT_SPACE, space, _FIXED)
     kept = GemmTunable(space_params=tuple(params.items())).space(problem, device).prune().kept
     return [aot_params(c.as_dict()) for c in kept]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from tritune.aot.plan import TRITON_DTYPE, KernelPlan, data_name, param_names_of
+from tritune.aot.plan import TRITON_DTYPE, KernelPlan, aot_space, data_name, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
 from tritune.kernels import fused_moe as fm
@@ -55,12 +55,7 @@ def check_shape(shape: FmoeShape) -> None:
 
 def moe_configs(problem: MoeProblem, device: DeviceInfo, space: Mapping[str, tuple] | None = None) -> list[dict]:
     """The pruned configs of `space` (default AOT_MOE_SPACE) for one stage, split-K and TMA fixed off."""
-    params = dict(AOT_MOE_SPACE) | dict(space or {})
-    for name, fixed in _FIXED.items():
-        if name in (space or {}) and tuple(space[name]) != fixed:
-            raise ValueError(f"aot: {name} must be {fixed[0]} ahead of time (got {list(space[name])})")
-        params[name] = fixed
-    tunable = FusedMoeTunable(stage_space=tuple(params.items()))
+    tunable = FusedMoeTunable(stage_space=tuple(aot_space(AOT_MOE_SPACE, space, _FIXED).items()))
     kept = tunable.space(problem, device).prune().kept
     return [c.as_dict() for c in kept]
 

@@ -51,6 +51,18 @@ class KernelPlan:
             raise ValueError(f"{self.name}: configs {dup[:3]} appear more than once")
 
 
+def aot_space(defaults: Mapping[str, Sequence], space: Mapping[str, Sequence] | None,
+              fixed: Mapping[str, tuple]) -> dict[str, tuple]:
+    """`defaults` overridden by the user's `space`, with the parameters an artifact cannot vary pinned to `fixed`
+    (one launch per artifact: no split-K reduction, no host-built TMA descriptors). ValueError when `space`
+    asks for another value of a pinned parameter."""
+    space = dict(space or {})
+    for name, value in fixed.items():
+        if name in space and tuple(space[name]) != value:
+            raise ValueError(f"aot: {name} must be {value[0]} ahead of time (got {list(space[name])})")
+    return {k: tuple(v) for k, v in (dict(defaults) | space | dict(fixed)).items()}
+
+
 def spec_path(bundle: Path, kernel: str) -> Path:
     return bundle / "specs" / f"{kernel}.spec"
 
