@@ -165,7 +165,7 @@ def test_malformed_file_warns_and_is_skipped_at_lookup(tmp_path):
 
 def test_default_store_reads_config_dir_and_reload(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITUNE_CONFIG_DIR", str(tmp_path))
-    monkeypatch.setattr(store, "_DEFAULT_STORE", None)
+    monkeypatch.setattr(store, "_DEFAULT", store.ProcessWide(store.GroupedGemmStore))
     s = store.default_store()
     assert s is store.default_store() and s.folders() == [tmp_path, store.PACKAGE_DIR]
     assert lookup(s, 1024) is None

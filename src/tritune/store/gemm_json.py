@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tritune import knobs
 from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.store.process_wide import ProcessWide
 from tritune.tuning.types import Config
 
 BUCKETS = ("small", "medium_M32", "medium_M64", "medium_M128", "large", "xlarge", "any")
@@ -329,19 +330,12 @@ class GemmConfigStore:
             return None
 
 
-_DEFAULT_STORE: GemmConfigStore | None = None
-_DEFAULT_GUARD = threading.Lock()
+_DEFAULT = ProcessWide(GemmConfigStore)
 
 
 def default_store() -> GemmConfigStore:
     """The process-wide store the ops use."""
-    global _DEFAULT_STORE
-    if _DEFAULT_STORE is not None:
-        return _DEFAULT_STORE
-    with _DEFAULT_GUARD:
-        if _DEFAULT_STORE is None:
-            _DEFAULT_STORE = GemmConfigStore()
-        return _DEFAULT_STORE
+    return _DEFAULT.get()
 
 
 def reload_configs() -> None:

@@ -21,6 +21,7 @@ from tritune.kernels.grouped_gemm_config import (
 )
 from tritune.store.atomic import atomic_write_json, path_lock
 from tritune.store.gemm_json import slug_of
+from tritune.store.process_wide import ProcessWide
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "configs" / "grouped_gemm"
 CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
@@ -269,23 +270,16 @@ class GroupedGemmStore:
         return self._files[path] or []
 
 
-_DEFAULT_STORE: GroupedGemmStore | None = None
-_DEFAULT_GUARD = threading.Lock()
+_DEFAULT = ProcessWide(GroupedGemmStore)
 
 
 def default_store() -> GroupedGemmStore:
     """The process-wide store the ops use."""
-    global _DEFAULT_STORE
-    if _DEFAULT_STORE is not None:
-        return _DEFAULT_STORE
-    with _DEFAULT_GUARD:
-        if _DEFAULT_STORE is None:
-            _DEFAULT_STORE = GroupedGemmStore()
-        return _DEFAULT_STORE
+    return _DEFAULT.get()
 
 
 def reload_grouped_gemm_configs() -> None:
     """Make lookups see store files written or changed since they were read (and a new TRITUNE_CONFIG_DIR)."""
-    with _DEFAULT_GUARD:
-        if _DEFAULT_STORE is not None:
-            _DEFAULT_STORE.reload()
+    built = _DEFAULT.built()
+    if built is not None:
+        built.reload()
