@@ -62,6 +62,8 @@ CASES = [
     pytest.param(150, 4, 24, 64, None, id="block-64-multi-chunk"),
     pytest.param(4, 8, 256, 256, None, id="block-256-wide-padding"),
     pytest.param(0, 8, 8, 16, None, id="no-tokens"),
+    pytest.param(512, 8, 64, 16, None, id="self-scan-at-its-32-chunk-limit"),
+    pytest.param(600, 8, 61, 32, None, id="past-self-scan-limit-three-launches-prime-E"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import time
 
 import pytest
@@ -100,11 +101,13 @@ def test_tuned_2stage_matches_reference(use_rows, monkeypatch):
 def test_tuned_1stage_matches_reference(use_rows, monkeypatch):
     use_rows([row(shape(), ONE.name("1stage", "none", "silu"), run_1stage=True)])
     ran = []
-    real = fm.fused_moe_1stage
-    monkeypatch.setattr(fm, "fused_moe_1stage", lambda *a, **kw: ran.append(a[5]) or real(*a, **kw))
+    ops_fused_moe = sys.modules["tritune.ops.fused_moe"]  # the module (tritune.ops.fused_moe is the op)
+    real = ops_fused_moe.MoeLaunch
+    monkeypatch.setattr(ops_fused_moe, "MoeLaunch", lambda *a, **kw: ran.append((kw["stage1"], kw["stage2"]))
+                        or real(*a, **kw))
     hidden, w1, w2, weights, ids, _, _ = problem(seed=1)
     out = fused_moe(hidden, w1, w2, weights, ids)
-    assert ran == [ONE]  # the 1-stage launcher ran with the tuned config
+    assert ran == [(ONE, None)]  # the 1-stage launch was bound with the tuned config
     ref = fused_moe_reference(hidden, w1, w2, weights, ids, requantize_intermediate=False)
     assert rel_l2(out, ref) < 1e-2
 

@@ -97,13 +97,13 @@ def test_choices_cached_until_reload(config_dir):
 def test_gemm_op_uses_the_looked_up_config_and_is_correct(M, N, K, config_dir, monkeypatch):
     write_files(config_dir)
     used = []
-    real = gk.gemm
+    real = gk.GemmLaunch
 
-    def spy(kernel, a, b, cfg, **kwargs):
+    def spy(kernel, a, b, a_scale, b_scale, out, cfg):
         used.append(cfg)
-        return real(kernel, a, b, cfg, **kwargs)
+        return real(kernel, a, b, a_scale, b_scale, out, cfg)
 
-    monkeypatch.setattr(gk, "gemm", spy)
+    monkeypatch.setattr(gk, "GemmLaunch", spy)
     gen = torch.Generator().manual_seed(0)
     # fp16 operands: the interpreter's tl.dot is wrong on bf16 ones. B / sqrt(K) keeps C ~ N(0, 1).
     a = torch.randn(M, K, generator=gen).to(TORCH_DEVICE, torch.float16)

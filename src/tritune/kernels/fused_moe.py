@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tritune.kernels.moe_align import MoeSorting, moe_align_block_size
+from tritune.kernels.moe_align import MoeSorting
 from tritune.kernels.quant import FP8, quantize_blocks, quantize_fp8, quantize_rows
 
 ACTIVATIONS = ("silu", "gelu")
@@ -493,23 +493,20 @@ def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     """The whole MoE as sort → (quantize) → stage 1 → (quantize) → stage 2 → top-k sum; no host sync.
 
     hidden [T, D] bf16/fp16, w1 [E, 2I or I, D], w2 [E, D, I], topk_weights fp32 [T, topk], topk_ids int [T, topk]
-    -> [T, D] in hidden's dtype. Both stages share BLOCK_SIZE_M (one sort serves both).
+    -> [T, D] in hidden's dtype. Both stages share BLOCK_SIZE_M (one sort serves both). Binds its launches afresh
+    on every call (`tritune.ops.fused_moe` keeps a `MoeLaunch` per call signature instead).
     """
-    experts, inter_dim, _ = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant, w1_scale, w2_scale)
-    if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
-        raise ValueError(f"stage 1 and stage 2 must share BLOCK_SIZE_M, got {stage1.BLOCK_SIZE_M} and "
-                         f"{stage2.BLOCK_SIZE_M}")
-    check_config(stage1, "stage1", quant)
-    check_config(stage2, "stage2", quant)
-    sorting = moe_align_block_size(topk_ids, stage1.BLOCK_SIZE_M, experts)
-    inter = moe_stage1(hidden, w1, topk_weights, sorting, stage1, inter_dim=inter_dim, activation=activation,
-                       quant=quant, w1_scale=w1_scale, doweight_stage1=doweight_stage1)
-    return moe_stage2(inter, w2, topk_weights, sorting, stage2, quant=quant, w2_scale=w2_scale,
-                      doweight_stage1=doweight_stage1, out=out)
+    from tritune.kernels.fused_moe_launch import MoeLaunch
+
+    launch = MoeLaunch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=stage1, stage2=stage2,
+                       activation=activation, quant=quant, doweight_stage1=doweight_stage1)
+    if out is None:
+        out = torch.empty((hidden.shape[0], w2.shape[1]), device=hidden.device, dtype=hidden.dtype)
+    return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
 
 
 _ELSEWHERE = {"fused_moe_1stage": "fused_moe_1stage", "MoeDims": "fused_moe_compile",
-              "compile_only": "fused_moe_compile"}
+              "compile_only": "fused_moe_compile", "MoeLaunch": "fused_moe_launch"}
 
 
 def __getattr__(name: str):

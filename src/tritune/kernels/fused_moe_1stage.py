@@ -11,21 +11,12 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.fused_moe import (
-    _ACT_ID,
-    _QUANT_ID,
     MoeConfig,
-    _act_scale,
     _activation,
     _block_pairs,
     _gated_tile,
     _pid_mn,
-    _scale_strides,
-    _validate,
-    check_config,
-    gated_of,
-    quantize_activations,
 )
-from tritune.kernels.moe_align import moe_align_block_size
 
 
 @triton.jit
@@ -99,27 +90,10 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     Same arguments and result as `fused_moe_2stage`. The routing weight is applied to the intermediate whichever
     way doweight_stage1 says, since both GEMMs are in one kernel and the result is the same.
     """
-    experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
-                                              w1_scale, w2_scale)
-    check_config(config, "1stage", quant)
-    cfg = config
-    sorting = moe_align_block_size(topk_ids, cfg.BLOCK_SIZE_M, experts)
-    a, a_scale = quantize_activations(hidden, quant)
-    tokens, topk = topk_ids.shape
-    acc = torch.zeros((tokens, model_dim), device=hidden.device, dtype=torch.float32)
-    a_s, stride_asm = _act_scale(a_scale, hidden.device)
-    w1_s, s1e, s1n = _scale_strides(w1_scale, hidden.device)
-    w2_s, s2e, s2n = _scale_strides(w2_scale, hidden.device)
-    num_pid_m = sorting.expert_ids.numel()
-    _moe_1stage_kernel[(num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)](
-        a, a_s, w1, w1_s, w2, w2_s, acc, sorting.sorted_token_ids, sorting.expert_ids,
-        sorting.num_tokens_post_padded, topk_weights, sorting.numel, inter_dim, model_dim, num_pid_m,
-        a.stride(0), stride_asm,
-        w1.stride(0), w1.stride(1), s1e, s1n, w2.stride(0), w2.stride(1), s2e, s2n,
-        TOPK=topk, GATED=gated_of(w1, w2), ACT=_ACT_ID[activation], QUANT=_QUANT_ID[quant],
-        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=model_dim % cfg.BLOCK_SIZE_K == 0,
-        WIDE_FP16=hidden.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    from tritune.kernels.fused_moe_launch import MoeLaunch
+
+    launch = MoeLaunch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=config, stage2=None,
+                       activation=activation, quant=quant, doweight_stage1=doweight_stage1)
     if out is None:
-        return acc.to(hidden.dtype)
-    return out.copy_(acc)
+        out = torch.empty((hidden.shape[0], w2.shape[1]), device=hidden.device, dtype=hidden.dtype)
+    return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)

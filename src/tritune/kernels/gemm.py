@@ -15,10 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.launch import BoundKernel, Workspace
+
 QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2
 SCALE_BLOCK = 128  # block size of the block-scaled format, along K for A and along N and K for B
 
 KERNELS = ("bf16", "a8w8", "a8w8_blockscale")
+TAGS = {"bf16": "BF16", "a8w8": "A8W8", "a8w8_blockscale": "A8W8_BLOCKSCALE"}  # in tuned file names
 _QUANT_OF = {"bf16": QUANT_NONE, "a8w8": QUANT_PER_TOKEN, "a8w8_blockscale": QUANT_BLOCK}
 
 
@@ -219,32 +222,6 @@ def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (a, b, out))
 
 
-def _launch_tma(a, b, out, a_s, b_s, quant: int, cfg: GemmConfig) -> None:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if cfg.NUM_KSPLIT != 1:
-        raise ValueError("PERSISTENT_TMA does not split K; use NUM_KSPLIT=1")
-    if cfg.SCALE_PIPELINE and (quant != QUANT_BLOCK or cfg.BLOCK_SIZE_K != 128 or cfg.BLOCK_SIZE_N > 128):
-        raise ValueError("SCALE_PIPELINE needs the block-scaled kernel, BLOCK_SIZE_K 128 and BLOCK_SIZE_N <= 128")
-    if not tma_compatible(a, b, out):
-        raise ValueError("PERSISTENT_TMA needs 16-byte aligned A, B, C rows (K and N multiples of 16 bytes)")
-    M, K = a.shape
-    N = b.shape[0]
-    bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(b, [bn, bk])
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
-    num_sms = _num_sms(a.device)
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    _gemm_tma_persistent_kernel[(min(num_sms, tiles),)](
-        a_desc, b_desc, c_desc, a_s, b_s, M, N, K,
-        a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0,
-        QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_SMS=num_sms, SCALE_PIPELINE=cfg.SCALE_PIPELINE,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-
-
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few programs exercise the persistent loop
@@ -300,55 +277,106 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"{kernel} scales must be float32, got {a_scale.dtype} and {b_scale.dtype}")
 
 
+class GemmLaunch:
+    """The launches of one GEMM problem with one config, bound once: calling it only launches.
+
+    Built from example tensors (validated here); a call must pass tensors of the same shapes, dtypes, strides and
+    16-byte alignment (the caller keys its cache on them). Pointer kernel: one launch, or two with split-K (the fp32
+    partials in a scratch allocation per call, or `workspace`). TMA kernel: host descriptors built per call (they
+    hold the addresses), one launch.
+    """
+
+    def __init__(self, kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
+                 b_scale: torch.Tensor | None, out: torch.Tensor, cfg: GemmConfig) -> None:
+        validate(kernel, a, b, a_scale, b_scale, cfg)
+        M, K = a.shape
+        N = b.shape[0]
+        if tuple(out.shape) != (M, N) or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {M}x{N} tensor, got {tuple(out.shape)}")
+        self.M, self.N, self.K, self.cfg = M, N, K, cfg
+        quant = _QUANT_OF[kernel]
+        a_s = a_scale if a_scale is not None else a  # scale pointers are never read when QUANT_NONE
+        b_s = b_scale if b_scale is not None else a
+        scale_strides = (a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0)
+        bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
+        self.split = cfg.NUM_KSPLIT
+        self.reduce = None
+        if cfg.PERSISTENT_TMA:
+            _check_tma(a, b, out, quant, cfg)
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            self._desc = TensorDescriptor.from_tensor
+            self._blocks = ([bm, bk], [bn, bk], [bm, bn])
+            num_sms = _num_sms(a.device)
+            self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE)
+            self.main = BoundKernel(
+                _gemm_tma_persistent_kernel, (min(num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
+                (*self._descs(a, b, out), a_s, b_s, *self._tail), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            return
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), cfg.NUM_KSPLIT)
+        self.scratch = Workspace(((torch.float32, cfg.NUM_KSPLIT * M * N),)) if self.split > 1 else None
+        stride_c, stride_ck = (N, M * N) if self.split > 1 else (out.stride(0), 0)
+        self._tail = (M, N, K, k_per_split(K, cfg), a.stride(0), b.stride(0), stride_c, stride_ck, *scale_strides,
+                      quant, bm, bn, bk, cfg.GROUP_SIZE_M, cfg.NUM_KSPLIT, K % bk == 0, cfg.cache_modifier)
+        target = torch.empty((cfg.NUM_KSPLIT, M, N), device=a.device, dtype=torch.float32) if self.split > 1 else out
+        self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *self._tail),
+                                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if self.split > 1:
+            block = 1024
+            self._reduce_tail = (M, N, M * N, cfg.NUM_KSPLIT, block)
+            self.reduce = BoundKernel(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
+                                      (target, out, *self._reduce_tail), num_warps=4, num_stages=1)
+
+    def _descs(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
+        ba, bb, bc = self._blocks
+        return self._desc(a, ba), self._desc(b, bb), self._desc(out, bc)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None,
+                 out: torch.Tensor, workspace: torch.Tensor | None = None) -> None:
+        a_s = a_scale if a_scale is not None else a
+        b_s = b_scale if b_scale is not None else a
+        if self.cfg.PERSISTENT_TMA:
+            self.main(*self._descs(a, b, out), a_s, b_s, *self._tail)
+            return
+        if self.reduce is None:
+            self.main(a, b, out, a_s, b_s, *self._tail)
+            return
+        if workspace is not None:
+            part = workspace
+        else:
+            keep, (part,) = self.scratch.allocate(a.device)  # noqa: F841 (alive until both launches are queued)
+        self.main(a, b, part, a_s, b_s, *self._tail)
+        self.reduce(part, out, *self._reduce_tail)
+
+
+def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, cfg: GemmConfig) -> None:
+    if cfg.NUM_KSPLIT != 1:
+        raise ValueError("PERSISTENT_TMA does not split K; use NUM_KSPLIT=1")
+    if cfg.SCALE_PIPELINE and (quant != QUANT_BLOCK or cfg.BLOCK_SIZE_K != 128 or cfg.BLOCK_SIZE_N > 128):
+        raise ValueError("SCALE_PIPELINE needs the block-scaled kernel, BLOCK_SIZE_K 128 and BLOCK_SIZE_N <= 128")
+    if not tma_compatible(a, b, out):
+        raise ValueError("PERSISTENT_TMA needs 16-byte aligned A, B, C rows (K and N multiples of 16 bytes)")
+
+
 def gemm(kernel: str, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig, *, a_scale: torch.Tensor | None = None,
          b_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
          workspace: torch.Tensor | None = None) -> torch.Tensor:
     """C[M, N] = A[M, K] · B[N, K]ᵀ (scaled for the fp8 kernels), written as bf16 unless `out` says otherwise.
 
+    Binds the launch afresh on every call (the ops cache a `GemmLaunch` per call signature instead).
     `workspace` (fp32, ≥ NUM_KSPLIT·M·N elements) may be passed to avoid an allocation per split-K call.
     """
     validate(kernel, a, b, a_scale, b_scale, cfg)
-    M, K = a.shape
-    N = b.shape[0]
     if out is None:
-        out = torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
-    elif tuple(out.shape) != (M, N) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {M}x{N} tensor, got {tuple(out.shape)}")
-    quant = _QUANT_OF[kernel]
-    dummy = a  # scale pointers are never read when QUANT_NONE
-    a_s = a_scale if a_scale is not None else dummy
-    b_s = b_scale if b_scale is not None else dummy
-    if cfg.PERSISTENT_TMA:
-        _launch_tma(a, b, out, a_s, b_s, quant, cfg)
-        return out
-    split = cfg.NUM_KSPLIT > 1
-    target = out
-    if split:
-        need = cfg.NUM_KSPLIT * M * N
-        if workspace is None or workspace.numel() < need:
-            workspace = torch.empty(need, device=a.device, dtype=torch.float32)
-        elif workspace.dtype != torch.float32:
+        out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=torch.bfloat16)
+    launch = GemmLaunch(kernel, a, b, a_scale, b_scale, out, cfg)
+    if workspace is not None and cfg.NUM_KSPLIT > 1:
+        need = cfg.NUM_KSPLIT * launch.M * launch.N
+        if workspace.dtype != torch.float32:
             raise ValueError(f"split-K workspace must be float32, got {workspace.dtype}")
-        target = workspace[:need].view(cfg.NUM_KSPLIT, M, N)
-    per_split = k_per_split(K, cfg)
-    grid = (triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N), cfg.NUM_KSPLIT)
-    _gemm_kernel[grid](
-        a, b, target, a_s, b_s,
-        M, N, K, per_split,
-        a.stride(0), b.stride(0), target.stride(-2), target.stride(0) if split else 0,
-        a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0,
-        QUANT=quant,
-        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
-        GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT,
-        EVEN_K=K % cfg.BLOCK_SIZE_K == 0,
-        CACHE_MODIFIER=cfg.cache_modifier,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if split:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
-            target, out, M, N, target.stride(0), NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=block, num_warps=4,
-        )
+        if workspace.numel() < need:
+            workspace = None
+    launch(a, b, a_scale, b_scale, out, workspace if cfg.NUM_KSPLIT > 1 else None)
     return out
 
 

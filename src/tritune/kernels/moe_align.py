@@ -1,16 +1,20 @@
 """The MoE token sort ("moe_align_block_size"): group (token, slot) pairs by expert, pad each group to BLOCK_SIZE_M.
 
-Owns the Triton kernels (one-launch path for small inputs, count/scan/scatter for larger ones), their launcher,
-and the plain-torch reference they must match exactly. Neither launcher reads device values on the host.
+Owns the Triton kernels (one-launch path for small inputs, count/scatter or count/scan/scatter for larger ones),
+their bound launcher (`AlignLaunch`), and the plain-torch reference they must match exactly. Nothing reads device
+values on the host.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from tritune.kernels.launch import BoundKernel
 
 SMALL_MAX = 64  # numel up to this takes the one-launch path (its pair-by-pair compare costs 225 µs at 256 on H100)
 CHUNK = 128  # pairs per program in the multi-launch path; the rank step compares a CHUNK×CHUNK tile
@@ -140,21 +144,47 @@ def _moe_scan_kernel(
     tl.store(ntpp_ptr, tl.sum(nblk, axis=0) * BS)
 
 
-@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "blocks_per_program"])
+@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "blocks_per_program", "num_chunks"])
 def _moe_scatter_kernel(
     ids_ptr,  # int32/int64 [numel] flat topk_ids
-    offsets_ptr,  # int32 [num_chunks, num_experts] exclusive prefix over chunks
-    expert_info_ptr,  # int32 [2, num_experts]: first block, pair count
+    offsets_ptr,  # int32 [num_chunks, num_experts]: SELF_SCAN: per-chunk counts; else exclusive prefix over chunks
+    expert_info_ptr,  # int32: SELF_SCAN: scratch rows [num_chunks, E]; else [2, E] first block and count
     sorted_ptr,  # int32 [max_padded]
     expert_ids_ptr,  # int32 [num_blocks]
-    numel, num_experts, max_padded, num_blocks, blocks_per_program,
+    ntpp_ptr,  # int32 [1] num_tokens_post_padded (written here only with SELF_SCAN)
+    numel, num_experts, max_padded, num_blocks, blocks_per_program, num_chunks,
     CHUNK: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, E_P2: tl.constexpr, BT: tl.constexpr,
+    SELF_SCAN: tl.constexpr, CT: tl.constexpr,
 ):
     """Place one chunk's pairs (stable within each expert), then fill this program's share of blocks.
 
-    Grid: (⌈numel/CHUNK⌉,).
+    SELF_SCAN (few chunks): each program sums the chunk counts itself (all of them for the expert totals, the
+    earlier ones for its own offsets), so the sort needs no separate scan launch; the per-pair gather of its
+    offsets goes through its own scratch row. Grid: (⌈numel/CHUNK⌉,).
     """
     pid = tl.program_id(0)
+    ev = tl.arange(0, E_P2)
+    e_ok = ev < num_experts
+    if SELF_SCAN:
+        cnt = tl.zeros((E_P2,), dtype=tl.int32)
+        before = tl.zeros((E_P2,), dtype=tl.int32)
+        for c0 in range(0, num_chunks, CT):
+            rows = c0 + tl.arange(0, CT)
+            x = tl.load(offsets_ptr + rows[:, None] * num_experts + ev[None, :],
+                        mask=(rows < num_chunks)[:, None] & e_ok[None, :], other=0)
+            cnt += tl.sum(x, axis=0)
+            before += tl.sum(tl.where((rows < pid)[:, None], x, 0), axis=0)
+        nblk = (cnt + BS - 1) // BS
+        lo = tl.cumsum(nblk, axis=0) - nblk
+        if pid == 0:
+            tl.store(ntpp_ptr, tl.sum(nblk, axis=0) * BS)
+        row = expert_info_ptr + pid * num_experts
+        tl.store(row + ev, lo * BS + before, mask=e_ok)
+        tl.debug_barrier()  # the row is gathered below by other threads of this program
+    else:
+        lo = tl.load(expert_info_ptr + ev, mask=e_ok, other=0)
+        cnt = tl.load(expert_info_ptr + num_experts + ev, mask=e_ok, other=0)
+        nblk = (cnt + BS - 1) // BS
     k = tl.arange(0, CHUNK)
     offs = pid * CHUNK + k
     ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1).to(tl.int32)
@@ -163,16 +193,15 @@ def _moe_scatter_kernel(
     # matches valid j, so the -1 fill of the tail cannot leak into a rank.
     rank = tl.sum(((ids[:, None] == ids[None, :]) & (k[None, :] < k[:, None])).to(tl.int32), axis=1)
     e = tl.where(valid, ids, 0)
-    base = tl.load(expert_info_ptr + e) * BS + tl.load(offsets_ptr + pid * num_experts + e)
+    if SELF_SCAN:
+        base = tl.load(expert_info_ptr + pid * num_experts + e)
+    else:
+        base = tl.load(expert_info_ptr + e) * BS + tl.load(offsets_ptr + pid * num_experts + e)
     tl.store(sorted_ptr + base + rank, offs, mask=valid)
 
-    ev = tl.arange(0, E_P2)
-    e_ok = ev < num_experts
-    lo = tl.load(expert_info_ptr + ev, mask=e_ok, other=0)
-    cnt = tl.load(expert_info_ptr + num_experts + ev, mask=e_ok, other=0)
     blk_begin = pid * blocks_per_program
     blk_end = tl.minimum(blk_begin + blocks_per_program, num_blocks)
-    _fill_blocks(sorted_ptr, expert_ids_ptr, blk_begin, blk_end, lo, (cnt + BS - 1) // BS, cnt, ev,
+    _fill_blocks(sorted_ptr, expert_ids_ptr, blk_begin, blk_end, lo, nblk, cnt, ev,
                  numel, max_padded, BS, BS_P2, BT)
 
 
@@ -228,46 +257,82 @@ def _block_tile(v_p2: int, bs_p2: int) -> int:
     return max(1, min(64, _TILE_ELEMS // max(v_p2, bs_p2)))
 
 
+class AlignLaunch:
+    """`moe_align_block_size` for one (pairs, experts, block size, ids dtype and alignment), bound once.
+
+    Its buffers are `pieces` (dtype, numel) in the caller's workspace, in the order `__call__` takes them:
+    sorted_token_ids, expert_ids, num_tokens_post_padded, then the scratch of the multi-launch paths. Launches:
+    one for numel <= SMALL_MAX; two (count, scatter that scans for itself) up to SELF_SCAN_CHUNKS chunks; three
+    (count, scan, scatter) beyond, where one scan beats every program re-reading all the counts.
+    """
+
+    def __init__(self, flat_ids: torch.Tensor, block_size: int, num_experts: int) -> None:
+        numel = flat_ids.numel()
+        self.numel, self.block_size = numel, block_size
+        self.max_padded = max_padded_size(numel, num_experts, block_size)
+        self.num_blocks = num_blocks = triton.cdiv(self.max_padded, block_size)
+        i32 = torch.int32
+        pieces = [(i32, self.max_padded), (i32, num_blocks), (i32, 1)]
+        bs_p2 = _p2(block_size)
+        self.launches: list[tuple[BoundKernel, tuple[int, ...], tuple, bool]] = []  # kernel, pieces, tail, ids?
+        if numel <= SMALL_MAX:
+            n_p2 = _p2(numel)
+            self._add(_moe_align_small_kernel, (1,), flat_ids, (0, 1, 2), pieces,
+                      (numel, num_experts, self.max_padded, num_blocks,
+                       block_size, bs_p2, n_p2, _block_tile(n_p2, bs_p2)), 4 if n_p2 <= 64 else 8)
+            self.pieces = tuple(pieces)
+            return
+        num_chunks = triton.cdiv(numel, CHUNK)
+        e_p2 = _p2(num_experts)
+        self_scan = num_chunks <= SELF_SCAN_CHUNKS
+        pieces.append((i32, num_chunks * num_experts))  # 3: per-chunk counts (or their prefix)
+        pieces.append((i32, (num_chunks if self_scan else 2) * num_experts))  # 4: scratch rows / expert info
+        self._add(_moe_count_kernel, (num_chunks,), flat_ids, (3,), pieces,
+                  (numel, num_experts, CHUNK, _p2(num_experts + 1)), 4)
+        ct = max(1, _TILE_ELEMS // e_p2)
+        if not self_scan:
+            self._add(_moe_scan_kernel, (1,), None, (3, 4, 2), pieces,
+                      (num_chunks, num_experts, block_size, e_p2, ct), 8)
+        self._add(_moe_scatter_kernel, (num_chunks,), flat_ids, (3, 4, 0, 1, 2), pieces,
+                  (numel, num_experts, self.max_padded, num_blocks, triton.cdiv(num_blocks, num_chunks), num_chunks,
+                   CHUNK, block_size, bs_p2, e_p2, _block_tile(e_p2, bs_p2), self_scan, min(ct, _p2(num_chunks))), 4)
+        self.pieces = tuple(pieces)
+
+    def _add(self, fn, grid: tuple[int, ...], ids: torch.Tensor | None, uses: tuple[int, ...], pieces: list,
+             tail: tuple, num_warps: int) -> None:
+        head = (ids,) if ids is not None else ()
+        bound = BoundKernel(fn, grid, (*head, *(pieces[i][0] for i in uses), *tail), num_warps=num_warps,
+                            num_stages=1)
+        self.launches.append((bound, uses, tail, ids is not None))
+
+    def __call__(self, flat_ids: torch.Tensor, pieces: Sequence) -> None:
+        """Sort `flat_ids` into `pieces` (addresses or tensors, in the order of `self.pieces`)."""
+        for bound, uses, tail, takes_ids in self.launches:
+            if takes_ids:
+                bound(flat_ids, *(pieces[i] for i in uses), *tail)
+            else:
+                bound(*(pieces[i] for i in uses), *tail)
+
+
+SELF_SCAN_CHUNKS = 32  # up to 32 chunks (4096 pairs) every scatter program re-reads all counts (≤ 32 KB at E 256)
+
+
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoeSorting:
     """Triton sort, same result as `moe_align_block_size_reference`, without a host synchronisation.
 
-    topk_ids int32/int64 [T, topk], values in [0, num_experts). numel <= SMALL_MAX takes one launch, larger
-    inputs three (count, scan, scatter); every size is host-known, so the call can be captured in a CUDA graph.
+    topk_ids int32/int64 [T, topk], values in [0, num_experts). One to three launches (see `AlignLaunch`); every
+    size is host-known, so the call can be captured in a CUDA graph. Binds afresh per call: the fused-MoE op keeps
+    an `AlignLaunch` in its plan instead.
     """
     _validate(topk_ids, block_size, num_experts)
-    dev = topk_ids.device
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    numel = flat.numel()
-    max_padded = max_padded_size(numel, num_experts, block_size)
-    num_blocks = triton.cdiv(max_padded, block_size)
-    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
-    expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
-    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
-    bs_p2 = _p2(block_size)
-    if numel <= SMALL_MAX:
-        n_p2 = _p2(numel)
-        _moe_align_small_kernel[(1,)](
-            flat, sorted_ids, expert_ids, ntpp, numel, num_experts, max_padded, num_blocks,
-            BS=block_size, BS_P2=bs_p2, N_P2=n_p2, BT=_block_tile(n_p2, bs_p2), num_warps=4 if n_p2 <= 64 else 8,
-        )
-        return MoeSorting(sorted_ids, expert_ids, ntpp, block_size, numel)
-
-    num_chunks = triton.cdiv(numel, CHUNK)
-    e_p2 = _p2(num_experts)
-    counts = torch.empty((num_chunks, num_experts), dtype=torch.int32, device=dev)
-    expert_info = torch.empty((2, num_experts), dtype=torch.int32, device=dev)
-    _moe_count_kernel[(num_chunks,)](
-        flat, counts, numel, num_experts, CHUNK=CHUNK, NB=_p2(num_experts + 1), num_warps=4,
-    )
-    _moe_scan_kernel[(1,)](
-        counts, expert_info, ntpp, num_chunks, num_experts,
-        BS=block_size, E_P2=e_p2, CT=max(1, _TILE_ELEMS // e_p2), num_warps=8,
-    )
-    _moe_scatter_kernel[(num_chunks,)](
-        flat, counts, expert_info, sorted_ids, expert_ids,
-        numel, num_experts, max_padded, num_blocks, triton.cdiv(num_blocks, num_chunks),
-        CHUNK=CHUNK, BS=block_size, BS_P2=bs_p2, E_P2=e_p2, BT=_block_tile(e_p2, bs_p2), num_warps=4,
-    )
-    return MoeSorting(sorted_ids, expert_ids, ntpp, block_size, numel)
+    if flat.device.type == "cuda":
+        with torch.cuda.device(flat.device):
+            launch = AlignLaunch(flat, block_size, num_experts)
+    else:
+        launch = AlignLaunch(flat, block_size, num_experts)
+    tensors = [torch.empty(max(numel, 1), dtype=dtype, device=flat.device) for dtype, numel in launch.pieces]
+    launch(flat, tensors)
+    return MoeSorting(tensors[0], tensors[1], tensors[2], block_size, flat.numel())

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.launch import BoundKernel
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 _EPS = 1e-10
@@ -82,6 +84,28 @@ def _quant_fp8_kernel(
     tl.store(s_ptr + row * stride_s + g, scale)
 
 
+class QuantLaunch:
+    """`quantize_fp8` of one (rows, cols, row stride, group, input dtype and alignment), bound once.
+
+    Writes into the caller's buffers `pieces` = (fp8 [rows·cols] row-major, fp32 scales [rows·groups]); `x` at
+    binding may be a tensor or, for a buffer of the caller's workspace, its dtype.
+    """
+
+    def __init__(self, x: torch.Tensor | torch.dtype, rows: int, cols: int, stride_x: int, group: int) -> None:
+        if group and group & (group - 1):
+            raise ValueError(f"quantize_fp8: group {group} is not a power of two")
+        groups = triton.cdiv(cols, group) if group else 1
+        self.groups = groups
+        self.pieces = ((FP8, rows * cols), (torch.float32, rows * groups))
+        block = min(group, 1024) if group else min(triton.next_power_of_2(cols), 1024)
+        self._tail = (cols, stride_x, cols, groups, group, block)
+        self._bound = BoundKernel(_quant_fp8_kernel, (rows, groups), (x, FP8, torch.float32, *self._tail),
+                                  num_warps=4 if block >= 512 else 1, num_stages=1)
+
+    def __call__(self, x, q, scales) -> None:
+        self._bound(x, q, scales, *self._tail)
+
+
 def quantize_fp8(x: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton form of `quantize_rows` (group 0) and `quantize_blocks(x, 1, group)`: one launch, no host sync.
 
@@ -96,7 +120,5 @@ def quantize_fp8(x: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.T
     groups = triton.cdiv(cols, group) if group else 1
     scales = torch.empty((rows, groups), device=x.device, dtype=torch.float32)
     if rows:
-        block = min(group, 1024) if group else min(triton.next_power_of_2(cols), 1024)
-        _quant_fp8_kernel[(rows, groups)](x, q, scales, cols, x.stride(0), q.stride(0), scales.stride(0),
-                                          GROUP=group, BLOCK=block, num_warps=4 if block >= 512 else 1)
+        QuantLaunch(x, rows, cols, x.stride(0), group)(x, q, scales)
     return q, (scales.view(rows) if not group else scales)

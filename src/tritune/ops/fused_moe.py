@@ -17,6 +17,7 @@ The heuristic (always 2-stage; from first H100 measurements), with m = tokens·t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ import triton
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.fused_moe_launch import MoeLaunch
+from tritune.kernels.launch import align_bits
 from tritune.store.fmoe_csv import (
     FmoeShape,
     FmoeTuned,
@@ -91,8 +94,9 @@ _CHOSEN: dict[tuple[int, tuple, int], MoeChoice] = {}
 
 
 def reload_moe_configs() -> None:
-    """Forget every cached choice and re-read TRITUNE_CONFIG_FMOE and the tuned files on the next call."""
+    """Forget every cached choice and bound launch; re-read TRITUNE_CONFIG_FMOE and the tuned files on the next call."""
     _CHOSEN.clear()
+    _PLANS.clear()
     reload_fmoe_configs()
 
 
@@ -165,28 +169,70 @@ def fused_moe_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Te
     return found
 
 
+# Bound launches per call signature: what the kernels were specialized on (shapes, strides, dtypes, 16-byte
+# alignment, device), the call's options and the explicit choice, if any. A hit costs this key and the launches.
+_PLANS: dict[tuple, MoeLaunch] = {}
+_PLANS_MAX = 4096  # distinct call signatures kept; past that the cache starts afresh
+
+
+def _signature(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+          topk_ids: torch.Tensor, w1_scale, w2_scale, activation: str, quant: str, doweight_stage1: bool,
+          choice: MoeChoice | None) -> MoeLaunch:
+    if choice is None:
+        choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
+                                  doweight_stage1=doweight_stage1)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    stage2 = None if choice.run_1stage else choice.stage2
+    with torch.cuda.device(hidden_states.device) if hidden_states.is_cuda else contextlib.nullcontext():
+        return MoeLaunch(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=choice.stage1,
+                         stage2=stage2, activation=activation, quant=quant, doweight_stage1=doweight_stage1)
+
+
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, *, activation: str = "silu", quant: str = "none",
               w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-              doweight_stage1: bool = False) -> torch.Tensor:
+              doweight_stage1: bool = False, out: torch.Tensor | None = None,
+              choice: MoeChoice | None = None) -> torch.Tensor:
     """The MoE layer with tuned (or heuristic) kernels.
 
     hidden_states [T, D] bf16/fp16; w1 [E, 2I, D] (gate rows, then up rows) or [E, I, D] (no gate); w2 [E, D, I];
-    topk_weights fp32 [T, topk]; topk_ids int [T, topk] -> [T, D] in hidden's dtype. For quant "per_token" /
-    "per_1x128" the weights are fp8 e4m3 with the scales of `kernels.fused_moe.quantize_weights`; the activations
-    are quantized inside. Shape and dtype errors are one-line ValueErrors from the kernel launchers.
+    topk_weights fp32 [T, topk]; topk_ids int [T, topk] -> [T, D] in hidden's dtype (into `out` when given, a
+    contiguous [T, D] tensor of that dtype). For quant "per_token" / "per_1x128" the weights are fp8 e4m3 with the
+    scales of `kernels.fused_moe.quantize_weights`; the activations are quantized inside. `choice` forces the
+    kernels (the tuner times candidates through it). Shape and dtype errors are one-line ValueErrors.
+
+    The first call of a call signature picks the kernels and binds their launches; later calls only launch
+    (4-6 launches and 2 allocations for bf16; no host synchronisation, so the call can be captured in a CUDA graph).
     """
-    choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
-                              doweight_stage1=doweight_stage1)
-    if hidden_states.shape[0] == 0:  # an empty batch: nothing to route (the launchers divide by the token count)
-        return hidden_states.new_empty((0, w2.shape[1]))
-    if choice.run_1stage:
-        return fm.fused_moe_1stage(hidden_states, w1, w2, topk_weights, topk_ids, choice.stage1,
-                                   activation=activation, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                                   doweight_stage1=doweight_stage1)
-    return fm.fused_moe_2stage(hidden_states, w1, w2, topk_weights, topk_ids, choice.stage1, choice.stage2,
-                               activation=activation, quant=quant, w1_scale=w1_scale, w2_scale=w2_scale,
-                               doweight_stage1=doweight_stage1)
+    tokens = hidden_states.shape[0]
+    if out is None:
+        out = torch.empty((tokens, w2.shape[1]), device=hidden_states.device, dtype=hidden_states.dtype)
+        out_sig = None
+    else:
+        if tuple(out.shape) != (tokens, w2.shape[1]) or out.dtype != hidden_states.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous [{tokens}, {w2.shape[1]}] {hidden_states.dtype} tensor, got "
+                             f"{tuple(out.shape)} {out.dtype}")
+        out_sig = out.data_ptr() & 15
+    if tokens == 0:  # an empty batch: nothing to route (the launchers divide by the token count)
+        _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
+        return out
+    device = hidden_states.device
+    key = (device, _signature(hidden_states), _signature(w1), _signature(w2), _signature(topk_weights),
+           _signature(topk_ids), _signature(w1_scale), _signature(w2_scale), activation, quant, doweight_stage1,
+           align_bits(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale), out_sig, choice)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, activation,
+                                   quant, doweight_stage1, choice)
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
+    return plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
 
 
 def fused_moe_a8w8(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -20,9 +20,9 @@ import torch
 import triton
 
 from tritune.kernels import gemm as gk
+from tritune.kernels.launch import align_bits as gk_align
 from tritune.store.gemm_json import default_store
 from tritune.store.gemm_json import reload_configs as _reload_store
-from tritune.tuners.gemm_tunable import TAGS
 
 __all__ = ["gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "select_config", "heuristic_config", "reload_configs"]
 
@@ -63,8 +63,9 @@ _SELECTED: dict[tuple, tuple[gk.GemmConfig, str]] = {}
 
 
 def reload_configs() -> None:
-    """Forget every cached choice and re-read the config files (and TRITUNE_CONFIG_DIR)."""
+    """Forget every cached choice and bound launch, and re-read the config files (and TRITUNE_CONFIG_DIR)."""
     _SELECTED.clear()
+    _PLANS.clear()
     _reload_store()
 
 
@@ -80,26 +81,59 @@ def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> 
 def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
     index = device.index if device.type == "cuda" and device.index is not None else 0
     slug, sms = _device_facts(index) if device.type == "cuda" else _device_facts(-1)
-    found = default_store().lookup(slug, TAGS[kernel], M, N, K)
+    found = default_store().lookup(slug, gk.TAGS[kernel], M, N, K)
     if found is not None:
         config, source = found
         return gk.GemmConfig.from_params(config.as_dict()), source
     return heuristic_config(kernel, M, N, K, sms), "heuristic"
 
 
-def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config) -> torch.Tensor:
+# Bound launches per call signature: everything a launch was specialized on (shapes, strides, dtypes, 16-byte
+# alignment, device) plus the explicit config, if any. A hit costs building this key and the launches themselves.
+_PLANS: dict[tuple, gk.GemmLaunch] = {}
+_PLANS_MAX = 4096  # distinct call signatures kept; past that the cache starts afresh (serving sees a few hundred)
+
+
+def _signature(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: torch.Tensor,
+          config: gk.GemmConfig | None) -> gk.GemmLaunch:
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
     M, K = a.shape
     N = b.shape[0]
     if config is None:
         config, _ = select_config(kernel, M, N, K, a.device)
-    if config.PERSISTENT_TMA:
-        target = out if out is not None else torch.empty((M, N), device=a.device, dtype=torch.bfloat16)
-        if not gk.tma_compatible(a, b, target):
-            config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False})
-        out = target
-    return gk.gemm(kernel, a, b, config, a_scale=a_scale, b_scale=b_scale, out=out)
+    if config.PERSISTENT_TMA and not gk.tma_compatible(a, b, out):
+        config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False})
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    if a.device.type == "cuda":
+        with torch.cuda.device(a.device):
+            return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
+    return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
+
+
+def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config) -> torch.Tensor:
+    fresh = out is None
+    if fresh:
+        if a.dim() != 2 or b.dim() != 2:
+            raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
+        out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=torch.bfloat16)
+    device = a.device
+    key = (kernel, config, device, _signature(a), _signature(b), _signature(a_scale), _signature(b_scale),
+           None if fresh else _signature(out), gk_align(a, b, a_scale, b_scale, out))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(kernel, a, b, a_scale, b_scale, out, config)
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            plan(a, b, a_scale, b_scale, out)
+    else:
+        plan(a, b, a_scale, b_scale, out)
+    return out
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,

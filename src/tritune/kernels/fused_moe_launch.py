@@ -1,0 +1,251 @@
+"""A whole fused-MoE call bound once per call signature: sort, activation quantization, both GEMMs (or the 1-stage
+kernel) and the top-k sum as bound launches, every scratch buffer carved from one allocation per call.
+
+2-stage: sort (1-3 launches) → [quantize hidden] → stage 1 [→ split-K finish] → [quantize intermediate] → stage 2
+[→ top-k sum]. 1-stage: sort → [quantize hidden] → zeroed fp32 accumulator → the 1-stage kernel → cast into `out`.
+Nothing is read back to the host, so a call is graph-safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tritune.kernels.fused_moe import (
+    _ACT_ID,
+    _QUANT_ID,
+    SCALE_BLOCK,
+    MoeConfig,
+    _moe_gemm_kernel,
+    _stage1_finish_kernel,
+    _topk_sum_kernel,
+    _validate,
+    check_config,
+)
+from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+from tritune.kernels.launch import BoundKernel, Workspace
+from tritune.kernels.moe_align import AlignLaunch
+from tritune.kernels.quant import QuantLaunch
+
+__all__ = ["MoeLaunch"]
+
+_F32 = torch.float32
+_TENSORS = ("hidden", "w1", "w2", "topk_weights", "w1_scale", "w2_scale", "out", "acc")  # a call's tensors, in order
+_SOURCE = {"t": 0, "p": 1, "d": 2}  # where a pointer argument comes from per call: tensors, pieces, descriptors
+
+
+class _Pieces:
+    """The workspace layout being built: (dtype, numel) per piece, addressed by index."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[torch.dtype, int]] = []
+
+    def add(self, dtype: torch.dtype, numel: int) -> int:
+        self.items.append((dtype, numel))
+        return len(self.items) - 1
+
+    def extend(self, pieces) -> int:
+        first = len(self.items)
+        self.items.extend(pieces)
+        return first
+
+
+def _weight_scale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
+    """(expert stride, row stride) of a weight scale; per-channel [E, N] scales have no row stride (unused)."""
+    if scale is None:
+        return 0, 0
+    return scale.stride(0), scale.stride(1) if scale.dim() == 3 else 0
+
+
+class MoeLaunch:
+    """The launches of one fused-MoE call signature with one choice of kernels, bound once.
+
+    Built from example tensors (validated here); a call must pass tensors of the same shapes, dtypes, strides and
+    16-byte alignment (the op keys its cache on them). `stage2` None means the 1-stage kernel with `stage1`'s config.
+    """
+
+    def __init__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, *,
+                 stage1: MoeConfig, stage2: MoeConfig | None, activation: str = "silu", quant: str = "none",
+                 doweight_stage1: bool = False) -> None:
+        experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
+                                                  w1_scale, w2_scale)
+        self.one_stage = stage2 is None
+        if self.one_stage:
+            check_config(stage1, "1stage", quant)
+        else:
+            if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
+                raise ValueError(f"stage 1 and stage 2 must share BLOCK_SIZE_M, got {stage1.BLOCK_SIZE_M} and "
+                                 f"{stage2.BLOCK_SIZE_M}")
+            check_config(stage1, "stage1", quant)
+            check_config(stage2, "stage2", quant)
+        tokens, topk = topk_ids.shape
+        self.tokens, self.model_dim, self.dtype = tokens, model_dim, hidden.dtype
+        numel = tokens * topk
+        self.ids_contiguous = topk_ids.is_contiguous()
+        ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
+        pieces = _Pieces()
+        self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts)
+        pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
+        self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
+        self.quant1 = None
+        group = SCALE_BLOCK if quant == "per_1x128" else 0
+        if quant != "none":
+            self.quant1 = QuantLaunch(hidden, tokens, model_dim, hidden.stride(0), group)
+            self.q1 = pieces.extend(self.quant1.pieces)
+        self.gated = w1.shape[1] == 2 * inter_dim
+        self.tma = []  # (launch index, weight, block shape) of weight descriptors built per call
+        self.quant2, self.quant2_at = None, -1
+        self.calls: list[tuple] = []  # (bound kernel, pointer sources, fixed tail)
+        self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
+        if self.one_stage:
+            self._bind_1stage(hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces, stage1, numel, topk,
+                              inter_dim, model_dim, activation, quant)
+        else:
+            self._bind_2stage(hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces, stage1, stage2, numel,
+                              tokens, topk, inter_dim, model_dim, activation, quant, doweight_stage1, group)
+        self.workspace = Workspace(tuple(pieces.items))
+
+    # Argument recipes: each entry is ("t", name) a call tensor, ("p", i) workspace piece i, ("d", i) the TMA
+    # descriptor of launch i, or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
+    # launch keeps its fixed tail apart and resolves only its head per call.
+    def _bind(self, fn, grid, recipe: list[tuple], example: dict, pieces: _Pieces, num_warps: int,
+              num_stages: int) -> None:
+        args = []
+        for kind, what in recipe:
+            if kind == "t":
+                args.append(example[what])
+            elif kind == "p":
+                args.append(pieces.items[what][0])
+            elif kind == "d":
+                args.append(example["desc"])
+            else:
+                args.append(what)
+        cut = next((i for i, (kind, _) in enumerate(recipe) if kind == "v"), len(recipe))
+        if any(kind != "v" for kind, _ in recipe[cut:]):
+            raise AssertionError(f"{fn}: every pointer must precede the fixed arguments")
+        head = tuple((_SOURCE[kind], _TENSORS.index(what) if kind == "t" else what) for kind, what in recipe[:cut])
+        tail = tuple(what for _, what in recipe[cut:])
+        self.calls.append((BoundKernel(fn, grid, args, num_warps=num_warps, num_stages=num_stages), head, tail))
+
+    def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
+              n: int, k: int, n_w: int, numel: int, cfg: MoeConfig, split_target: bool, a_row_div: int, gated: bool,
+              act: int, mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple) -> None:
+        num_pid_m = self.align.num_blocks
+        k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+        w_t = example[w]
+        desc = ("t", w)
+        if cfg.USE_TMA:
+            if (k * w_t.element_size()) % 16:
+                raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w_t.dtype} is not")
+            block = [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K]
+            self.tma.append((len(self.calls), w, block))
+            example = {**example, "desc": TensorDescriptor.from_tensor(w_t.view(-1, k), block)}
+            desc = ("d", len(self.calls))
+        stride_om, stride_ok = (n_w, numel * n_w) if split_target else (n, 0)
+        recipe = [a, a_scale, ("t", w), desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2), ("t", "topk_weights")]
+        recipe += [("v", v) for v in (
+            numel, n, k, k_per_split, num_pid_m, k, stride_asm, w_t.stride(0), w_t.stride(1), *scale_strides,
+            stride_om, stride_ok, a_row_div, gated, act, mul_weight, _QUANT_ID[quant], cfg.BLOCK_SIZE_M,
+            cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
+            bool(cfg.USE_TMA))]
+        grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
+        self._bind(_moe_gemm_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+
+    def _bind_2stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg1: MoeConfig,
+                     cfg2: MoeConfig, numel: int, tokens: int, topk: int, inter_dim: int, model_dim: int,
+                     activation: str, quant: str, doweight_stage1: bool, group: int) -> None:
+        example = {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": topk_weights, "w1_scale": w1_scale,
+                   "w2_scale": w2_scale, "out": torch.empty((tokens, model_dim), device=hidden.device,
+                                                            dtype=hidden.dtype)}
+        dummy = ("p", self.dummy)
+        quantized = quant != "none"
+        a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
+        stride_asm1 = self.quant1.groups if quant == "per_1x128" else 0
+        inter = pieces.add(hidden.dtype, numel * inter_dim)
+        n_w1 = inter_dim * (2 if self.gated else 1)
+        split1 = cfg1.KSPLIT > 1
+        target1 = pieces.add(_F32, cfg1.KSPLIT * numel * n_w1) if split1 else inter
+        ws1 = ("t", "w1_scale") if quantized else dummy
+        self._gemm(a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1), stride_asm=stride_asm1,
+                   n=inter_dim, k=model_dim, n_w=n_w1, numel=numel, cfg=cfg1, split_target=split1, a_row_div=topk,
+                   gated=self.gated, act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant,
+                   example=example, pieces=pieces, scale_strides=self._w_strides[0])
+        if split1:
+            block = min(triton.next_power_of_2(inter_dim), 1024)
+            self._bind(_stage1_finish_kernel, (numel, triton.cdiv(inter_dim, block)),
+                       [("p", target1), ("p", inter), ("t", "topk_weights")] + [("v", v) for v in (
+                           inter_dim, numel * n_w1, n_w1, cfg1.KSPLIT, self.gated, _ACT_ID[activation],
+                           doweight_stage1, block)], example, pieces, 4, 1)
+        a2, s2, stride_asm2 = ("p", inter), dummy, 0
+        if quantized:
+            self.quant2 = QuantLaunch(hidden.dtype, numel, inter_dim, inter_dim, group)
+            self.q2 = pieces.extend(self.quant2.pieces)
+            self.inter = inter
+            a2, s2 = ("p", self.q2), ("p", self.q2 + 1)
+            stride_asm2 = self.quant2.groups if quant == "per_1x128" else 0
+            self.quant2_at = len(self.calls)
+        direct = topk == 1 and cfg2.KSPLIT == 1
+        split2 = cfg2.KSPLIT > 1
+        if direct:
+            target2 = ("t", "out")
+        else:
+            target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))
+        ws2 = ("t", "w2_scale") if quantized else dummy
+        self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2, n=model_dim,
+                   k=inter_dim, n_w=model_dim, numel=numel, cfg=cfg2, split_target=split2, a_row_div=1, gated=False,
+                   act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant, example=example, pieces=pieces,
+                   scale_strides=self._w_strides[1])
+        if not direct:
+            block = min(triton.next_power_of_2(model_dim), 1024)
+            self._bind(_topk_sum_kernel, (tokens, triton.cdiv(model_dim, block)),
+                       [target2, ("t", "out")] + [("v", v) for v in (
+                           model_dim, numel * model_dim if split2 else 0, topk, cfg2.KSPLIT, block)],
+                       example, pieces, 4, 1)
+
+    def _bind_1stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg: MoeConfig,
+                     numel: int, topk: int, inter_dim: int, model_dim: int, activation: str, quant: str) -> None:
+        acc = torch.zeros((self.tokens, model_dim), device=hidden.device, dtype=_F32)
+        example = {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": topk_weights, "w1_scale": w1_scale,
+                   "w2_scale": w2_scale, "acc": acc}
+        dummy = ("p", self.dummy)
+        quantized = quant != "none"
+        a, s = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
+        ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quantized else (dummy, dummy)
+        num_pid_m = self.align.num_blocks
+        recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, ("t", "acc"), ("p", 0), ("p", 1), ("p", 2),
+                  ("t", "topk_weights")]
+        recipe += [("v", v) for v in (
+            numel, inter_dim, model_dim, num_pid_m, model_dim,
+            self.quant1.groups if quant == "per_1x128" else 0,
+            w1.stride(0), w1.stride(1), *self._w_strides[0], w2.stride(0), w2.stride(1), *self._w_strides[1],
+            topk, self.gated, _ACT_ID[activation], _QUANT_ID[quant], cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N,
+            cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0,
+            hidden.dtype == torch.float16)]
+        grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
+        self._bind(_moe_1stage_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+
+    def __call__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
+                 out: torch.Tensor) -> torch.Tensor:
+        """Run the bound launches into `out` [T, D] (hidden's dtype) and return it."""
+        keep, p = self.workspace.allocate(hidden.device)  # noqa: F841 (alive until every launch is queued)
+        ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
+        self.align(ids, p)
+        if self.quant1 is not None:
+            self.quant1(hidden, p[self.q1], p[self.q1 + 1])
+        acc = None
+        if self.one_stage:
+            acc = torch.zeros((self.tokens, self.model_dim), device=hidden.device, dtype=_F32)
+        sources = ((hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, acc), p, {})
+        for i, name, block in self.tma:
+            w = sources[0][_TENSORS.index(name)]
+            sources[2][i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
+        for i, (bound, head, tail) in enumerate(self.calls):
+            if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches
+                self.quant2(p[self.inter], p[self.q2], p[self.q2 + 1])
+            bound(*[sources[src][key] for src, key in head], *tail)
+        if acc is not None:
+            out.copy_(acc)
+        return out
