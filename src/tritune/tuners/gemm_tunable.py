@@ -11,13 +11,15 @@ import torch
 import triton
 
 from tritune.kernels import gemm as gk
+from tritune.kernels.gemm import TAGS
 from tritune.kernels.quant import quantize_blocks, quantize_rows
+from tritune.ops.gemm import gemm as op_gemm
+from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale
 from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import Constraint, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
-TAGS = {"bf16": "BF16", "a8w8": "A8W8", "a8w8_blockscale": "A8W8_BLOCKSCALE"}
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # The default space: wide enough to reach cuBLAS on H100 at every M, small enough to tune 8 M values of one
@@ -164,17 +166,13 @@ class GemmTunable:
         return torch.empty((problem.M, problem.N), device=inputs["a"].device, dtype=torch.bfloat16)
 
     def launcher(self, problem: GemmProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
+        """The op call itself (`tritune.ops.gemm*` with this config): its bound launches, host cost included."""
         cfg = gk.GemmConfig.from_params(config.as_dict())
-        ws = None
-        if cfg.NUM_KSPLIT > 1:
-            ws = torch.empty(cfg.NUM_KSPLIT * problem.M * problem.N, device=out.device, dtype=torch.float32)
-        kernel = problem.kernel
-
-        def launch() -> None:
-            gk.gemm(kernel, inputs["a"], inputs["b"], cfg, a_scale=inputs["a_scale"], b_scale=inputs["b_scale"],
-                    out=out, workspace=ws)
-
-        return launch
+        a, b, a_scale, b_scale = inputs["a"], inputs["b"], inputs["a_scale"], inputs["b_scale"]
+        if problem.kernel == "bf16":
+            return lambda: op_gemm(a, b, out=out, config=cfg)
+        op = gemm_a8w8 if problem.kernel == "a8w8" else gemm_a8w8_blockscale
+        return lambda: op(a, b, a_scale, b_scale, out=out, config=cfg)
 
     def compile(self, problem: GemmProblem, config: Config) -> None:
         if _interpreting():
