@@ -134,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_aot_parsers(sub, _positive_int, _non_negative_int, _positive_float)
     sub.add_parser("device", help="print the device identity recorded in every output file")
+    c = sub.add_parser(
+        "configs", help="list tuned config files and whether this machine would use them",
+        description="List every tuned config file (GEMM, fused-MoE CSV, grouped-GEMM, user kernel) with what it was "
+                    "tuned on and whether this machine would use it: another device, SM count or interpreter-vs-GPU "
+                    "is skipped, another Triton major.minor is used with a warning. Exit status with --check: 0 when "
+                    "every file would be used as is, 1 when any is stale, skipped or malformed; 2 on bad usage "
+                    "(without --check: 0 unless the usage is bad).")
+    c.add_argument("--check", action="store_true", help="exit 1 unless every file would be used as is")
+    c.add_argument("dir", nargs="?", type=Path, metavar="DIR",
+                   help="folder to list, with its user_kernels/ (default: TRITUNE_CONFIG_DIR, the shipped configs "
+                        "and the fused-MoE CSVs the ops read)")
     return parser
 
 
@@ -300,6 +311,21 @@ def _grouped_gemm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configs(args: argparse.Namespace) -> int:
+    from tritune.store import inventory
+    from tritune.store.provenance import running_machine
+
+    if args.dir is not None and not args.dir.is_dir():
+        return _fail(f"{args.dir} {'is not a folder' if args.dir.exists() else 'does not exist'}")
+    try:
+        found = (inventory.check_folder(args.dir, running_machine()) if args.dir is not None
+                 else inventory.check_defaults(running_machine()))
+    except ValueError as exc:  # a bad TRITUNE_CONFIG_DIR or TRITUNE_CONFIG_FMOE
+        return _fail(str(exc))
+    print("\n".join(found.lines()))
+    return 1 if args.check and not found.ok else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "aot":  # compiles for a named target, never through the interpreter
@@ -313,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in current_device().provenance().items():
             print(f"{key}: {value}")
         return 0
+    if args.command == "configs":
+        return _configs(args)
     try:
         if args.command == "gemm":
             return _gemm(args)

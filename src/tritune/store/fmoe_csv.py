@@ -12,7 +12,6 @@ import math
 import operator
 import re
 import warnings
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TypeVar
 from tritune import knobs
 from tritune.store.atomic import atomic_write_text
 from tritune.store.csv_records import csv_records
+from tritune.store.provenance import Machine, Recorded, compare, mismatch_message, warn_once
 
 T = TypeVar("T")
 
@@ -184,6 +184,12 @@ class FmoeTuned:
     def key(self) -> tuple[int, FmoeShape]:
         """What merge_tuned replaces on: (cu_num, shape), token included."""
         return self.cu_num, self.shape
+
+    def recorded(self) -> Recorded:
+        """The row's provenance: its `device`, `triton` and `torch` columns (when present) and its cu_num."""
+        extra = dict(self.extra)
+        return Recorded(name=extra.get("device"), sm_count=self.cu_num, triton_version=extra.get("triton"),
+                        torch_version=extra.get("torch"))
 
 
 @dataclass(frozen=True)
@@ -391,28 +397,34 @@ def token_bucket(tokens: int) -> int:
 
 
 class FmoeConfigTable:
-    """Tuned fused-MoE rows indexed by (cu_num, shape_key()) then by token bucket, for O(log buckets) lookups.
+    """Tuned fused-MoE rows indexed by (cu_num, shape_key()) then by token bucket.
 
-    Rows whose (cu_num, shape_key(), token_bucket(token)) coincide are duplicates: the lower `us` is kept
-    (on a tie the one added first) and a one-line warning names both. Files are never modified.
+    Rows whose (cu_num, device column, shape_key(), token_bucket(token)) coincide are duplicates: the lower `us`
+    is kept (on a tie the one added first) and a one-line warning names both. Rows of different devices that
+    share a cu_num (H100 and H200 both have 132 SMs) are all kept; a lookup without a machine serves the lower
+    `us`, one with a machine only rows that provenance.compare lets it use. Files are never modified.
     """
 
-    def __init__(self, rows: Sequence[FmoeTuned] = (), origins: Sequence[str] | None = None) -> None:
-        """`origins[i]` names where rows[i] came from, for duplicate warnings (default "row <i+1>")."""
+    def __init__(self, rows: Sequence[FmoeTuned] = (), origins: Sequence[str] | None = None,
+                 files: Sequence[str] | None = None) -> None:
+        """`origins[i]` names where rows[i] came from, for duplicate warnings (default "row <i+1>"); `files[i]`
+        the file it was read from, for provenance warnings (one per file; default the origin)."""
         origins = origins if origins is not None else [f"row {i + 1}" for i in range(len(rows))]
-        kept: dict[tuple[int, tuple, int], tuple[FmoeTuned, str]] = {}
-        for row, origin in zip(rows, origins, strict=True):
-            key = (row.cu_num, row.shape.shape_key(), token_bucket(row.shape.token))
+        files = files if files is not None else origins
+        kept: dict[tuple[int, str, tuple, int], tuple[FmoeTuned, str]] = {}
+        self._files: dict[FmoeTuned, str] = {}
+        for row, origin, file in zip(rows, origins, files, strict=True):
+            key = (row.cu_num, dict(row.extra).get("device", ""), row.shape.shape_key(), token_bucket(row.shape.token))
             if key in kept:
-                row, origin = self._keep(kept[key], (row, origin), key[2])
+                row, origin = self._keep(kept[key], (row, origin), key[3])
             kept[key] = row, origin
+            self._files.setdefault(row, file)
         self._rows = [row for row, _ in kept.values()]
         self._origins = {row: origin for row, origin in kept.values()}
-        self._index: dict[tuple[int, tuple], tuple[list[int], dict[int, FmoeTuned]]] = {}
-        for (cu_num, shape_key, bucket), (row, _) in kept.items():
-            self._index.setdefault((cu_num, shape_key), ([], {}))[1][bucket] = row
-        for buckets, by_bucket in self._index.values():
-            buckets.extend(sorted(by_bucket))
+        # (cu_num, shape_key) -> bucket -> the rows of that bucket (one per device), lowest us first (stable sort)
+        self._index: dict[tuple[int, tuple], dict[int, list[FmoeTuned]]] = {}
+        for (cu_num, _, shape_key, bucket), (row, _) in sorted(kept.items(), key=lambda item: item[1][0].us):
+            self._index.setdefault((cu_num, shape_key), {}).setdefault(bucket, []).append(row)
 
     @staticmethod
     def _keep(old: tuple[FmoeTuned, str], new: tuple[FmoeTuned, str], bucket: int) -> tuple[FmoeTuned, str]:
@@ -427,12 +439,13 @@ class FmoeConfigTable:
     def from_files(cls, paths: Sequence[Path]) -> FmoeConfigTable:
         """The table of every row of every tuned CSV in `paths` (earlier files win ties). A file that cannot be
         read or parsed raises FmoeCsvError naming it."""
-        rows, origins = [], []
+        rows, origins, files = [], [], []
         for path in paths:
             for tuned, row in _read_tuned_rows(Path(path)):
                 rows.append(tuned)
                 origins.append(row.where())
-        return cls(rows, origins)
+                files.append(str(path))
+        return cls(rows, origins, files)
 
     @property
     def rows(self) -> list[FmoeTuned]:
@@ -443,26 +456,40 @@ class FmoeConfigTable:
         """Where a kept row came from ("<file>, row N (line L)" for rows read by from_files)."""
         return self._origins[row]
 
-    def lookup(self, cu_num: int, shape: FmoeShape, tokens: int) -> FmoeTuned | None:
+    def lookup(self, cu_num: int, shape: FmoeShape, tokens: int, *, machine: Machine | None = None) -> FmoeTuned | None:
         """The row for `tokens` tokens of `shape` (its own token is ignored) on a GPU with `cu_num` SMs.
 
         Same cu_num and shape_key(): the row of bucket token_bucket(tokens) if tuned, else the bucket nearest in
         log2 distance (a tie goes to the larger bucket) when it is at most NEAREST_BUCKET_SPAN doublings away.
         None otherwise: a config tuned for 1024 tokens is worse at 8 than the heuristic (measured on H100).
+        With `machine` (provenance.running_machine()), rows it may not use are passed over (one warning per file
+        when that leaves nothing); a row of another Triton major.minor serves, with one warning per file.
         """
-        entry = self._index.get((cu_num, shape.shape_key()))
-        if entry is None:
+        by_bucket = self._index.get((cu_num, shape.shape_key()))
+        if by_bucket is None:
             return None
-        buckets, by_bucket = entry
         want = token_bucket(tokens)
-        if want in by_bucket:
-            return by_bucket[want]
-        i = bisect_left(buckets, want)  # the neighbours: buckets[i-1] < want < buckets[i], where they exist
-        # Powers of two, so log2 distance is the difference of bit lengths; -b sends a tie to the larger bucket.
-        best = min(buckets[max(i - 1, 0):i + 1], key=lambda b: (abs(b.bit_length() - want.bit_length()), -b))
-        if abs(best.bit_length() - want.bit_length()) > NEAREST_BUCKET_SPAN:
-            return None
-        return by_bucket[best]
+        unchecked = _nearest({b: rows[0] for b, rows in by_bucket.items()}, want)
+        if machine is None or unchecked is None:
+            return unchecked
+        row = _nearest({b: fit for b, rows in by_bucket.items()
+                        if (fit := next((r for r in rows if not compare(r.recorded(), machine).skip), None))}, want)
+        shown = row if row is not None else unchecked  # the row served, or the skipped one that would have been
+        verdict = compare(shown.recorded(), machine)
+        if not verdict.ok:
+            warn_once(mismatch_message(self._files[shown], shown.recorded(), machine, verdict))
+        return row
+
+
+def _nearest(by_bucket: dict[int, FmoeTuned], want: int) -> FmoeTuned | None:
+    """The row of bucket `want`, else of the nearest bucket (see lookup); powers of two, so the log2 distance is
+    the difference of bit lengths."""
+    if want in by_bucket:
+        return by_bucket[want]
+    if not by_bucket:
+        return None
+    best = min(by_bucket, key=lambda b: (abs(b.bit_length() - want.bit_length()), -b))
+    return by_bucket[best] if abs(best.bit_length() - want.bit_length()) <= NEAREST_BUCKET_SPAN else None
 
 
 NEAREST_BUCKET_SPAN = 2  # doublings a tuned token bucket may be from the asked one and still serve it

@@ -17,6 +17,7 @@ from pathlib import Path
 from tritune import knobs
 from tritune.store.atomic import atomic_write_json, path_lock
 from tritune.store.process_wide import ProcessWide
+from tritune.store.provenance import Machine, Recorded, check
 from tritune.tuning.types import Config
 
 BUCKETS = ("small", "medium_M32", "medium_M64", "medium_M128", "large", "xlarge", "any")
@@ -38,6 +39,12 @@ def m_bucket(M: int) -> str:
 def slug_of(device_name: str) -> str:
     """File-name-safe device name, the same as DeviceInfo.slug: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
     return re.sub(r"[^A-Za-z0-9.]+", "_", device_name).strip("_")
+
+
+def name_parts(file_name: str) -> tuple[str, str, bool] | None:
+    """(device slug, kernel tag, is a shape file) of a GEMM file name; None when it does not follow the scheme."""
+    match = _NAME_RE.fullmatch(file_name)
+    return (match["slug"], match["tag"], match["N"] is not None) if match else None
 
 
 def shape_file_name(device_slug: str, tag: str, N: int, K: int) -> str:
@@ -103,6 +110,7 @@ class GemmEntry:
 class _Parsed:
     by_M: dict[int, GemmEntry]  # empty for a default file
     configs: dict[str, Config]  # bucket -> config
+    recorded: Recorded  # the file's provenance
 
 
 def _check(doc: object, file_name: str) -> _Parsed:
@@ -120,11 +128,12 @@ def _check(doc: object, file_name: str) -> _Parsed:
     if name and (name["tag"] != doc["kernel"] or (name["N"] is not None) != is_shape):
         raise ValueError(f"content (kernel {doc['kernel']!r}, {'shape' if is_shape else 'default'} file) "
                          "does not match the file name")
+    recorded = Recorded.from_provenance(doc["provenance"])
     if not is_shape:
         configs = {b: _config(rec.get("config") if isinstance(rec, dict) else rec) for b, rec in doc["configs"].items()}
         if not configs:
             raise ValueError("'configs' is empty")
-        return _Parsed({}, configs)
+        return _Parsed({}, configs, recorded)
     N, K = _pos_int(doc.get("N"), "N"), _pos_int(doc.get("K"), "K")
     if name and (int(name["N"]), int(name["K"])) != (N, K):
         raise ValueError(f"N={N}, K={K} do not match the file name")
@@ -144,7 +153,7 @@ def _check(doc: object, file_name: str) -> _Parsed:
         configs[bucket] = entry.config
     if "any" not in configs:
         raise ValueError("configs has no 'any' entry")
-    return _Parsed(by_M, configs)
+    return _Parsed(by_M, configs, recorded)
 
 
 def _load(path: Path) -> tuple[dict, _Parsed]:
@@ -249,6 +258,9 @@ class GemmConfigStore:
     2. the device default file: M's bucket, else "any";
     3. None: the caller uses its documented built-in heuristic.
     A malformed file (or a TRITUNE_CONFIG_DIR that is not a folder) warns once and is skipped, never raises.
+    Given the running `machine`, a file whose provenance does not fit it (provenance.compare) warns once per
+    process: another device, SM count or interpreter-vs-GPU skips it (the search goes on), another Triton
+    major.minor serves it anyway.
     Parsed files and lookups stay cached until `reload()`, which also re-reads TRITUNE_CONFIG_DIR.
     """
 
@@ -278,45 +290,55 @@ class GemmConfigStore:
                     self._folders = ([user] if user else []) + [PACKAGE_DIR]
             return self._folders
 
-    def lookup(self, device_slug: str, tag: str, M: int, N: int, K: int) -> tuple[Config, str] | None:
+    def lookup(self, device_slug: str, tag: str, M: int, N: int, K: int, *,
+               machine: Machine | None = None) -> tuple[Config, str] | None:
         """(config, where it came from) for a GEMM C[M, N] = A[M, K] @ B[K, N], or None when nothing is tuned.
 
         `where` reads e.g. "shape file <path> M=64", "shape file <path> bucket large", "device default <path>
-        bucket xlarge". M < 1 is a ValueError.
+        bucket xlarge", with " (stale: Triton 3.6 != 3.9)" added when the file's Triton differs. `machine`
+        (provenance.running_machine()) turns on the provenance check; None checks nothing. M < 1 is a ValueError.
         """
-        key = (device_slug, tag, M, N, K)
+        key = (device_slug, tag, M, N, K, machine)
         hit = self._lookups.get(key, _MISS)  # lock-free fast path: a dict read is atomic
         if hit is not _MISS:
             return hit
         with self._lock:
-            result = self._resolve(device_slug, tag, M, N, K)
+            result = self._resolve(device_slug, tag, M, N, K, machine)
             self._lookups[key] = result
             return result
 
-    def _resolve(self, slug: str, tag: str, M: int, N: int, K: int) -> tuple[Config, str] | None:
+    def _resolve(self, slug: str, tag: str, M: int, N: int, K: int,
+                 machine: Machine | None) -> tuple[Config, str] | None:
         buckets = (m_bucket(M), "any")
-        found = self._first(shape_file_name(slug, tag, N, K))
+        found = self._first(shape_file_name(slug, tag, N, K), machine)
         if found:
-            path, parsed = found
+            path, parsed, note = found
             if M in parsed.by_M:
-                return parsed.by_M[M].config, f"shape file {path} M={M}"
+                return parsed.by_M[M].config, f"shape file {path} M={M}{note}"
             bucket = next(b for b in buckets if b in parsed.configs)  # "any" is always there
-            return parsed.configs[bucket], f"shape file {path} bucket {bucket}"
-        found = self._first(default_file_name(slug, tag))
+            return parsed.configs[bucket], f"shape file {path} bucket {bucket}{note}"
+        found = self._first(default_file_name(slug, tag), machine)
         if found:
-            path, parsed = found
+            path, parsed, note = found
             for bucket in buckets:
                 if bucket in parsed.configs:
-                    return parsed.configs[bucket], f"device default {path} bucket {bucket}"
+                    return parsed.configs[bucket], f"device default {path} bucket {bucket}{note}"
         return None
 
-    def _first(self, name: str) -> tuple[Path, _Parsed] | None:
+    def _first(self, name: str, machine: Machine | None) -> tuple[Path, _Parsed, str] | None:
+        """The first readable file `name` in folder order that `machine` may use, and a note when it is stale."""
         for folder in self.folders():
             path = folder / name
             if path not in self._files:
                 self._files[path] = self._parse(path)
-            if self._files[path] is not None:
-                return path, self._files[path]
+            parsed = self._files[path]
+            if parsed is None:
+                continue
+            if machine is None:
+                return path, parsed, ""
+            verdict = check(str(path), parsed.recorded, machine)  # warns once per file and mismatch
+            if not verdict.skip:
+                return path, parsed, f" (stale: {verdict.stale})" if verdict.stale else ""
         return None
 
     @staticmethod

@@ -9,7 +9,7 @@ import math
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from tritune import knobs
@@ -22,6 +22,7 @@ from tritune.kernels.grouped_gemm_config import (
 from tritune.store.atomic import atomic_write_json, path_lock
 from tritune.store.gemm_json import slug_of
 from tritune.store.process_wide import ProcessWide
+from tritune.store.provenance import Machine, Recorded, check, compare
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "configs" / "grouped_gemm"
 CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
@@ -68,6 +69,10 @@ class GroupedGemmEntry:
         """What an entry is merged on: a new entry with the same key replaces the old one."""
         return (self.triton, self.num_experts, self.n, self.k, self.topk, self.dtype, self.gemm, self.kernel,
                 self.tokens)
+
+    def recorded(self, device: str) -> Recorded:
+        """Its provenance in the file of `device`: that name, its Triton, SMs/torch/interpreter from `provenance`."""
+        return replace(Recorded.from_provenance(self.provenance), name=device, triton_version=self.triton)
 
     def to_dict(self) -> dict:
         return {"triton": self.triton, "num_experts": self.num_experts, "n": self.n, "k": self.k, "topk": self.topk,
@@ -157,8 +162,17 @@ def _load(path: Path) -> tuple[str, list[GroupedGemmEntry]]:
         if entry.key() in seen:
             raise ValueError(f"{path}: entries[{i}] repeats the key of entries[{seen[entry.key()]}]")
         seen[entry.key()] = i
+        try:
+            entry.recorded(doc["device"])
+        except ValueError as err:
+            raise ValueError(f"{path}: entries[{i}]: {err}") from None
         entries.append(entry)
     return doc["device"], entries
+
+
+def read_store_file(path: str | Path) -> tuple[str, list[GroupedGemmEntry]]:
+    """(the file's device name, its entries), validated; ValueError naming the file and the bad field."""
+    return _load(Path(path))
 
 
 def read_entries(path: str | Path) -> list[GroupedGemmEntry]:
@@ -200,6 +214,9 @@ class GroupedGemmStore:
     one. Matching is exact on everything but tokens: the exact token count wins, else the nearest tuned count
     at most MAX_TOKEN_RATIO times larger or smaller (ties: the earlier folder, then the larger count), else
     None. A malformed file warns once and is skipped, never raises. `reload()` forgets everything read.
+    Given the running `machine`, entries it may not use (provenance.compare: the file's device, the entry's SM
+    count, interpreter vs GPU) are passed over, with one warning per file when that leaves nothing; entries of
+    the running Triton version come first, else those of other versions serve, with one warning per file.
     """
 
     def __init__(self, folders: Sequence[str | Path] | None = None) -> None:
@@ -210,7 +227,7 @@ class GroupedGemmStore:
     def reload(self) -> None:
         with self._lock:
             self._folders: list[Path] | None = None
-            self._files: dict[Path, list[GroupedGemmEntry] | None] = {}
+            self._files: dict[Path, tuple[str, list[GroupedGemmEntry]] | None] = {}
             self._lookups: dict[tuple, tuple[KernelConfig, str] | None] = {}
 
     def folders(self) -> list[Path]:
@@ -228,46 +245,72 @@ class GroupedGemmStore:
             return self._folders
 
     def lookup(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int, dtype: str,
-               gemm: str, kernel: str, tokens: int) -> tuple[KernelConfig, str] | None:
-        """(config, "<file> entry ...") for one kernel of one MoE GEMM at `tokens` tokens, or None."""
+               gemm: str, kernel: str, tokens: int, *,
+               machine: Machine | None = None) -> tuple[KernelConfig, str] | None:
+        """(config, "<file> entry ...") for one kernel of one MoE GEMM at `tokens` tokens, or None.
+
+        `machine` (provenance.running_machine()) turns on the provenance check; None: exact Triton version only.
+        """
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
         key = (device_name, triton_version, num_experts, n, k, topk, dtype, gemm, kernel, tokens)
-        hit = self._lookups.get(key, _MISS)  # lock-free fast path: a dict read is atomic
+        hit = self._lookups.get((*key, machine), _MISS)  # lock-free fast path: a dict read is atomic
         if hit is not _MISS:
             return hit
         with self._lock:
-            result = self._resolve(*key)
-            self._lookups[key] = result
+            result = self._resolve(*key, machine)
+            self._lookups[(*key, machine)] = result
             return result
 
     def _resolve(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int,
-                 dtype: str, gemm: str, kernel: str, tokens: int) -> tuple[KernelConfig, str] | None:
-        want = (triton_version, num_experts, n, k, topk, dtype, gemm, kernel)
-        found: list[tuple[int, Path, GroupedGemmEntry]] = []
+                 dtype: str, gemm: str, kernel: str, tokens: int,
+                 machine: Machine | None) -> tuple[KernelConfig, str] | None:
+        want = (num_experts, n, k, topk, dtype, gemm, kernel)
+        found: list[tuple[int, Path, GroupedGemmEntry, Recorded]] = []  # every Triton version
         for rank, folder in enumerate(self.folders()):
             path = store_path(folder, device_name)
-            found += [(rank, path, e) for e in self._entries(path) if e.key()[:-1] == want]
-        exact = [(path, e) for _, path, e in found if e.tokens == tokens]
-        if exact:
-            path, e = exact[0]
-            return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens}"
-        near = [(abs(math.log2(e.tokens / tokens)), rank, -e.tokens, path, e) for rank, path, e in found
-                if max(e.tokens, tokens) <= MAX_TOKEN_RATIO * min(e.tokens, tokens)]
-        if not near:
+            device, entries = self._files_entries(path)
+            found += [(rank, path, e, e.recorded(device)) for e in entries if e.key()[1:-1] == want]
+        same = [f for f in found if f[2].triton == triton_version]
+        if machine is None:
+            picked = _nearest_tokens(same, tokens)
+        else:
+            fit = [f for f in found if not compare(f[3], machine).skip]
+            # Entries of this Triton version first; else any other (another major.minor is served with a warning).
+            picked = _nearest_tokens([f for f in fit if f[2].triton == triton_version], tokens) or _nearest_tokens(
+                fit, tokens)
+            shown = picked or _nearest_tokens(same, tokens) or _nearest_tokens(found, tokens)  # or what would be
+            if shown is not None:
+                check(str(shown[1]), shown[3], machine)
+        if picked is None:
             return None
-        *_, path, e = min(near, key=lambda item: item[:3])
-        return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens} (nearest tuned to {tokens})"
+        _, path, e, recorded = picked
+        note = "" if e.tokens == tokens else f" (nearest tuned to {tokens})"
+        stale = compare(recorded, machine).stale if machine is not None else ""
+        note += f" (stale: {stale})" if stale else ""
+        return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens}{note}"
 
-    def _entries(self, path: Path) -> list[GroupedGemmEntry]:
+    def _files_entries(self, path: Path) -> tuple[str, list[GroupedGemmEntry]]:
+        """(device, entries) of a store file, read once; ("", []) when absent or malformed (warned once)."""
         if path not in self._files:
             self._files[path] = None
             if path.is_file():
                 try:
-                    self._files[path] = _load(path)[1]
+                    self._files[path] = _load(path)
                 except ValueError as err:
                     warnings.warn(f"tritune: skipping malformed grouped-GEMM config file: {err}", stacklevel=5)
-        return self._files[path] or []
+        return self._files[path] or ("", [])
+
+
+def _nearest_tokens(found: list[tuple], tokens: int) -> tuple | None:
+    """The (rank, path, entry, recorded) whose entry is of exactly `tokens` (the earliest), else of the nearest
+    count at most MAX_TOKEN_RATIO away (ties: the earlier folder, then the larger count), else None."""
+    exact = [f for f in found if f[2].tokens == tokens]
+    if exact:
+        return exact[0]
+    near = [(abs(math.log2(f[2].tokens / tokens)), f[0], -f[2].tokens, i) for i, f in enumerate(found)
+            if max(f[2].tokens, tokens) <= MAX_TOKEN_RATIO * min(f[2].tokens, tokens)]
+    return found[min(near)[3]] if near else None
 
 
 _DEFAULT = ProcessWide(GroupedGemmStore)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.store.provenance import Machine, Recorded, check
 
 FORMAT = "tritune-user-kernel"
 VERSION = 1
@@ -38,6 +39,10 @@ class UserEntry:
     tuned_at: str  # ISO 8601
     source: str = "jit"  # "jit" (UserKernel.tune) or "aot" (tritune aot import)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def recorded(self) -> Recorded:
+        """Its provenance: `device` and `triton`, with SMs/torch/interpreter from `provenance` when recorded."""
+        return replace(Recorded.from_provenance(self.provenance), name=self.device, triton_version=self.triton)
 
     def to_json(self) -> dict[str, Any]:
         return {"device": self.device, "triton": self.triton, "key": dict(self.key), "key_text": self.key_text,
@@ -84,8 +89,13 @@ def _entry(path: Path, index: int, raw: Any) -> UserEntry:
         if not isinstance(value, (int, float, str, bool)):
             raise UserStoreError(f"{where}: config parameter {name!r} is not a scalar ({value!r})")
     time_us = math.nan if raw["time_us"] is None else float(raw["time_us"])
-    return UserEntry(raw["device"], raw["triton"], raw["key"], raw["key_text"], raw["config"], time_us,
-                     raw["tuned_at"], raw["source"], raw.get("provenance", {}))
+    entry = UserEntry(raw["device"], raw["triton"], raw["key"], raw["key_text"], raw["config"], time_us,
+                      raw["tuned_at"], raw["source"], raw.get("provenance", {}))
+    try:
+        entry.recorded()
+    except ValueError as exc:
+        raise UserStoreError(f"{where}: {exc}") from None
+    return entry
 
 
 class UserKernelStore:
@@ -127,10 +137,17 @@ class UserKernelStore:
         """Every entry in file order; [] when the file does not exist; UserStoreError when it is malformed."""
         return self._read()[1]
 
-    def lookup(self, device: str, key_text: str) -> UserEntry | None:
-        """The entry for exactly this device name and key text (the latest `tuned_at` if several), else None."""
+    def lookup(self, device: str, key_text: str, *, machine: Machine | None = None) -> UserEntry | None:
+        """The entry for exactly this device name and key text (the latest `tuned_at` if several), else None.
+
+        With `machine` (provenance.running_machine()), an entry it may not use (another SM count, interpreter vs
+        GPU) is None and one of another Triton major.minor is served; either warns once per file and mismatch.
+        """
         found = [e for e in self.entries() if e.device == device and e.key_text == key_text]
-        return max(found, key=_tuned_order) if found else None
+        entry = max(found, key=_tuned_order) if found else None
+        if entry is None or machine is None:
+            return entry
+        return None if check(str(self.path), entry.recorded(), machine).skip else entry
 
     def put(self, entries: Sequence[UserEntry]) -> None:
         """Merge `entries` into the file: one entry per (device, key_text), the latest `tuned_at` kept.
