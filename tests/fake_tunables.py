@@ -1,18 +1,21 @@
-"""Tiny CPU tunables whose behaviour per config is scripted, for the compile pool and executor tests.
+"""Tiny CPU tunables whose behaviour per config is scripted, for the compile pool, executor and tuner tests.
 
-Top-level module so spawned worker processes can unpickle them. The config's "mode" says what happens:
+Top-level module so spawned worker processes can unpickle them. ScriptedAdd: the config's "mode" says what happens:
 good | wrong | partial | flaky | slow | hang | exit | sticky | raise, and for compile():
-ok | oor | ptxas | compile_error | value_error | compile_exit.
+ok | oor | ptxas | compile_error | value_error | compile_exit. ScriptedOp with the scripted timers: candidates whose
+GPU time is scripted and whose host cost is a real sleep, for the finalist re-ranking by objective.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
 
 import torch
 
+from tritune.tuning.bench import Timing
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
@@ -107,3 +110,86 @@ class ScriptedAdd:
 
     def tolerance(self, problem: AddProblem) -> Tolerance:
         return Tolerance(atol=1e-6, rtol=1e-6)
+
+
+# ---- a fake op whose candidates trade GPU time against host cost, for the finalist re-ranking -------------------
+
+
+@dataclass(frozen=True)
+class OpProblem:
+    n: int = 64
+
+    def key(self) -> str:
+        return f"op:n={self.n}:float32"
+
+
+class ScriptedCall:
+    """One candidate's launch: `out = x` plus `host_s` of real host cost per call; `gpu_us` is the GPU time a
+    scripted timer reports for it (the CPU has no GPU to measure)."""
+
+    def __init__(self, x: torch.Tensor, out: torch.Tensor, gpu_us: float, host_s: float) -> None:
+        self.x, self.out, self.gpu_us, self.host_s = x, out, gpu_us, host_s
+
+    def __call__(self) -> None:
+        if self.host_s:
+            time.sleep(self.host_s)
+        self.out.copy_(self.x)
+
+
+class ScriptedOp:
+    """Candidates config["name"] with GPU time config["gpu_us"] and host cost config["host_ms"] per call."""
+
+    name = "scripted_op"
+
+    def __init__(self, candidates: tuple[tuple[str, float, float], ...]) -> None:
+        self.candidates = candidates  # (name, gpu_us, host_ms)
+
+    def space(self, problem: OpProblem, device):
+        from tritune.tuning.space import SearchSpace
+
+        return SearchSpace({"name": tuple(name for name, _, _ in self.candidates)})
+
+    def make_inputs(self, problem: OpProblem, device: torch.device, seed: int) -> torch.Tensor:
+        return (torch.rand(problem.n, generator=torch.Generator().manual_seed(seed)) + 0.5).to(device)
+
+    def reference(self, problem: OpProblem, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs.float()
+
+    def alloc_output(self, problem: OpProblem, inputs: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(inputs)
+
+    def launcher(self, problem: OpProblem, inputs: torch.Tensor, config: Config, out: torch.Tensor) -> ScriptedCall:
+        gpu_us, host_ms = next((g, h) for name, g, h in self.candidates if name == config["name"])
+        return ScriptedCall(inputs, out, gpu_us, host_ms / 1000.0)
+
+    def compile(self, problem: OpProblem, config: Config) -> None:
+        pass
+
+    def flops(self, problem: OpProblem) -> float:
+        return float(problem.n)
+
+    def bytes_moved(self, problem: OpProblem) -> float:
+        return 8.0 * problem.n
+
+    def tolerance(self, problem: OpProblem) -> Tolerance:
+        return Tolerance(atol=0.0, rtol=0.0)
+
+
+def scripted_gpu_time(fn: ScriptedCall, *, iters: int, warmup: int, flush_l2: bool = True,
+                      l2_bytes: int = 0) -> Timing:
+    """Stands for time_kernel on a GPU: the candidate's GPU time, host cost hidden (the GPU was parked)."""
+    fn()
+    return Timing(fn.gpu_us, fn.gpu_us, fn.gpu_us, iters, "scripted gpu time")
+
+
+def scripted_graph_time(fn: ScriptedCall, *, iters: int, warmup: int, flush_l2: bool = True,
+                        l2_bytes: int = 0) -> Timing:
+    """Stands for time_graph on a GPU: a replay has no host cost, only the kernels' time."""
+    fn()
+    return Timing(fn.gpu_us, fn.gpu_us, fn.gpu_us, iters, "scripted graph replay")
+
+
+def failing_graph_time(fn: ScriptedCall, *, iters: int, warmup: int, flush_l2: bool = True,
+                       l2_bytes: int = 0) -> Timing:
+    """A graph capture that fails for every candidate."""
+    return Timing(math.nan, math.nan, math.nan, 0, "scripted graph replay", error="capture failed: scripted")

@@ -1,13 +1,15 @@
-"""Timing: the CPU path's statistics and call counts (the CUDA path runs only where a GPU exists)."""
+"""Timing: the CPU path's statistics and call counts for GPU time, eager and graph timing (the CUDA paths run only
+where a GPU exists)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
 import torch
 
-from tritune.tuning.bench import CPU_METHOD, time_kernel
+from tritune.tuning.bench import CPU_EAGER_METHOD, CPU_GRAPH_METHOD, CPU_METHOD, time_eager, time_graph, time_kernel
 
 
 class Counter:
@@ -51,3 +53,48 @@ def test_cuda_events() -> None:
     assert timing.method == "cuda-events+l2-flush"
     assert 0 < timing.min_us <= timing.median_us <= timing.max_us
     assert time_kernel(lambda: torch.mm(x, x), iters=3, flush_l2=False).method == "cuda-events"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only: the perf_counter path used under the interpreter")
+def test_cpu_eager_is_per_call_over_back_to_back_batches() -> None:
+    fn = Counter(sleep_s=0.001)
+    timing = time_eager(fn, iters=4, warmup=2, batches=3)
+    assert fn.calls == 2 + 3 * 4 and timing.iters == 12 and timing.method == CPU_EAGER_METHOD
+    assert 1000.0 <= timing.min_us <= timing.median_us <= timing.max_us < 200_000.0  # per call, not per batch
+    assert not timing.failed and timing.error == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only: without CUDA there is no graph to replay")
+def test_cpu_graph_is_eager_calls_and_says_so() -> None:
+    fn = Counter(sleep_s=0.001)
+    timing = time_graph(fn, iters=5, warmup=1)
+    assert fn.calls == 1 + 5 and timing.iters == 5 and timing.method == CPU_GRAPH_METHOD
+    assert 1000.0 <= timing.median_us < 200_000.0 and math.isfinite(timing.median_us)
+    assert not timing.failed
+
+
+def test_eager_and_graph_times_are_finite_and_positive() -> None:
+    x = torch.randn(64, 64, device="cuda" if torch.cuda.is_available() else "cpu")
+    for timing in (time_eager(lambda: torch.mm(x, x), iters=3, warmup=1),
+                   time_graph(lambda: torch.mm(x, x), iters=3, warmup=1)):
+        assert 0 < timing.min_us <= timing.median_us <= timing.max_us < math.inf
+
+
+def test_eager_and_graph_bad_counts() -> None:
+    for bad in ({"iters": 0}, {"warmup": -1}):
+        with pytest.raises(ValueError):
+            time_eager(Counter(), **bad)
+        with pytest.raises(ValueError):
+            time_graph(Counter(), **bad)
+    with pytest.raises(ValueError):
+        time_eager(Counter(), batches=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: CUDA-graph capture")
+def test_graph_capture_failure_is_a_failed_timing_not_a_crash() -> None:
+    x = torch.randn(1024, device="cuda")
+    timing = time_graph(lambda: x.sum().item(), iters=3, warmup=1)  # a host sync cannot be captured
+    assert timing.failed and timing.error.startswith("capture failed") and math.isnan(timing.median_us)
+    stream = torch.cuda.current_stream()
+    ok = time_graph(lambda: torch.mm(x[:32, None], x[None, :32]), iters=3, warmup=1)  # the process still works
+    assert not ok.failed and ok.median_us > 0 and torch.cuda.current_stream() == stream

@@ -68,6 +68,8 @@ def assert_untouched(out: Path) -> None:
     (["--kernel", "bf16", "--n", "40", "--k", "48", "--m", "0"], ["'0'", "positive"]),  # M below 1
     (["--kernel", "bf16", "--k", "48", "--m", "1,17"], ["--n"]),  # missing --n
     (["--kernel", "bf16", "--n", "forty", "--k", "48", "--m", "1"], ["--n", "'forty'"]),  # argparse type error
+    (["--kernel", "bf16", *GOOD, "--objective", "gpu"], ["--objective", "invalid choice: 'gpu'", "eager"]),
+    (["--kernel", "bf16", *GOOD, "--finalists", "two"], ["--finalists", "'two'"]),
 ])
 def test_bad_flags_fail_on_one_line(flags, expected, out_dir, capsys):
     assert run_cli(["gemm", *flags, "-o", str(out_dir), "--no-progress"]) == 2
@@ -179,6 +181,28 @@ def test_tiny_run_writes_shape_and_default_files(tmp_path, small_space, capsys):
     assert (shape["N"], shape["K"], sorted(shape["by_M"])) == (40, 48, ["1", "17"])
     assert shape["by_M"]["1"]["config"]["BLOCK_SIZE_M"] == 16  # 32 is pruned for M=1
     assert default["from_shapes"] == [{"N": 40, "K": 48}]
+    for entry in shape["by_M"].values():  # each winner also timed as the op runs: eager and (on the CPU) eager again
+        assert entry["time_us"] > 0 and entry["eager_us"] > 0 and entry["graph_us"] > 0
+    assert "eager us" in captured.out and "graph us" in captured.out
+
+
+@pytest.mark.parametrize(("flags", "objective", "finalists"), [
+    ([], "eager", 5),  # the defaults
+    (["--objective", "graph", "--finalists", "2"], "graph", 2),
+    (["--finalists", "0"], "eager", 0),  # GPU time alone picks
+])
+def test_objective_and_finalists_reach_the_settings(flags, objective, finalists, tmp_path, monkeypatch):
+    import tritune.tuners.gemm as gemm_tuner
+
+    seen = {}
+
+    def fake_tune_gemm(req, device, settings, tunable=None):
+        seen["settings"] = settings
+        raise KeyboardInterrupt  # stop before any work: main() turns this into exit 2
+
+    monkeypatch.setattr(gemm_tuner, "tune_gemm", fake_tune_gemm)
+    assert main(["gemm", "--kernel", "bf16", *GOOD, "-o", str(tmp_path / "out"), "--no-progress", *flags]) == 2
+    assert seen["settings"].objective == objective and seen["settings"].finalists == finalists
 
 
 def test_device_prints_name_and_triton_version(capsys):

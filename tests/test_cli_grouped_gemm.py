@@ -62,8 +62,10 @@ def test_tiny_run_writes_csv_and_store_that_lookup_serves(tmp_path, space, capsy
     assert len(entries) == 6 and {e.tokens for e in entries} == {7}
     s = GroupedGemmStore([configs])
     for e in entries:
-        fastest = min(float(r["triton_time"]) for r in rows if (r["gemm"], r["kernel"]) == (e.gemm, e.kernel))
-        assert e.us == pytest.approx(fastest) and e.provenance["name"] == DEV.name
+        times = [float(r["triton_time"]) for r in rows if (r["gemm"], r["kernel"]) == (e.gemm, e.kernel)]
+        # The objective (eager by default) picks among the finalists, both candidates here; the store keeps the
+        # winner's GPU time, as the CSV does.
+        assert any(e.us == pytest.approx(t) for t in times) and e.provenance["name"] == DEV.name
         assert e.baseline == "torch loop over experts + torch permute" and e.torch_us > 0
         config, where = lookup(s, e.gemm, e.kernel)
         assert config == e.config and "tokens=7" in where

@@ -25,8 +25,10 @@ ROW_A = "3,64,48,3,2,ActivationType.Silu,torch.float16,torch.float16,torch.float
 ROW_B = "5,64,48,3,2,ActivationType.Gelu,torch.float16,torch.float16,torch.float16,QuantType.No,True,True"
 SHAPE_A = FmoeShape(3, 64, 48, 3, 2, "silu", "fp16", "fp16", "fp16", "none", True, False)
 SHAPE_B = FmoeShape(5, 64, 48, 3, 2, "gelu", "fp16", "fp16", "fp16", "none", True, True)
-# The written header: the fixed aiter columns, then the provenance tritune adds, in this order.
-TUNED_HEADER = [*TUNED_COLUMNS, "device", "triton", "torch", "routing", "us_stages", "rel_l2"]
+# The written header: the fixed aiter columns, then the provenance tritune adds, then the op's eager and CUDA-graph
+# times and the objective that chose the row, in this order.
+TUNED_HEADER = [*TUNED_COLUMNS, "device", "triton", "torch", "routing", "us_stages", "rel_l2", "us_eager", "us_graph",
+                "objective"]
 ENGINE = ["--iters", "1", "--warmup", "0", "--no-progress", "--compile-workers", "1"]
 SMALL = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
 
@@ -91,17 +93,22 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     with out.open() as f:
         header, *rows = list(csv.reader(f))
     assert header == TUNED_HEADER
-    assert len(rows) == 2 and rows[0][len(TUNED_COLUMNS):] == [""] * 6  # the other GPU's row first, no provenance
+    assert len(rows) == 2 and rows[0][len(TUNED_COLUMNS):] == [""] * 9  # the other GPU's row first, no provenance
     old, new = read_tuned(out)
     assert old == other
     assert new.shape == SHAPE_A
     assert_consistent(new)
-    assert dict(new.extra)["routing"] == "uniform"
+    extra = dict(new.extra)
+    assert extra["routing"] == "uniform"
+    # Timed as the op runs (eager) and as a graph (on the CPU: eager calls again); the default objective chose.
+    assert float(extra["us_eager"]) > 0 and float(extra["us_graph"]) > 0 and extra["objective"] == "eager"
 
     with profile.open() as f:
         prof = list(csv.DictReader(f))
     assert list(prof[0]) == list(fmoe_tuner.PROFILE_COLUMNS)
     assert {r["kind"] for r in prof} == {"stage1", "stage2", "1stage", "e2e"}
+    # Only the end-to-end re-time is timed as the op runs: a stage alone is not what the user calls.
+    assert all((r["us_eager"] != "") == (r["kind"] == "e2e") for r in prof)
     assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in prof)
     by_kind = {kind: [r["kernelName"] for r in prof if r["kind"] == kind] for kind in ("stage1", "stage2", "1stage")}
     assert {k: len(v) for k, v in by_kind.items()} == {"stage1": 1, "stage2": 1, "1stage": 1}
@@ -116,12 +123,13 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
 def test_last_tunes_only_the_last_row(tmp_path, capsys):
     inp = write_input(tmp_path / "untuned.csv", ROW_A, ROW_B)
     out = tmp_path / "tuned.csv"
-    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--last", "--skew", "0.5", *ENGINE])
+    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--last", "--skew", "0.5", "--objective", "graph", *ENGINE])
     assert code == 0, capsys.readouterr().err
     (row,) = read_tuned(out)
     assert row.shape == SHAPE_B
     assert_consistent(row)
     assert dict(row.extra)["routing"] == "zipf0.5"
+    assert dict(row.extra)["objective"] == "graph"
 
 
 def test_rows_already_tuned_are_skipped_and_all_retunes_them(tmp_path, capsys):
@@ -171,6 +179,8 @@ def test_missing_input_file(tmp_path, capsys):
     (["--skew", "-1"], "--skew -1.0 must be a finite number >= 0"),
     (["--skew", "nan"], "--skew nan must be a finite number >= 0"),
     (["--iters", "0"], "'0' is not a positive integer"),  # argparse-level: SystemExit(2)
+    (["--objective", "wall"], "argument --objective: invalid choice: 'wall'"),
+    (["--finalists", "-1"], "'-1' is not a non-negative integer"),
 ])
 def test_bad_flag_fails_on_one_line(flags, expected, tmp_path, capsys):
     inp = write_input(tmp_path / "untuned.csv", ROW_A)

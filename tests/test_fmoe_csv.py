@@ -228,6 +228,22 @@ def test_round_trip_with_provenance_and_one_stage_row(tmp_path):
     assert path.read_text().splitlines() == lines  # stable: re-writing what was read changes nothing
 
 
+def test_op_time_columns_append_after_older_provenance(tmp_path):
+    provenance = (("device", "NVIDIA H100"), ("triton", "3.9.0"), ("us_stages", "19.75"), ("rel_l2", "0.001"))
+    old = tuned(extra=provenance)  # written before the tuner recorded op times
+    path = tmp_path / "tuned_fmoe.csv"
+    fc.write_tuned(path, [old])
+    new = tuned(shape=SHAPE.with_token(64), extra=(*provenance, ("us_eager", "101.00"), ("us_graph", "16.50"),
+                                                   ("objective", "eager")))
+    fc.write_tuned(path, fc.merge_tuned(fc.read_tuned(path), [new]))
+    header, old_line, new_line = path.read_text().splitlines()
+    assert header.split(",") == [*fc.TUNED_COLUMNS, "device", "triton", "us_stages", "rel_l2", "us_eager",
+                                 "us_graph", "objective"]  # the seed columns first and unchanged, new ones last
+    assert old_line.endswith(",0.001,,,") and new_line.endswith(",0.001,101.00,16.50,eager")
+    assert fc.read_tuned(path) == [old, new]
+    assert dict(fc.read_tuned(path)[0].extra).get("us_eager") is None  # an older row: no op times, still read
+
+
 def test_header_order_and_written_forms(tmp_path):
     path = tmp_path / "t.csv"
     fc.write_tuned(path, [tuned()])

@@ -68,6 +68,34 @@ def test_entry_round_trip_with_nan_error():
         GemmEntry.from_dict({k: v for k, v in d.items() if k != "gbps"})
 
 
+def test_entry_op_times_round_trip_and_old_entries_load():
+    e = GemmEntry(M=16, config=cfg(16), time_us=16.5, tflops=1.0, gbps=2.0, error=0.0, eager_us=101.0,
+                  graph_us=math.nan)  # eager measured; the graph could not be captured
+    d = json.loads(json.dumps(json_safe(e.to_dict())))
+    assert (d["time_us"], d["eager_us"], d["graph_us"]) == (16.5, 101.0, None)
+    back = GemmEntry.from_dict(d)
+    assert back.eager_us == 101.0 and math.isnan(back.graph_us) and back.time_us == 16.5
+    old = {k: v for k, v in d.items() if k not in ("eager_us", "graph_us")}  # written before the fields existed
+    back = GemmEntry.from_dict(old)
+    assert back.time_us == 16.5 and math.isnan(back.eager_us) and math.isnan(back.graph_us)
+    with pytest.raises(ValueError, match="eager_us='fast' is not a number"):
+        GemmEntry.from_dict({**d, "eager_us": "fast"})
+
+
+def test_old_shape_file_merges_with_op_times(tmp_path):
+    path = gj.write_shape_file(tmp_path, PROV, "BF16", 64, 64, {16: entry(16, cfg(16))})
+    doc = json.loads(path.read_text())
+    for rec in [*doc["by_M"].values(), *doc["configs"].values()]:  # as an older tritune wrote it
+        del rec["eager_us"], rec["graph_us"]
+    path.write_text(json.dumps(doc))
+    new = GemmEntry(M=32, config=cfg(32), time_us=5.0, tflops=1.0, gbps=1.0, error=0.0, eager_us=9.0, graph_us=5.5)
+    gj.write_shape_file(tmp_path, PROV, "BF16", 64, 64, {32: new})
+    doc = gj.read_gemm_file(path)
+    assert (doc["by_M"]["16"]["eager_us"], doc["by_M"]["16"]["graph_us"]) == (None, None)  # not measured: null
+    assert (doc["by_M"]["32"]["eager_us"], doc["by_M"]["32"]["graph_us"]) == (9.0, 5.5)
+    assert doc["configs"]["medium_M32"]["eager_us"] == 9.0
+
+
 def test_shape_file_buckets_and_merge(tmp_path):
     path = gj.write_shape_file(tmp_path, PROV, "BF16", 4096, 1024,
                                {16: entry(16, cfg(16)), 8: entry(8, cfg(8)), 64: entry(64, cfg(64)),

@@ -1,10 +1,12 @@
-"""Journal: exact round trip of measurements (inf/NaN included), upsert, meta, and survival of SIGKILL."""
+"""Journal: exact round trip of measurements (inf/NaN included), upsert, meta, survival of SIGKILL, and a journal
+written before the op-time columns existed opening and resuming."""
 
 from __future__ import annotations
 
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,8 @@ def _same(a: Measurement, b: Measurement) -> bool:
         and eq(a.rel_l2_err, b.rel_l2_err)
         and a.message == b.message
         and a.extra == b.extra
+        and eq(a.eager_us, b.eager_us)
+        and eq(a.graph_us, b.graph_us)
     )
 
 
@@ -138,3 +142,54 @@ def test_survives_sigkill(tmp_path: Path) -> None:
         got = j.measurements("p")
     assert {Config.of(i=i) for i in returned} <= set(got)
     assert all(got[Config.of(i=i)].time_us == float(i) for i in returned)
+
+
+def test_op_times_round_trip_and_upsert(tmp_path: Path) -> None:
+    config = Config.of(BLOCK_M=64)
+    first = Measurement("p", config, Status.OK, time_us=16.5, error=0.0, rel_l2_err=0.0)
+    # A finalist: eager measured, graph not captured (NaN).
+    retimed = Measurement("p", config, Status.OK, time_us=16.5, error=0.0, rel_l2_err=0.0, eager_us=101.25,
+                          extra={"graph_error": "capture failed"})
+    with Journal(tmp_path / "j.sqlite") as j:
+        j.record(first)
+        assert _same(j.measurements("p")[config], first) and not j.measurements("p")[config].retimed
+        j.record(retimed)
+        got = j.measurements("p")[config]
+    assert _same(got, retimed) and got.retimed and math.isnan(got.graph_us)
+
+
+# The schema of journals written before eager_us and graph_us existed.
+OLD_SCHEMA = """
+CREATE TABLE measurements (
+    problem_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, time_us REAL, error REAL,
+    rel_l2_err REAL, message TEXT NOT NULL, extra TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (problem_key, config)
+);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def test_old_journal_gains_the_columns_and_resumes(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(OLD_SCHEMA)
+    conn.execute("INSERT INTO measurements VALUES ('p', ?, 'ok', 12.5, 0.0, 0.001, '', '{}', 0.0)",
+                 (Config.of(BLOCK_M=16).key(),))
+    conn.execute("INSERT INTO meta VALUES ('argv', 'tritune gemm')")
+    conn.commit()
+    conn.close()
+
+    with Journal(path) as j:  # opens, adds the columns, reads the old row as not yet re-timed
+        old = j.measurements("p")[Config.of(BLOCK_M=16)]
+        assert old.ok and old.time_us == 12.5 and math.isnan(old.eager_us) and math.isnan(old.graph_us)
+        assert j.get_meta("argv") == "tritune gemm"
+        j.record(Measurement("p", Config.of(BLOCK_M=16), Status.OK, time_us=12.5, eager_us=30.0, graph_us=11.0))
+        j.record(Measurement("p", Config.of(BLOCK_M=32), Status.OK, time_us=14.0))
+    with Journal(path) as j:  # a second open finds the columns there and changes nothing
+        got = j.measurements("p")
+    assert (got[Config.of(BLOCK_M=16)].eager_us, got[Config.of(BLOCK_M=16)].graph_us) == (30.0, 11.0)
+    assert got[Config.of(BLOCK_M=32)].time_us == 14.0 and not got[Config.of(BLOCK_M=32)].retimed
+    conn = sqlite3.connect(path)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(measurements)")]
+    conn.close()
+    assert columns[-2:] == ["eager_us", "graph_us"] and len(columns) == len(set(columns))

@@ -1,8 +1,10 @@
-"""tune() on the GEMM tunable: journal resume (also after kill -9), summary counts, M buckets and the default file."""
+"""tune() on the GEMM tunable: journal resume (also after kill -9), summary counts, M buckets and the default file;
+the finalists re-timed as the op runs and ranked by the objective, on a fake op with scripted GPU times."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -12,14 +14,20 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_tunables import OpProblem, ScriptedOp, failing_graph_time, scripted_gpu_time, scripted_graph_time
+from test_journal import OLD_SCHEMA
 
 from tritune.tuners.gemm import INTERPRETER_SPACE, GemmShape, GemmTuneRequest, tune_gemm
 from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
+from tritune.tuning.bench import Timers
 from tritune.tuning.device import current_device
 from tritune.tuning.executor import BenchSettings
-from tritune.tuning.tuner import TuneSettings, tune
+from tritune.tuning.journal import Journal
+from tritune.tuning.tuner import TuneSettings, journal_key, tune
+from tritune.tuning.types import Objective
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
 DEVICE = current_device()
 FAST = BenchSettings(iters=2, warmup=1, timeout_s=60.0, seed=0)
 # BLOCK_SIZE_M in (16, 32) x NUM_KSPLIT in (1, 2); with K < 64 split-K is pruned, and M=1 prunes BLOCK_SIZE_M=32.
@@ -29,12 +37,12 @@ SHAPES = (GemmShape((1, 17), 40, 48),  # N, K not multiples of the 32-wide block
 
 
 def _pythonpath() -> str:
-    return os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    return os.pathsep.join(p for p in (str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
 
 
 @pytest.fixture(autouse=True)
 def _children_can_import(monkeypatch):
-    # Spawned benchmark workers and the CLI subprocess import tritune from this checkout.
+    # Spawned benchmark workers and the CLI subprocess import tritune (and fake_tunables) from this checkout.
     monkeypatch.setenv("PYTHONPATH", _pythonpath())
 
 
@@ -158,3 +166,83 @@ def test_shape_files_bucket_by_m_and_default_file_votes(two_shapes):
         ballots = [docs[name]["configs"][bucket]["config"] for name in names[:2]]
         assert rec["shapes"] == 2
         assert rec["config"] in ballots and rec["votes"] == ballots.count(rec["config"])
+
+
+# ---- finalists: re-timed as the op runs, ranked by the objective ------------------------------------------------
+
+# A has the least GPU time but 5 ms of host cost per call (say four launches through a slow launcher); B and C pay
+# almost none. The first pass (GPU time) ranks A, B, C; the top 2 are finalists.
+OP = ScriptedOp((("A", 10.0, 5.0), ("B", 20.0, 0.0), ("C", 30.0, 0.0)))
+SCRIPTED = Timers(gpu=scripted_gpu_time, graph=scripted_graph_time)  # eager: the real time_eager, host cost and all
+
+
+def op_settings(journal: Path, objective: Objective, finalists: int = 2, timers: Timers = SCRIPTED) -> TuneSettings:
+    bench = BenchSettings(iters=2, warmup=0, timeout_s=60.0, seed=0, flush_l2=False, timers=timers)
+    return TuneSettings(journal_path=journal, bench=bench, progress=False, finalists=finalists, objective=objective)
+
+
+def by_name(result) -> dict:
+    return {m.config["name"]: m for m in result.measurements}
+
+
+def test_eager_objective_picks_low_host_cost_and_graph_picks_low_gpu_time(tmp_path):
+    journal = tmp_path / "journal.sqlite"
+    (eager,), s1 = tune(OP, [OpProblem()], DEVICE, op_settings(journal, Objective.EAGER))
+    ms = by_name(eager)
+    assert eager.gpu_best.config["name"] == "A"  # the first pass ranks by GPU time
+    assert eager.best.config["name"] == "B"  # ... but A's host cost makes it the slower op to call
+    assert ms["A"].eager_us >= 5000.0 > 1000.0 > ms["B"].eager_us  # the sleep is real; B's copy takes microseconds
+    assert (ms["A"].graph_us, ms["B"].graph_us) == (10.0, 20.0)  # a graph replay hides the host cost
+    assert (ms["A"].time_us, ms["B"].time_us, ms["C"].time_us) == (10.0, 20.0, 30.0)  # GPU time kept as measured
+    assert not ms["C"].retimed and math.isnan(ms["C"].graph_us)  # third by GPU time: not a finalist
+    assert eager.best is ms["B"]  # the winner is one of the measurements (callers compare by identity)
+    assert (s1.measured, s1.retimed, s1.retimed_reused) == (3, 2, 0)
+    assert "finalists timed as the op runs: 2 (0 reused from the journal)" in s1.lines()
+
+    # The op times are in the journal: the graph objective on the same journal measures nothing and picks A.
+    (graph,), s2 = tune(OP, [OpProblem()], DEVICE, op_settings(journal, Objective.GRAPH))
+    assert graph.best.config["name"] == "A"
+    assert (s2.measured, s2.reused, s2.retimed, s2.retimed_reused) == (0, 3, 0, 2)
+    assert by_name(graph)["A"].eager_us == ms["A"].eager_us
+    with Journal(journal) as j:
+        stored = {m.config["name"]: m for m in j.measurements(journal_key(DEVICE, OpProblem(), OP)).values()}
+    assert stored["B"].eager_us == ms["B"].eager_us and stored["B"].graph_us == 20.0
+    assert stored["B"].extra["graph_method"] == "scripted graph replay"
+
+
+def test_no_finalists_leaves_gpu_time_to_pick(tmp_path):
+    (r,), summary = tune(OP, [OpProblem()], DEVICE, op_settings(tmp_path / "j.sqlite", Objective.EAGER, finalists=0))
+    assert r.best is r.gpu_best and r.best.config["name"] == "A"
+    assert summary.retimed == 0 and not any(m.retimed for m in r.measurements)
+
+
+def test_graph_objective_without_a_captured_graph_falls_back_to_gpu_time(tmp_path):
+    timers = Timers(gpu=scripted_gpu_time, graph=failing_graph_time)
+    (r,), _ = tune(OP, [OpProblem()], DEVICE, op_settings(tmp_path / "j.sqlite", Objective.GRAPH, timers=timers))
+    ms = by_name(r)
+    assert r.best.config["name"] == "A"  # no finalist has a graph time: the least GPU time among them wins
+    assert ms["A"].retimed and math.isnan(ms["A"].graph_us) and ms["A"].ok  # a failed capture fails nothing
+    assert ms["A"].extra["graph_error"] == "capture failed: scripted"
+
+
+def test_settings_check_objective_and_finalists(tmp_path):
+    assert TuneSettings(tmp_path / "j", objective="graph").objective is Objective.GRAPH
+    with pytest.raises(ValueError, match="'wall' is not a valid Objective"):
+        TuneSettings(tmp_path / "j", objective="wall")
+    with pytest.raises(ValueError, match="finalists must be an integer >= 0"):
+        TuneSettings(tmp_path / "j", finalists=-1)
+
+
+def test_journal_from_before_op_times_resumes_and_retimes_only_the_finalists(tmp_path):
+    path = tmp_path / "old.sqlite"
+    jkey = journal_key(DEVICE, OpProblem(), OP)
+    conn = sqlite3.connect(path)
+    conn.executescript(OLD_SCHEMA)
+    for name, us in (("A", 10.0), ("B", 20.0), ("C", 30.0)):  # the first pass, done by an older tritune
+        conn.execute("INSERT INTO measurements VALUES (?, ?, 'ok', ?, 0.0, 0.0, '', '{}', 0.0)",
+                     (jkey, f'{{"name":"{name}"}}', us))
+    conn.commit()
+    conn.close()
+    (r,), summary = tune(OP, [OpProblem()], DEVICE, op_settings(path, Objective.EAGER))
+    assert (summary.measured, summary.reused, summary.retimed) == (0, 3, 2)
+    assert r.best.config["name"] == "B" and not by_name(r)["C"].retimed

@@ -65,6 +65,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_positive_int, default=None, help="candidates per problem (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--objective", default="eager", choices=("eager", "graph"),
+                   help="what picks the winner among the finalists: eager (default; per-call time of back-to-back "
+                        "eager calls, host launch cost included) or graph (GPU time of a CUDA-graph replay)")
+    p.add_argument("--finalists", type=_non_negative_int, default=5,
+                   help="fastest candidates by GPU time per problem re-timed as the op runs (default 5; 0: GPU time "
+                        "alone picks)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,12 +158,14 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
     from tritune.tuning.device import gpu_count
     from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
+    from tritune.tuning.types import Objective
 
     bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
     return TuneSettings(
         journal_path=out_dir / f"journal-{device.slug}.sqlite", bench=bench,
         num_gpus=args.mp or max(1, gpu_count()), compile_workers=args.compile_workers,
         strategy=args.strategy, budget=args.budget, progress=not args.no_progress,
+        finalists=args.finalists, objective=Objective(args.objective),
     )
 
 

@@ -89,10 +89,14 @@ class GemmEntry:
     tflops: float
     gbps: float
     error: float  # mismatch ratio from the correctness gate; nan when not checked (stored as null)
+    # time_us is GPU time; these are the op's per-call time as eager calls (host included) and as a CUDA-graph
+    # replay, nan when not measured (stored as null; absent in files written before they existed).
+    eager_us: float = math.nan
+    graph_us: float = math.nan
 
     def to_dict(self) -> dict:
         return {"M": self.M, "config": self.config.as_dict(), "time_us": self.time_us, "tflops": self.tflops,
-                "gbps": self.gbps, "error": self.error}
+                "gbps": self.gbps, "error": self.error, "eager_us": self.eager_us, "graph_us": self.graph_us}
 
     @staticmethod
     def from_dict(d: dict) -> GemmEntry:
@@ -103,7 +107,9 @@ class GemmEntry:
         if missing:
             raise ValueError(f"entry lacks {', '.join(missing)}")
         return GemmEntry(M=_pos_int(d["M"], "M"), config=_config(d["config"]), time_us=_num(d, "time_us"),
-                         tflops=_num(d, "tflops"), gbps=_num(d, "gbps"), error=_num(d, "error"))
+                         tflops=_num(d, "tflops"), gbps=_num(d, "gbps"), error=_num(d, "error"),
+                         eager_us=_num(d, "eager_us") if "eager_us" in d else math.nan,
+                         graph_us=_num(d, "graph_us") if "graph_us" in d else math.nan)
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
         entries[(p.N, p.K)][p.M] = GemmEntry(
             M=p.M, config=r.best.config, time_us=r.best.time_us,
             tflops=tunable.flops(p) / seconds / 1e12, gbps=tunable.bytes_moved(p) / seconds / 1e9,
-            error=r.best.error if not math.isnan(r.best.error) else 0.0)
+            error=r.best.error if not math.isnan(r.best.error) else 0.0,
+            eager_us=r.best.eager_us, graph_us=r.best.graph_us)
     files = []
     tag = problems[0].tag
     provenance = device.provenance()
@@ -170,12 +171,15 @@ def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
 
 
 def result_table(results: Sequence[ProblemResult], tunable_flops) -> list[str]:
-    lines = [f"{'problem':<44} {'best us':>9} {'TFLOP/s':>8}  config"]
+    """One line per problem: the winner's GPU time (us), its eager and CUDA-graph per-call times (the op as the user
+    calls it; '-' when not measured), TFLOP/s from the GPU time, and its config."""
+    lines = [f"{'problem':<44} {'GPU us':>9} {'eager us':>9} {'graph us':>9} {'TFLOP/s':>8}  config"]
     for r in results:
         if r.best is None:
             why = "every candidate was pruned" if not r.measurements else "no candidate passed"
-            lines.append(f"{r.problem.key():<44} {'FAILED':>9} {'-':>8}  {why}")
+            lines.append(f"{r.problem.key():<44} {'FAILED':>9} {'-':>9} {'-':>9} {'-':>8}  {why}")
             continue
         tflops = tunable_flops(r.problem) / (r.best.time_us * 1e-6) / 1e12
-        lines.append(f"{r.problem.key():<44} {r.best.time_us:9.1f} {tflops:8.1f}  {r.best.config}")
+        eager, graph = (f"{t:9.1f}" if math.isfinite(t) else f"{'-':>9}" for t in (r.best.eager_us, r.best.graph_us))
+        lines.append(f"{r.problem.key():<44} {r.best.time_us:9.1f} {eager} {graph} {tflops:8.1f}  {r.best.config}")
     return lines

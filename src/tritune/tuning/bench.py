@@ -1,10 +1,12 @@
-"""Timing one prepared launch: CUDA events around each call with an L2 flush in between, or perf_counter on CPU.
+"""Timing one prepared launch three ways: GPU time (time_kernel), as the user's eager call (time_eager, host
+included) and as a CUDA-graph replay (time_graph); perf_counter on CPU.
 
 The method string travels with every timing so a result file says how it was measured.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 CPU_METHOD = "cpu-perf-counter (interpreter: timings meaningless)"
+CPU_EAGER_METHOD = "cpu-perf-counter, back-to-back calls (interpreter: timings meaningless)"
+CPU_GRAPH_METHOD = "cpu-perf-counter, no CUDA graph: back-to-back calls (interpreter: timings meaningless)"
 
 _SLEEP_CYCLES_PER_S = 2.0e9  # torch.cuda._sleep counts SM clock cycles; ~2 GHz on H100/H200 boost clocks
 # (device index, bytes) -> flush buffer; kept for the life of the process so timing never allocates.
@@ -26,6 +30,11 @@ class Timing:
     max_us: float
     iters: int
     method: str
+    error: str = ""  # why it could not be measured (times are then NaN); "" when it was
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error)
 
 
 def _flush_buffer(l2_bytes: int) -> torch.Tensor:
@@ -93,3 +102,127 @@ def _time_cpu(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
         fn()
         times_us.append(1e6 * (time.perf_counter() - start))
     return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, CPU_METHOD)
+
+
+def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batches: int = 3) -> Timing:
+    """Per-call time of `fn` as a user's eager loop sees it: host cost (Python, argument binding, every launch)
+    and GPU time together, in microseconds.
+
+    `warmup` untimed calls, then `batches` batches of `iters` back-to-back calls; each batch starts on an idle
+    GPU and is timed by CUDA events recorded before its first call and after its last (the GPU is never parked,
+    so a call whose host side is slower than its kernels is timed at the host's pace); a batch's time / `iters`
+    is one sample, and the median, min and max are over the batches. No L2 flush: a flush between calls would
+    be a launch of its own and would change the host cost being measured, so data that fits in L2 stays warm
+    across calls (a kernel bound by its GPU time reads a warm L2 here, unlike time_kernel). Without CUDA
+    (Triton interpreter) the batches are timed with perf_counter; those numbers say nothing about a GPU.
+    """
+    if iters < 1 or warmup < 0 or batches < 1:
+        raise ValueError(f"need iters >= 1, warmup >= 0, batches >= 1, got iters={iters} warmup={warmup} "
+                         f"batches={batches}")
+    if not torch.cuda.is_available():
+        return _time_batches_cpu(fn, iters, warmup, batches, CPU_EAGER_METHOD)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(1000.0 * start.elapsed_time(end) / iters)
+    method = "cuda-events around back-to-back eager calls (host included, no L2 flush)"
+    return Timing(statistics.median(samples), min(samples), max(samples), iters * batches, method)
+
+
+def time_graph(
+    fn: Callable[[], None],
+    *,
+    iters: int = 50,
+    warmup: int = 5,
+    flush_l2: bool = True,
+    l2_bytes: int = 50 * 2**20,
+) -> Timing:
+    """GPU time of one call of `fn` replayed from a CUDA graph (its kernels back to back, no host launch gaps
+    between them), in microseconds; median, min and max over `iters` replays.
+
+    The warm-up calls run on a side stream before capture, as torch requires; one call is then captured with
+    torch.cuda.graph and replayed. Each timed replay sits between CUDA events, preceded (when `flush_l2`) by
+    zeroing a 4x-L2 buffer, with the GPU parked while the host queues them, as in time_kernel. A call that
+    cannot be captured (a host sync, a CPU tensor, an allocation the graph pool refuses...) gives a Timing with
+    NaN times and `error` set; it never raises. Without CUDA (Triton interpreter) there is no graph: the calls
+    are timed back to back as time_eager does (one batch), so the figure is host wall clock, nothing about a GPU.
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters} warmup={warmup}")
+    if not torch.cuda.is_available():
+        return _time_batches_cpu(fn, iters, warmup, 1, CPU_GRAPH_METHOD)
+    method = "cuda-graph replay, cuda-events" + ("+l2-flush" if flush_l2 else "")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # capture is best effort: the candidate itself is judged by its eager runs
+        del graph
+        torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its capture stream current when capture_end raises
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # a sticky error surfaces again at the worker's next checked run, blamed there
+            pass
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return Timing(math.nan, math.nan, math.nan, 0, method,
+                      error=f"capture failed: {type(exc).__name__}: {first_line}"[:300])
+    try:
+        flush = _flush_buffer(l2_bytes) if flush_l2 else None
+        t0 = time.perf_counter()
+        graph.replay()
+        host_s = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        torch.cuda._sleep(int(min(2.0, 1.5 * iters * (host_s + 30e-6)) * _SLEEP_CYCLES_PER_S))
+        for start, end in zip(starts, ends, strict=True):
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize()
+        times_us = [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+    finally:
+        graph.reset()  # its memory pool goes back before the next candidate
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)
+
+
+def _time_batches_cpu(fn: Callable[[], None], iters: int, warmup: int, batches: int, method: str) -> Timing:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append(1e6 * (time.perf_counter() - start) / iters)
+    return Timing(statistics.median(samples), min(samples), max(samples), iters * batches, method)
+
+
+@dataclass(frozen=True)
+class Timers:
+    """The three timers a benchmark worker uses. Module-level functions, so the value pickles into workers;
+    tests swap in scripted ones to stand for a GPU the CPU does not have."""
+
+    gpu: Callable[..., Timing] = time_kernel  # first pass: ranks every candidate
+    eager: Callable[..., Timing] = time_eager  # finalists, objective "eager"
+    graph: Callable[..., Timing] = time_graph  # finalists, objective "graph"

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tritune.tuning.bench import Timers
 from tritune.tuning.errors import is_sticky
 from tritune.tuning.types import Config, Measurement, Status
 from tritune.tuning.worker import worker_main
@@ -33,6 +34,7 @@ class BenchSettings:
     timeout_s: float = 60.0  # per candidate, counted from the moment the worker has the problem's inputs
     seed: int = 0  # for make_inputs
     flush_l2: bool = True
+    timers: Timers = Timers()  # GPU time (first pass), eager and CUDA-graph time (finalists)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Task:
     task_id: int  # unique per executor; comes back as Measurement.extra["task_id"]
     problem: Any
     config: Config
+    finalist: bool = False  # re-time as the op runs (eager and graph) instead of the first pass's GPU time
 
 
 _SETUP_TIMEOUT_FACTOR = 10  # until "started": the first task of a problem also builds inputs and reference

@@ -26,6 +26,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     message TEXT NOT NULL,
     extra TEXT NOT NULL,           -- JSON object
     created REAL NOT NULL,         -- unix time of the last write
+    eager_us REAL,                 -- finalists: eager per-call time; NULL when not re-timed (NaN)
+    graph_us REAL,                 -- finalists: CUDA-graph replay time; NULL when not re-timed or not captured
     PRIMARY KEY (problem_key, config)
 );
 CREATE TABLE IF NOT EXISTS meta (
@@ -34,13 +36,17 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 """
 
+# Columns added after the first release: (name, SQL type). A journal written before them gains them on open.
+_ADDED_COLUMNS = (("eager_us", "REAL"), ("graph_us", "REAL"))
+
 _UPSERT = """
-INSERT INTO measurements (problem_key, config, status, time_us, error, rel_l2_err, message, extra, created)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO measurements (problem_key, config, status, time_us, error, rel_l2_err, message, extra, created,
+                          eager_us, graph_us)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (problem_key, config) DO UPDATE SET
     status = excluded.status, time_us = excluded.time_us, error = excluded.error,
     rel_l2_err = excluded.rel_l2_err, message = excluded.message, extra = excluded.extra,
-    created = excluded.created
+    created = excluded.created, eager_us = excluded.eager_us, graph_us = excluded.graph_us
 """
 
 
@@ -70,6 +76,21 @@ class Journal:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns an older journal lacks (NULL in its rows: not re-timed), so it opens and resumes."""
+        # BEGIN IMMEDIATE takes the write lock first, so two processes opening one old journal add each column once.
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            have = {row[1] for row in self._conn.execute("PRAGMA table_info(measurements)")}
+            for name, kind in _ADDED_COLUMNS:
+                if name not in have:
+                    self._conn.execute(f"ALTER TABLE measurements ADD COLUMN {name} {kind}")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
 
     def record(self, m: Measurement) -> None:
         """Insert or replace the row for (m.problem_key, m.config); committed on return.
@@ -86,6 +107,8 @@ class Journal:
             m.message,
             json.dumps(m.extra, sort_keys=True, default=str),
             time.time(),
+            _to_sql(m.eager_us),
+            _to_sql(m.graph_us),
         )
         with self._lock:
             # isolation_level=None is autocommit: the single statement is its own committed transaction.
@@ -95,12 +118,12 @@ class Journal:
         """Every recorded candidate of one problem, in first-recorded order."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT config, status, time_us, error, rel_l2_err, message, extra FROM measurements "
-                "WHERE problem_key = ? ORDER BY rowid",
+                "SELECT config, status, time_us, error, rel_l2_err, message, extra, eager_us, graph_us "
+                "FROM measurements WHERE problem_key = ? ORDER BY rowid",
                 (problem_key,),
             ).fetchall()
         out: dict[Config, Measurement] = {}
-        for config_key, status, time_us, error, rel_l2, message, extra in rows:
+        for config_key, status, time_us, error, rel_l2, message, extra, eager_us, graph_us in rows:
             config = Config.from_key(config_key)
             out[config] = Measurement(
                 problem_key=problem_key,
@@ -111,6 +134,8 @@ class Journal:
                 rel_l2_err=_from_sql(rel_l2),
                 message=message,
                 extra=json.loads(extra),
+                eager_us=_from_sql(eager_us),
+                graph_us=_from_sql(graph_us),
             )
         return out
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from tritune.tuning.journal import Journal
-from tritune.tuning.types import Config, Measurement, Status
+from tritune.tuning.types import Config, Measurement, Objective, Status
 
 Evaluate = Callable[[Sequence[Config]], list[Measurement]]
 
@@ -28,6 +28,20 @@ def best(measurements: Iterable[Measurement]) -> Measurement | None:
     """The OK measurement with the lowest finite time; ties go to the smaller Config; None if none is OK."""
     ok = [m for m in measurements if m.ok and math.isfinite(m.time_us)]
     return min(ok, key=lambda m: (m.time_us, m.config)) if ok else None
+
+
+def top(measurements: Iterable[Measurement], n: int) -> list[Measurement]:
+    """The `n` OK measurements with the lowest finite time, fastest first (ties: smaller Config); best() is top[0]."""
+    ok = [m for m in measurements if m.ok and math.isfinite(m.time_us)]
+    return sorted(ok, key=lambda m: (m.time_us, m.config))[:max(n, 0)]
+
+
+def best_for(objective: Objective, measurements: Iterable[Measurement]) -> Measurement | None:
+    """The OK measurement with the least time as `objective` measures it (Measurement.objective_time); those not
+    measured that way (not re-timed, or a graph that could not be captured) come after every measured one, by GPU
+    time; ties go to the lower GPU time, then the smaller Config. None if none is OK."""
+    ok = [m for m in measurements if m.ok and math.isfinite(m.time_us)]
+    return min(ok, key=lambda m: (m.objective_time(objective), m.time_us, m.config)) if ok else None
 
 
 def _unique(candidates: Sequence[Config]) -> list[Config]:

@@ -1,4 +1,5 @@
-"""Values the engine passes around: a config, the closed set of outcomes, one measured candidate.
+"""Values the engine passes around: a config, the closed set of outcomes, the ranking objective, one measured
+candidate.
 
 Configs are hashable values so a winner is `min(times, key=times.get)` and a journal row can be found
 again by key; failures are data (a kind plus a message) and rank as infinitely slow.
@@ -82,6 +83,14 @@ class Status(enum.StrEnum):
         return self is not Status.OK
 
 
+class Objective(enum.StrEnum):
+    """What ranks the finalists (the first pass always ranks by GPU time): the per-call time of back-to-back eager
+    calls, host cost included (what a user's eager loop sees), or the GPU time of a CUDA-graph replay."""
+
+    EAGER = "eager"
+    GRAPH = "graph"
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """What the correctness gate found: the verdict and the numbers behind it."""
@@ -107,6 +116,9 @@ class Measurement:
     rel_l2_err: float = math.nan
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # Finalists only (NaN until re-timed as the op runs): eager calls back to back, and a CUDA-graph replay.
+    eager_us: float = math.nan
+    graph_us: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -115,3 +127,13 @@ class Measurement:
     @property
     def rank_time(self) -> float:
         return self.time_us if self.ok else math.inf
+
+    @property
+    def retimed(self) -> bool:
+        """Whether the finalist pass has timed this candidate as the op runs (eager is always measured there)."""
+        return not math.isnan(self.eager_us)
+
+    def objective_time(self, objective: Objective) -> float:
+        """eager_us or graph_us; inf when failed or not measured that way (a graph that could not be captured)."""
+        t = self.eager_us if objective is Objective.EAGER else self.graph_us
+        return t if self.ok and math.isfinite(t) else math.inf

@@ -1,4 +1,5 @@
-"""The benchmark process: one per GPU, long-lived; runs candidates one at a time on poisoned output, checks, times.
+"""The benchmark process: one per GPU, long-lived; runs candidates one at a time on poisoned output, checks, times
+(GPU time in the first pass; eager and CUDA-graph time for a finalist).
 
 Pipe protocol. Parent -> worker: a Task, or None to stop. Worker -> parent: ("ready",) once started,
 ("started", task_id) once the problem's inputs are ready, ("result", task_id, Measurement) per task.
@@ -8,6 +9,7 @@ After a sticky failure (dead CUDA context) the worker sends the result and exits
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -43,7 +45,6 @@ class _Runner:
 
     def __init__(self, tunable: Any, device: torch.device, settings: BenchSettings) -> None:
         # Imported in the worker only, so importing the executor in the parent does not pull them in.
-        from tritune.tuning.bench import time_kernel
         from tritune.tuning.check import check_output, poison
 
         self.tunable = tunable
@@ -51,7 +52,6 @@ class _Runner:
         self.settings = settings
         self.l2_bytes = _l2_bytes(device)
         self.state: _ProblemState | None = None
-        self._time_kernel = time_kernel
         self._check_output = check_output
         self._poison = poison
 
@@ -78,7 +78,8 @@ class _Runner:
             return Measurement(key, config, classify_exception(exc), message="making inputs: " + short_message(exc))
         started()
         try:
-            measurement = self._measure(problem, config, state)
+            measure = self._measure_as_op if task.finalist else self._measure
+            measurement = measure(problem, config, state)
         except Exception as exc:
             measurement = Measurement(key, config, classify_exception(exc), message=short_message(exc))
         if not measurement.ok:
@@ -93,7 +94,7 @@ class _Runner:
         if not first.passed:
             return _wrong_answer(state.key, config, first, "")
         s = self.settings
-        timing = self._time_kernel(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        timing = s.timers.gpu(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
         second = self._checked_run(fn, state, tol)
         if not second.passed:
@@ -107,6 +108,29 @@ class _Runner:
             rel_l2_err=max(first.rel_l2_err, second.rel_l2_err),
             extra={"min_us": timing.min_us, "max_us": timing.max_us, "method": timing.method},
         )
+
+    def _measure_as_op(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
+        """A finalist: checked, timed as eager calls and as a CUDA-graph replay, checked again. time_us stays NaN
+        (the parent keeps the first pass's); a graph that cannot be captured leaves graph_us NaN, with the reason
+        in extra["graph_error"], and does not fail the candidate."""
+        tol = self.tunable.tolerance(problem)
+        fn = self.tunable.launcher(problem, state.inputs, config, state.out)
+        first = self._checked_run(fn, state, tol)
+        if not first.passed:
+            return _wrong_answer(state.key, config, first, "")
+        s = self.settings
+        eager = s.timers.eager(fn, iters=s.iters, warmup=s.warmup)
+        graph = s.timers.graph(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        second = self._checked_run(fn, state, tol)  # a graph replay writes `out` too: check the eager path again
+        if not second.passed:
+            return _wrong_answer(state.key, config, second, "after timing as the op runs: ")
+        extra = {"eager_method": eager.method, "graph_method": graph.method}
+        if graph.failed:
+            extra["graph_error"] = graph.error
+        return Measurement(state.key, config, Status.OK, time_us=math.nan,
+                           error=max(first.mismatch_ratio, second.mismatch_ratio),
+                           rel_l2_err=max(first.rel_l2_err, second.rel_l2_err), extra=extra,
+                           eager_us=eager.median_us, graph_us=graph.median_us)
 
     def _checked_run(self, fn: Callable[[], None], state: _ProblemState, tol: Tolerance) -> CheckResult:
         self._poison(state.out)
