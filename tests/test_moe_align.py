@@ -62,9 +62,20 @@ CASES = [
     pytest.param(150, 4, 24, 64, None, id="block-64-multi-chunk"),
     pytest.param(4, 8, 256, 256, None, id="block-256-wide-padding"),
     pytest.param(0, 8, 8, 16, None, id="no-tokens"),
-    pytest.param(512, 8, 64, 16, None, id="self-scan-at-its-32-chunk-limit"),
-    pytest.param(600, 8, 61, 32, None, id="past-self-scan-limit-three-launches-prime-E"),
+    pytest.param(600, 8, 61, 32, None, id="38-chunks-prime-E"),
 ]
+
+
+@pytest.mark.parametrize("limit", [
+    pytest.param(0, id="three-launches-count-scan-scatter"),
+    pytest.param(38 * 61, id="two-launches-at-the-self-scan-limit"),
+])
+def test_both_multi_launch_paths_equal_reference(limit, monkeypatch):
+    import tritune.kernels.moe_align as moe_align
+
+    monkeypatch.setattr(moe_align, "SELF_SCAN_COUNTS", limit)
+    ids = _ids(600, 8, 61, seed=7)  # 4800 pairs: 38 chunks of 61 experts
+    _assert_same(moe_align_block_size(ids, 32, 61), moe_align_block_size_reference(ids, 32, 61))
 
 
 @pytest.mark.parametrize("tokens,topk,experts,block_size,only", CASES)

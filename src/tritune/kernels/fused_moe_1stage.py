@@ -81,6 +81,20 @@ def _moe_1stage_kernel(
         tl.atomic_add(out_rows + offs_d[None, :], part, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
 
 
+@triton.jit(do_not_specialize=["n"])
+def _acc_to_out_kernel(
+    acc_ptr,  # fp32 [n]
+    out_ptr,  # [n] in the activation dtype
+    n, BLOCK: tl.constexpr,
+):
+    """out = acc in out's dtype (the 1-stage kernel sums into fp32 with atomics).
+
+    Grid: (⌈n/BLOCK⌉,).
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(acc_ptr + offs, mask=offs < n).to(out_ptr.dtype.element_ty), mask=offs < n)
+
+
 def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, config: MoeConfig, *, activation: str = "silu", quant: str = "none",
                      w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,

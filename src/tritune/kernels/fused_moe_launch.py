@@ -1,12 +1,15 @@
 """A whole fused-MoE call bound once per call signature: sort, activation quantization, both GEMMs (or the 1-stage
 kernel) and the top-k sum as bound launches, every scratch buffer carved from one allocation per call.
 
-2-stage: sort (1-3 launches) → [quantize hidden] → stage 1 [→ split-K finish] → [quantize intermediate] → stage 2
-[→ top-k sum]. 1-stage: sort → [quantize hidden] → zeroed fp32 accumulator → the 1-stage kernel → cast into `out`.
+2-stage: sort (1-3 launches; the first also quantizes the activations for fp8) → stage 1 [→ split-K finish] →
+[quantize intermediate] → stage 2 [→ top-k sum]. 1-stage: sort (its first launch also quantizes and zeroes the fp32
+accumulator) → the 1-stage kernel → cast into `out`.
 Nothing is read back to the host, so a call is graph-safe.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import triton
@@ -23,15 +26,15 @@ from tritune.kernels.fused_moe import (
     _validate,
     check_config,
 )
-from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
 from tritune.kernels.launch import BoundKernel, Workspace
-from tritune.kernels.moe_align import AlignLaunch
+from tritune.kernels.moe_align import AlignLaunch, RideAlong
 from tritune.kernels.quant import QuantLaunch
 
 __all__ = ["MoeLaunch"]
 
 _F32 = torch.float32
-_TENSORS = ("hidden", "w1", "w2", "topk_weights", "w1_scale", "w2_scale", "out", "acc")  # a call's tensors, in order
+_TENSORS = ("hidden", "w1", "w2", "topk_weights", "w1_scale", "w2_scale", "out")  # a call's tensors, in order
 _SOURCE = {"t": 0, "p": 1, "d": 2}  # where a pointer argument comes from per call: tensors, pieces, descriptors
 
 
@@ -86,18 +89,19 @@ class MoeLaunch:
         self.ids_contiguous = topk_ids.is_contiguous()
         ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
         pieces = _Pieces()
-        self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts)
-        pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
-        self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
-        self.quant1 = None
         group = SCALE_BLOCK if quant == "per_1x128" else 0
-        if quant != "none":
-            self.quant1 = QuantLaunch(hidden, tokens, model_dim, hidden.stride(0), group)
-            self.q1 = pieces.extend(self.quant1.pieces)
+        # The sort's first launch also quantizes the activations (fp8) and zeroes the 1-stage accumulator.
+        ride = RideAlong(x=hidden if quant != "none" else None, rows=tokens if quant != "none" else 0,
+                         cols=model_dim, stride=hidden.stride(0), group=group,
+                         zero=tokens * model_dim if self.one_stage else 0)
+        self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
+        pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
+        self.q1 = self.align.q_piece
+        self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
         self.tma = []  # (launch index, weight, block shape) of weight descriptors built per call
         self.quant2, self.quant2_at = None, -1
-        self.calls: list[tuple] = []  # (bound kernel, pointer sources, fixed tail)
+        self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call)
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
         if self.one_stage:
             self._bind_1stage(hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces, stage1, numel, topk,
@@ -106,6 +110,7 @@ class MoeLaunch:
             self._bind_2stage(hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces, stage1, stage2, numel,
                               tokens, topk, inter_dim, model_dim, activation, quant, doweight_stage1, group)
         self.workspace = Workspace(tuple(pieces.items))
+        self._finish_binding(pieces)
 
     # Argument recipes: each entry is ("t", name) a call tensor, ("p", i) workspace piece i, ("d", i) the TMA
     # descriptor of launch i, or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
@@ -126,8 +131,19 @@ class MoeLaunch:
         if any(kind != "v" for kind, _ in recipe[cut:]):
             raise AssertionError(f"{fn}: every pointer must precede the fixed arguments")
         head = tuple((_SOURCE[kind], _TENSORS.index(what) if kind == "t" else what) for kind, what in recipe[:cut])
-        tail = tuple(what for _, what in recipe[cut:])
-        self.calls.append((BoundKernel(fn, grid, args, num_warps=num_warps, num_stages=num_stages), head, tail))
+        self.calls.append((BoundKernel(fn, grid, args, varying=cut, num_warps=num_warps, num_stages=num_stages),
+                           head))
+
+    def _finish_binding(self, pieces: _Pieces) -> None:
+        """Per launch, one C-level getter of its pointers out of the call's flat list: the call's tensors (or
+        addresses), then the workspace pieces, then the TMA descriptors by launch index."""
+        n_t, n_p = len(_TENSORS), len(pieces.items)
+        offset = {0: 0, 1: n_t, 2: n_t + n_p}
+        self.getters = []
+        for bound, head in self.calls:
+            flat = [offset[src] + key for src, key in head]
+            getter = operator.itemgetter(*flat) if len(flat) > 1 else (lambda xs, i=flat[0]: (xs[i],))
+            self.getters.append((bound, getter))
 
     def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
               n: int, k: int, n_w: int, numel: int, cfg: MoeConfig, split_target: bool, a_row_div: int, gated: bool,
@@ -162,7 +178,7 @@ class MoeLaunch:
         dummy = ("p", self.dummy)
         quantized = quant != "none"
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
-        stride_asm1 = self.quant1.groups if quant == "per_1x128" else 0
+        stride_asm1 = self.align.groups if quant == "per_1x128" else 0
         inter = pieces.add(hidden.dtype, numel * inter_dim)
         n_w1 = inter_dim * (2 if self.gated else 1)
         split1 = cfg1.KSPLIT > 1
@@ -206,46 +222,53 @@ class MoeLaunch:
 
     def _bind_1stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg: MoeConfig,
                      numel: int, topk: int, inter_dim: int, model_dim: int, activation: str, quant: str) -> None:
-        acc = torch.zeros((self.tokens, model_dim), device=hidden.device, dtype=_F32)
         example = {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": topk_weights, "w1_scale": w1_scale,
-                   "w2_scale": w2_scale, "acc": acc}
+                   "w2_scale": w2_scale, "out": torch.empty((self.tokens, model_dim), device=hidden.device,
+                                                            dtype=hidden.dtype)}
+        acc = ("p", self.align.zero_piece)  # zeroed by the sort's first launch
         dummy = ("p", self.dummy)
         quantized = quant != "none"
         a, s = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quantized else (dummy, dummy)
         num_pid_m = self.align.num_blocks
-        recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, ("t", "acc"), ("p", 0), ("p", 1), ("p", 2),
+        recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, acc, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights")]
         recipe += [("v", v) for v in (
             numel, inter_dim, model_dim, num_pid_m, model_dim,
-            self.quant1.groups if quant == "per_1x128" else 0,
+            self.align.groups if quant == "per_1x128" else 0,
             w1.stride(0), w1.stride(1), *self._w_strides[0], w2.stride(0), w2.stride(1), *self._w_strides[1],
             topk, self.gated, _ACT_ID[activation], _QUANT_ID[quant], cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N,
             cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0,
             hidden.dtype == torch.float16)]
         grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
         self._bind(_moe_1stage_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+        n = self.tokens * model_dim
+        self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [acc, ("t", "out"), ("v", n), ("v", 1024)],
+                   example, pieces, 4, 1)
 
     def __call__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
-                 out: torch.Tensor) -> torch.Tensor:
-        """Run the bound launches into `out` [T, D] (hidden's dtype) and return it."""
+                 out: torch.Tensor, addresses: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Run the bound launches into `out` [T, D] (hidden's dtype) and return it.
+
+        `addresses` (GPU only): the data pointers of (hidden, w1, w2, topk_weights, w1_scale or 0, w2_scale or 0,
+        out, topk_ids), which the op has already read; the launches then take them instead of the tensors.
+        """
         keep, p = self.workspace.allocate(hidden.device)  # noqa: F841 (alive until every launch is queued)
-        ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
-        self.align(ids, p)
-        if self.quant1 is not None:
-            self.quant1(hidden, p[self.q1], p[self.q1 + 1])
-        acc = None
-        if self.one_stage:
-            acc = torch.zeros((self.tokens, self.model_dim), device=hidden.device, dtype=_F32)
-        sources = ((hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, acc), p, {})
+        if addresses is not None and self.ids_contiguous:
+            ids = addresses[7]
+            sources = addresses[:7]
+        else:
+            ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
+            sources = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out)
+        self.align(ids, p, sources[0])
+        descs = [None] * len(self.calls)
         for i, name, block in self.tma:
-            w = sources[0][_TENSORS.index(name)]
-            sources[2][i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
-        for i, (bound, head, tail) in enumerate(self.calls):
+            w = w1 if name == "w1" else w2
+            descs[i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
+        flat = (*sources, *p, *descs)
+        for i, (bound, getter) in enumerate(self.getters):
             if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches
                 self.quant2(p[self.inter], p[self.q2], p[self.q2 + 1])
-            bound(*[sources[src][key] for src, key in head], *tail)
-        if acc is not None:
-            out.copy_(acc)
+            bound(*getter(flat))
         return out

@@ -294,6 +294,9 @@ class GemmLaunch:
         if tuple(out.shape) != (M, N) or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous {M}x{N} tensor, got {tuple(out.shape)}")
         self.M, self.N, self.K, self.cfg = M, N, K, cfg
+        self.device = a.device
+        # On a GPU (not TMA) a call may pass addresses instead of tensors: the op computes them anyway.
+        self.takes_addresses = a.is_cuda and not cfg.PERSISTENT_TMA
         quant = _QUANT_OF[kernel]
         a_s = a_scale if a_scale is not None else a  # scale pointers are never read when QUANT_NONE
         b_s = b_scale if b_scale is not None else a
@@ -311,7 +314,8 @@ class GemmLaunch:
             self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE)
             self.main = BoundKernel(
                 _gemm_tma_persistent_kernel, (min(num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
-                (*self._descs(a, b, out), a_s, b_s, *self._tail), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                (*self._descs(a, b, out), a_s, b_s, *self._tail), varying=5, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
             return
         grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), cfg.NUM_KSPLIT)
         self.scratch = Workspace(((torch.float32, cfg.NUM_KSPLIT * M * N),)) if self.split > 1 else None
@@ -319,34 +323,35 @@ class GemmLaunch:
         self._tail = (M, N, K, k_per_split(K, cfg), a.stride(0), b.stride(0), stride_c, stride_ck, *scale_strides,
                       quant, bm, bn, bk, cfg.GROUP_SIZE_M, cfg.NUM_KSPLIT, K % bk == 0, cfg.cache_modifier)
         target = torch.empty((cfg.NUM_KSPLIT, M, N), device=a.device, dtype=torch.float32) if self.split > 1 else out
-        self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *self._tail),
+        self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *self._tail), varying=5,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if self.split > 1:
             block = 1024
             self._reduce_tail = (M, N, M * N, cfg.NUM_KSPLIT, block)
             self.reduce = BoundKernel(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
-                                      (target, out, *self._reduce_tail), num_warps=4, num_stages=1)
+                                      (target, out, *self._reduce_tail), varying=2, num_warps=4, num_stages=1)
 
     def _descs(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
         ba, bb, bc = self._blocks
         return self._desc(a, ba), self._desc(b, bb), self._desc(out, bc)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor | None,
-                 out: torch.Tensor, workspace: torch.Tensor | None = None) -> None:
+    def __call__(self, a, b, a_scale, b_scale, out, workspace: torch.Tensor | None = None) -> None:
+        """Launch on A, B, the scales (None when unquantized) and C: tensors, or their addresses when
+        `takes_addresses`."""
         a_s = a_scale if a_scale is not None else a
         b_s = b_scale if b_scale is not None else a
         if self.cfg.PERSISTENT_TMA:
-            self.main(*self._descs(a, b, out), a_s, b_s, *self._tail)
+            self.main(*self._descs(a, b, out), a_s, b_s)
             return
         if self.reduce is None:
-            self.main(a, b, out, a_s, b_s, *self._tail)
+            self.main(a, b, out, a_s, b_s)
             return
         if workspace is not None:
             part = workspace
         else:
-            keep, (part,) = self.scratch.allocate(a.device)  # noqa: F841 (alive until both launches are queued)
-        self.main(a, b, part, a_s, b_s, *self._tail)
-        self.reduce(part, out, *self._reduce_tail)
+            keep, (part,) = self.scratch.allocate(self.device)  # noqa: F841 (alive until both launches are queued)
+        self.main(a, b, part, a_s, b_s)
+        self.reduce(part, out)
 
 
 def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, cfg: GemmConfig) -> None:

@@ -10,13 +10,13 @@ Under Triton's interpreter (no GPU) a bound kernel simply launches through Trito
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from triton.runtime.jit import JITFunction
 
-__all__ = ["BoundKernel", "Workspace", "align_bits", "launch_counts", "reset_launch_counts"]
+__all__ = ["BoundKernel", "Workspace", "launch_counts", "release_scratch", "reset_launch_counts"]
 
 # Per kernel name, how many launches went through bound kernels (CPU tests pin launches per op call).
 _COUNTS: dict[str, int] = {}
@@ -34,42 +34,70 @@ def reset_launch_counts(counting: bool = True) -> None:
     _COUNTING[0] = counting
 
 
-def _hooks_installed() -> bool:
-    """True when a profiler (e.g. proton) asked Triton to call hooks around launches: then we launch through the JIT,
-    which calls them, rather than hide our launches from it."""
+def _launch_hooks() -> tuple[object, object] | None:
+    """Triton's launch hooks when a profiler (e.g. proton) installed some, else None: with hooks, a bound launch
+    passes them and their launch metadata, as Triton's own launch does, rather than hide from the profiler."""
     try:
         from triton import knobs
 
-        return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     except (ImportError, AttributeError):  # Triton < 3.4 keeps the hooks on CompiledKernel
         from triton.compiler import CompiledKernel
 
-        return getattr(CompiledKernel, "launch_enter_hook", None) is not None
+        enter, leave = (getattr(CompiledKernel, "launch_enter_hook", None),
+                        getattr(CompiledKernel, "launch_exit_hook", None))
+
+    def empty(hook) -> bool:  # Triton >= 3.5 always holds a HookChain, empty unless a profiler added calls
+        return hook is None or (hasattr(hook, "calls") and not hook.calls)
+
+    return None if empty(enter) and empty(leave) else (enter, leave)
 
 
-def align_bits(*tensors: torch.Tensor | None) -> int:
-    """One bit per tensor: set when its address is not 16-byte aligned (Triton specializes pointers on that)."""
-    bits = 0
-    for i, t in enumerate(tensors):
-        if t is not None and t.data_ptr() & 15:
-            bits |= 1 << i
-    return bits
+# The one launcher protocol we call past its Python wrapper (Triton 3.5-3.6's CudaLauncher): the wrapper only
+# allocates scratch (none for kernels that need none) and forwards. Matched on its source text, so another Triton
+# whose wrapper does anything else keeps the wrapper.
+_KNOWN_WRAPPER = ("def __call__(self, gridX, gridY, gridZ, stream, function, *args):",
+                  "self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
+                  "global_scratch, profile_scratch, *args)")
+_WRAPPER_KNOWN: dict[type, bool] = {}
+
+
+def _direct_launch(run):
+    """The C launch function behind a Triton launcher when calling it directly is exactly what the launcher's
+    `__call__` would do (known protocol, no scratch to allocate); else None."""
+    cls = type(run)
+    if cls not in _WRAPPER_KNOWN:
+        try:
+            import inspect
+
+            text = " ".join(inspect.getsource(cls.__call__).split())
+            _WRAPPER_KNOWN[cls] = all(part in text for part in _KNOWN_WRAPPER)
+        except (OSError, TypeError):
+            _WRAPPER_KNOWN[cls] = False
+    if not _WRAPPER_KNOWN[cls]:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    return getattr(run, "launch", None)
 
 
 class BoundKernel:
-    """A kernel bound to one grid and one specialization: `bound(*args)` launches it on the current stream.
+    """A kernel bound to one grid and one specialization: `bound(*pointers)` launches it on the current stream.
 
-    `args` at binding are every parameter of the kernel in order (constexprs included, tensors for pointers); a
-    call passes the same list with, for each pointer, a tensor or its address as an int.
+    `args` at binding are every parameter of the kernel in order (constexprs included; tensors, or dtypes for
+    buffers of a workspace, for pointers). The first `varying` of them change per call (the pointers, which every
+    kernel here takes first); the rest are fixed at binding. A call passes the varying ones: tensors, or addresses.
     """
 
     __slots__ = ("launch", "name")
 
-    def __init__(self, fn, grid: Sequence[int], args: Sequence, *, num_warps: int, num_stages: int) -> None:
+    def __init__(self, fn, grid: Sequence[int], args: Sequence, *, varying: int, num_warps: int,
+                 num_stages: int) -> None:
         grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
-        self.name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
-        if not isinstance(fn, JITFunction) or _hooks_installed():
-            self.launch = _through_triton(fn, grid3, num_warps, num_stages, self.name)
+        self.name = name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
+        tail = tuple(args[varying:])
+        if not isinstance(fn, JITFunction):  # Triton's interpreter
+            self.launch = _through_triton(fn, grid3, tail, num_warps, num_stages, name)
             return
         compiled = fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages)
         run = compiled.run  # loads the binary on the current device (and checks its resources) once
@@ -77,26 +105,46 @@ class BoundKernel:
         gx, gy, gz = grid3
         device = torch.cuda.current_device()
         stream_of = torch._C._cuda_getCurrentRawStream
-        name = self.name
+        hooks = _launch_hooks()
+        direct = _direct_launch(run) if hooks is None else None
 
-        def launch(*call_args) -> None:
-            if _COUNTING[0]:
-                _COUNTS[name] = _COUNTS.get(name, 0) + 1
-            run(gx, gy, gz, stream_of(device), function, metadata, None, None, None, *call_args)
+        if direct is not None:
+            coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+            def launch(*head) -> None:
+                if _COUNTING[0]:
+                    _COUNTS[name] = _COUNTS.get(name, 0) + 1
+                direct(gx, gy, gz, stream_of(device), function, coop, pdl, None, None, metadata, None, None, None,
+                       *head, *tail)
+        elif hooks is None:
+            def launch(*head) -> None:
+                if _COUNTING[0]:
+                    _COUNTS[name] = _COUNTS.get(name, 0) + 1
+                run(gx, gy, gz, stream_of(device), function, metadata, None, None, None, *head, *tail)
+        else:
+            enter, leave = hooks
+
+            def launch(*head) -> None:
+                if _COUNTING[0]:
+                    _COUNTS[name] = _COUNTS.get(name, 0) + 1
+                stream = stream_of(device)
+                call_args = (*head, *tail)
+                run(gx, gy, gz, stream, function, metadata, compiled.launch_metadata(grid3, stream, *call_args),
+                    enter, leave, *call_args)
 
         self.launch = launch
 
-    def __call__(self, *args) -> None:
-        self.launch(*args)
+    def __call__(self, *head) -> None:
+        self.launch(*head)
 
 
-def _through_triton(fn, grid3: tuple[int, int, int], num_warps: int, num_stages: int, name: str):
+def _through_triton(fn, grid3: tuple[int, int, int], tail: tuple, num_warps: int, num_stages: int, name: str):
     launcher = fn[grid3]
 
-    def launch(*call_args) -> None:
+    def launch(*head) -> None:
         if _COUNTING[0]:
             _COUNTS[name] = _COUNTS.get(name, 0) + 1
-        launcher(*call_args, num_warps=num_warps, num_stages=num_stages)
+        launcher(*head, *tail, num_warps=num_warps, num_stages=num_stages)
 
     return launch
 
@@ -104,32 +152,52 @@ def _through_triton(fn, grid3: tuple[int, int, int], num_warps: int, num_stages:
 _ALIGN = 256  # bytes: every piece starts on a 256-byte boundary (TMA wants 16, vector loads 16)
 
 
-@dataclass(frozen=True)
+_SCRATCH_CACHE_MAX = 64 * 2**20  # bytes: smaller scratch is kept per (device, stream, thread) and reused
+_SCRATCH: dict[tuple[int, int, int], torch.Tensor] = {}
+
+
 class Workspace:
-    """The scratch buffers of one op call laid out in one allocation: `allocate` returns the pieces.
+    """The scratch buffers of one op call laid out in one buffer: `allocate` returns the pieces.
 
     Each piece is (dtype, numel). On a GPU the pieces come back as addresses (ints, which Triton's launcher takes
-    for pointers); under the interpreter as flat tensors, which it needs. Either way a call costs one allocation,
-    taken from torch's caching allocator on the current stream, so it is safe across streams and inside CUDA
-    graph capture (the graph's private pool then owns it).
+    for pointers); under the interpreter as flat tensors, which it needs.
+
+    On a GPU a buffer of at most 64 MB is kept per (device, stream, thread) and reused by the next call there: work
+    on one stream runs in order, so a call's scratch is never overwritten while an earlier call of that stream still
+    reads it, and two threads or streams never share one. While a CUDA graph is being captured every call takes a
+    fresh buffer from the graph's pool instead, so a graph never shares scratch with eager calls. Larger scratch
+    (large batches, where the GPU time dwarfs an allocation) is allocated per call.
     """
 
-    pieces: tuple[tuple[torch.dtype, int], ...]
+    __slots__ = ("pieces", "offsets", "nbytes")
 
-    @property
-    def offsets(self) -> tuple[int, ...]:
+    def __init__(self, pieces: tuple[tuple[torch.dtype, int], ...]) -> None:
+        self.pieces = tuple(pieces)
         offs, at = [], 0
         for dtype, numel in self.pieces:
             offs.append(at)
             at += -(-max(numel, 1) * dtype.itemsize // _ALIGN) * _ALIGN
-        return (*offs, at)
+        self.offsets, self.nbytes = tuple(offs), at
 
     def allocate(self, device: torch.device) -> tuple[torch.Tensor, list]:
         """(the buffer, which the caller keeps alive until its launches are queued; the pieces in order)."""
-        offsets = self.offsets
-        buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
-        if device.type == "cuda":
-            base = buffer.data_ptr()
-            return buffer, [base + off for off in offsets[:-1]]
-        return buffer, [buffer[off:off + max(numel, 1) * dtype.itemsize].view(dtype)
-                        for (dtype, numel), off in zip(self.pieces, offsets, strict=False)]
+        if device.type != "cuda":
+            buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+            return buffer, [buffer[off:off + max(numel, 1) * dtype.itemsize].view(dtype)
+                            for (dtype, numel), off in zip(self.pieces, self.offsets, strict=True)]
+        buffer = None
+        if self.nbytes <= _SCRATCH_CACHE_MAX and not torch.cuda.is_current_stream_capturing():
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            key = (index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
+            buffer = _SCRATCH.get(key)
+            if buffer is None or buffer.numel() < self.nbytes:
+                buffer = _SCRATCH[key] = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        if buffer is None:
+            buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        base = buffer.data_ptr()
+        return buffer, [base + off for off in self.offsets]
+
+
+def release_scratch() -> None:
+    """Drop the kept scratch buffers (they return to torch's caching allocator)."""
+    _SCRATCH.clear()

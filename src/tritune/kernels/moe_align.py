@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.launch import BoundKernel
+from tritune.kernels.quant import FP8, quant_group, quant_layout
 
 SMALL_MAX = 64  # numel up to this takes the one-launch path (its pair-by-pair compare costs 225 µs at 256 on H100)
 CHUNK = 128  # pairs per program in the multi-launch path; the rank step compares a CHUNK×CHUNK tile
@@ -68,8 +69,8 @@ def _fill_blocks(
         tl.store(sorted_ptr + q, tl.zeros_like(q) + numel, mask=pad)
 
 
-@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks"])
-def _moe_align_small_kernel(
+@triton.jit
+def _align_small(
     ids_ptr,  # int32/int64 [numel] flat topk_ids
     sorted_ptr,  # int32 [max_padded]
     expert_ids_ptr,  # int32 [num_blocks]
@@ -77,10 +78,7 @@ def _moe_align_small_kernel(
     numel, num_experts, max_padded, num_blocks,
     BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
 ):
-    """All three steps in one program for numel <= N_P2, with pair×pair compares only (no per-expert vectors).
-
-    Grid: (1,).
-    """
+    """All three steps in one program for numel <= N_P2, with pair×pair compares only (no per-expert vectors)."""
     i = tl.arange(0, N_P2)
     ids = tl.load(ids_ptr + i, mask=i < numel, other=-1).to(tl.int32)
     valid = (i < numel) & (ids >= 0) & (ids < num_experts)
@@ -95,24 +93,52 @@ def _moe_align_small_kernel(
     _fill_blocks(sorted_ptr, expert_ids_ptr, 0, num_blocks, lo, nblk, cnt, ids, numel, max_padded, BS, BS_P2, BT)
 
 
-@triton.jit(do_not_specialize=["numel"])
-def _moe_count_kernel(
+@triton.jit
+def _count_chunk(
+    pid,  # the chunk
     ids_ptr,  # int32/int64 [numel] flat topk_ids
     counts_ptr,  # int32 [num_chunks, num_experts] out: pairs of each expert in each chunk
     numel, num_experts,
     CHUNK: tl.constexpr, NB: tl.constexpr,  # NB: power of two > num_experts (bin num_experts takes bad ids)
 ):
-    """Per-expert counts of one chunk of pairs.
-
-    Grid: (⌈numel/CHUNK⌉,).
-    """
-    pid = tl.program_id(0)
+    """Per-expert counts of one chunk of pairs."""
     offs = pid * CHUNK + tl.arange(0, CHUNK)
     ids = tl.load(ids_ptr + offs, mask=offs < numel, other=-1).to(tl.int32)
     valid = (offs < numel) & (ids >= 0) & (ids < num_experts)
     hist = tl.histogram(tl.where(valid, ids, num_experts), NB)
     e = tl.arange(0, NB)
     tl.store(counts_ptr + pid * num_experts + e, hist, mask=e < num_experts)
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "sort_programs", "quant_programs", "n_zero"])
+def _moe_align_first_kernel(
+    ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,  # as in _align_small
+    counts_ptr,  # int32 [num_chunks, num_experts] (multi-launch path; unused when SMALL)
+    x_ptr, q_ptr, s_ptr,  # riding along: x [rows, C] quantized to fp8 q [rows, C] and fp32 s [rows, groups]
+    zero_ptr,  # riding along: fp32 [n_zero] set to zero
+    numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, C, stride_x, groups,
+    SMALL: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
+    CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, ZBLOCK: tl.constexpr,
+):
+    """The sort's first launch (all of it for few pairs, else the chunk counts), with independent work the fused
+    MoE needs before its GEMMs riding along in the same launch: the fp8 quantization of the activations (one
+    program per row and scale group) and the zeroing of the 1-stage accumulator. One launch instead of three.
+
+    Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉,).
+    """
+    pid = tl.program_id(0)
+    if pid < sort_programs:
+        if SMALL:
+            _align_small(ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr, numel, num_experts, max_padded, num_blocks,
+                         BS, BS_P2, N_P2, BT)
+        else:
+            _count_chunk(pid, ids_ptr, counts_ptr, numel, num_experts, CHUNK, NB)
+    elif pid < sort_programs + quant_programs:
+        q = pid - sort_programs
+        quant_group(x_ptr, q_ptr, s_ptr, q // groups, q % groups, C, stride_x, C, groups, GROUP, QBLOCK)
+    else:
+        offs = (pid - sort_programs - quant_programs) * ZBLOCK + tl.arange(0, ZBLOCK)
+        tl.store(zero_ptr + offs, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs < n_zero)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -257,38 +283,78 @@ def _block_tile(v_p2: int, bs_p2: int) -> int:
     return max(1, min(64, _TILE_ELEMS // max(v_p2, bs_p2)))
 
 
+@dataclass(frozen=True)
+class RideAlong:
+    """Work the fused MoE hands the sort's first launch: quantize `rows` rows of `cols` columns of an activation
+    (row stride `stride`, `group` columns per scale, 0 for per row; `x` a tensor or a dtype at binding) and zero
+    `zero` fp32 elements. Both land in pieces of the sort's workspace."""
+
+    x: torch.Tensor | torch.dtype | None = None
+    rows: int = 0
+    cols: int = 0
+    stride: int = 0
+    group: int = 0
+    zero: int = 0
+
+
+_ZBLOCK = 4096
+
+
 class AlignLaunch:
     """`moe_align_block_size` for one (pairs, experts, block size, ids dtype and alignment), bound once.
 
     Its buffers are `pieces` (dtype, numel) in the caller's workspace, in the order `__call__` takes them:
-    sorted_token_ids, expert_ids, num_tokens_post_padded, then the scratch of the multi-launch paths. Launches:
-    one for numel <= SMALL_MAX; two (count, scatter that scans for itself) up to SELF_SCAN_CHUNKS chunks; three
-    (count, scan, scatter) beyond, where one scan beats every program re-reading all the counts.
+    sorted_token_ids, expert_ids, num_tokens_post_padded, the scratch of the multi-launch paths (3, 4), then the
+    ride-along outputs: fp8 activations and their scales (`q_piece`, `q_piece + 1`) and the zeroed buffer
+    (`zero_piece`). Launches: one for numel <= SMALL_MAX; two (count, scatter that scans for itself) up to
+    SELF_SCAN_COUNTS counts; three (count, scan, scatter) beyond, where one scan beats every program re-reading all
+    the counts. The ride-along work runs in the first launch.
     """
 
-    def __init__(self, flat_ids: torch.Tensor, block_size: int, num_experts: int) -> None:
+    def __init__(self, flat_ids: torch.Tensor, block_size: int, num_experts: int,
+                 ride: RideAlong = RideAlong()) -> None:
         numel = flat_ids.numel()
         self.numel, self.block_size = numel, block_size
         self.max_padded = max_padded_size(numel, num_experts, block_size)
         self.num_blocks = num_blocks = triton.cdiv(self.max_padded, block_size)
-        i32 = torch.int32
-        pieces = [(i32, self.max_padded), (i32, num_blocks), (i32, 1)]
-        bs_p2 = _p2(block_size)
-        self.launches: list[tuple[BoundKernel, tuple[int, ...], tuple, bool]] = []  # kernel, pieces, tail, ids?
-        if numel <= SMALL_MAX:
-            n_p2 = _p2(numel)
-            self._add(_moe_align_small_kernel, (1,), flat_ids, (0, 1, 2), pieces,
-                      (numel, num_experts, self.max_padded, num_blocks,
-                       block_size, bs_p2, n_p2, _block_tile(n_p2, bs_p2)), 4 if n_p2 <= 64 else 8)
-            self.pieces = tuple(pieces)
-            return
+        i32, f32 = torch.int32, torch.float32
+        small = numel <= SMALL_MAX
         num_chunks = triton.cdiv(numel, CHUNK)
+        self_scan = num_chunks * num_experts <= SELF_SCAN_COUNTS
+        pieces = [(i32, self.max_padded), (i32, num_blocks), (i32, 1),
+                  (i32, 1 if small else num_chunks * num_experts),  # 3: per-chunk counts (or their prefix)
+                  (i32, 1 if small else (num_chunks if self_scan else 2) * num_experts)]  # 4: scratch / expert info
+        groups, qblock, qwarps = quant_layout(ride.cols, ride.group) if ride.rows else (1, 16, 1)
+        self.q_piece = self.zero_piece = None
+        if ride.rows:
+            self.q_piece = len(pieces)
+            pieces += [(FP8, ride.rows * ride.cols), (f32, ride.rows * groups)]
+            self.groups = groups
+        if ride.zero:
+            self.zero_piece = len(pieces)
+            pieces.append((f32, ride.zero))
+        self.pieces = tuple(pieces)
+        bs_p2 = _p2(block_size)
+        n_p2 = _p2(numel)
         e_p2 = _p2(num_experts)
-        self_scan = num_chunks <= SELF_SCAN_CHUNKS
-        pieces.append((i32, num_chunks * num_experts))  # 3: per-chunk counts (or their prefix)
-        pieces.append((i32, (num_chunks if self_scan else 2) * num_experts))  # 4: scratch rows / expert info
-        self._add(_moe_count_kernel, (num_chunks,), flat_ids, (3,), pieces,
-                  (numel, num_experts, CHUNK, _p2(num_experts + 1)), 4)
+        sort_programs = 1 if small else num_chunks
+        quant_programs = ride.rows * groups
+        self.launches: list[tuple[BoundKernel, tuple[int, ...], bool]] = []  # kernel, its pieces, takes ids?
+        uses = (0, 1, 2, 3, self.q_piece or 0, (self.q_piece or 0) + bool(ride.rows), self.zero_piece or 0)
+        self.takes_x = ride.rows > 0
+        first = (flat_ids, *(pieces[i][0] for i in uses[:4]), ride.x if ride.rows else flat_ids,
+                 *(pieces[i][0] for i in uses[4:]),
+                 numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero,
+                 ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
+                 _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group, qblock,
+                 _ZBLOCK)
+        warps = max(8 if small and n_p2 > 64 else 4, qwarps)
+        self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs +
+                                                            triton.cdiv(ride.zero, _ZBLOCK),),
+                                  first, varying=9, num_warps=warps, num_stages=1)
+        self._first_uses = uses
+        if small:
+            return
         ct = max(1, _TILE_ELEMS // e_p2)
         if not self_scan:
             self._add(_moe_scan_kernel, (1,), None, (3, 4, 2), pieces,
@@ -296,25 +362,29 @@ class AlignLaunch:
         self._add(_moe_scatter_kernel, (num_chunks,), flat_ids, (3, 4, 0, 1, 2), pieces,
                   (numel, num_experts, self.max_padded, num_blocks, triton.cdiv(num_blocks, num_chunks), num_chunks,
                    CHUNK, block_size, bs_p2, e_p2, _block_tile(e_p2, bs_p2), self_scan, min(ct, _p2(num_chunks))), 4)
-        self.pieces = tuple(pieces)
 
     def _add(self, fn, grid: tuple[int, ...], ids: torch.Tensor | None, uses: tuple[int, ...], pieces: list,
              tail: tuple, num_warps: int) -> None:
-        head = (ids,) if ids is not None else ()
-        bound = BoundKernel(fn, grid, (*head, *(pieces[i][0] for i in uses), *tail), num_warps=num_warps,
-                            num_stages=1)
-        self.launches.append((bound, uses, tail, ids is not None))
+        head = ((ids,) if ids is not None else ()) + tuple(pieces[i][0] for i in uses)
+        bound = BoundKernel(fn, grid, (*head, *tail), varying=len(head), num_warps=num_warps, num_stages=1)
+        self.launches.append((bound, uses, ids is not None))
 
-    def __call__(self, flat_ids: torch.Tensor, pieces: Sequence) -> None:
-        """Sort `flat_ids` into `pieces` (addresses or tensors, in the order of `self.pieces`)."""
-        for bound, uses, tail, takes_ids in self.launches:
+    def __call__(self, flat_ids, pieces: Sequence, x=None) -> None:
+        """Sort `flat_ids` (a tensor or its address) into `pieces` (addresses or tensors, in the order of
+        `self.pieces`); `x` is the activation to quantize (tensor or address) when this sort carries that work."""
+        u = self._first_uses
+        self._first(flat_ids, pieces[u[0]], pieces[u[1]], pieces[u[2]], pieces[u[3]],
+                    x if self.takes_x else flat_ids, pieces[u[4]], pieces[u[5]], pieces[u[6]])
+        for bound, uses, takes_ids in self.launches:
             if takes_ids:
-                bound(flat_ids, *(pieces[i] for i in uses), *tail)
+                bound(flat_ids, *(pieces[i] for i in uses))
             else:
-                bound(*(pieces[i] for i in uses), *tail)
+                bound(*(pieces[i] for i in uses))
 
 
-SELF_SCAN_CHUNKS = 32  # up to 32 chunks (4096 pairs) every scatter program re-reads all counts (≤ 32 KB at E 256)
+# Up to this many chunk counts (chunks × experts; 256 KB) every scatter program re-reads all of them (~1 µs from L2)
+# rather than pay a scan launch: 65536 pairs at 128 experts, 8192 at 1024.
+SELF_SCAN_COUNTS = 65536
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoeSorting:

@@ -52,18 +52,14 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
-def _quant_fp8_kernel(
-    x_ptr, q_ptr, s_ptr,  # x [R, C] bf16/fp16/fp32, q fp8 [R, C], s fp32 [R, ⌈C/GROUP⌉]
-    C, stride_x, stride_q, stride_s,
-    GROUP: tl.constexpr,  # columns per scale: a power of two (128 for 1×128), or 0 for one scale per row
-    BLOCK: tl.constexpr,
-):
-    """One program per (row, group); per-row scales loop over the row twice (amax, then quantize).
+def quant_group(x_ptr, q_ptr, s_ptr, row, g, C, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Quantize columns [g·GROUP, (g+1)·GROUP) of one row (the whole row when GROUP == 0) and store its scale.
 
-    Grid: (R, ⌈C/GROUP⌉) or (R, 1) when GROUP == 0.
+    Per-row scales loop over the row twice (amax, then quantize). Shared by `_quant_fp8_kernel` and the fused-MoE
+    prologue, which quantizes the activations in the sort's launch.
     """
-    row = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
+    row = row.to(tl.int64)
     if GROUP == 0:
         start = 0
         stop = C
@@ -84,6 +80,29 @@ def _quant_fp8_kernel(
     tl.store(s_ptr + row * stride_s + g, scale)
 
 
+@triton.jit
+def _quant_fp8_kernel(
+    x_ptr, q_ptr, s_ptr,  # x [R, C] bf16/fp16/fp32, q fp8 [R, C], s fp32 [R, ⌈C/GROUP⌉]
+    C, stride_x, stride_q, stride_s,
+    GROUP: tl.constexpr,  # columns per scale: a power of two (128 for 1×128), or 0 for one scale per row
+    BLOCK: tl.constexpr,
+):
+    """One program per (row, group).
+
+    Grid: (R, ⌈C/GROUP⌉) or (R, 1) when GROUP == 0.
+    """
+    quant_group(x_ptr, q_ptr, s_ptr, tl.program_id(0), tl.program_id(1), C, stride_x, stride_q, stride_s, GROUP, BLOCK)
+
+
+def quant_layout(cols: int, group: int) -> tuple[int, int, int]:
+    """(scale groups per row, columns per step, warps) of a quantization of rows of `cols` columns."""
+    if group and group & (group - 1):
+        raise ValueError(f"quantize_fp8: group {group} is not a power of two")
+    groups = triton.cdiv(cols, group) if group else 1
+    block = min(group, 1024) if group else min(triton.next_power_of_2(cols), 1024)
+    return groups, block, 4 if block >= 512 else 1
+
+
 class QuantLaunch:
     """`quantize_fp8` of one (rows, cols, row stride, group, input dtype and alignment), bound once.
 
@@ -92,18 +111,15 @@ class QuantLaunch:
     """
 
     def __init__(self, x: torch.Tensor | torch.dtype, rows: int, cols: int, stride_x: int, group: int) -> None:
-        if group and group & (group - 1):
-            raise ValueError(f"quantize_fp8: group {group} is not a power of two")
-        groups = triton.cdiv(cols, group) if group else 1
+        groups, block, warps = quant_layout(cols, group)
         self.groups = groups
         self.pieces = ((FP8, rows * cols), (torch.float32, rows * groups))
-        block = min(group, 1024) if group else min(triton.next_power_of_2(cols), 1024)
         self._tail = (cols, stride_x, cols, groups, group, block)
         self._bound = BoundKernel(_quant_fp8_kernel, (rows, groups), (x, FP8, torch.float32, *self._tail),
-                                  num_warps=4 if block >= 512 else 1, num_stages=1)
+                                  varying=3, num_warps=warps, num_stages=1)
 
     def __call__(self, x, q, scales) -> None:
-        self._bound(x, q, scales, *self._tail)
+        self._bound(x, q, scales)
 
 
 def quantize_fp8(x: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

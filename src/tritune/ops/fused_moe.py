@@ -28,7 +28,6 @@ import triton
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
-from tritune.kernels.launch import align_bits
 from tritune.store.fmoe_csv import (
     FmoeShape,
     FmoeTuned,
@@ -176,12 +175,17 @@ _PLANS_MAX = 4096  # distinct call signatures kept; past that the cache starts a
 
 
 def _signature(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype)
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
           topk_ids: torch.Tensor, w1_scale, w2_scale, activation: str, quant: str, doweight_stage1: bool,
           choice: MoeChoice | None) -> MoeLaunch:
+    for name, t in (("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
+                    ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
+        if t is not None and t.device != hidden_states.device:
+            raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}: every tensor must be "
+                             f"on one device")
     if choice is None:
         choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
                                   doweight_stage1=doweight_stage1)
@@ -211,28 +215,35 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     """
     tokens = hidden_states.shape[0]
     if out is None:
-        out = torch.empty((tokens, w2.shape[1]), device=hidden_states.device, dtype=hidden_states.dtype)
-        out_sig = None
+        out = torch.empty(tokens, w2.shape[1], device=hidden_states.device, dtype=hidden_states.dtype)
+        out_key = None
     else:
         if tuple(out.shape) != (tokens, w2.shape[1]) or out.dtype != hidden_states.dtype or not out.is_contiguous():
             raise ValueError(f"out must be a contiguous [{tokens}, {w2.shape[1]}] {hidden_states.dtype} tensor, got "
                              f"{tuple(out.shape)} {out.dtype}")
-        out_sig = out.data_ptr() & 15
+        out_key = out.device
     if tokens == 0:  # an empty batch: nothing to route (the launchers divide by the token count)
         _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
         return out
     device = hidden_states.device
-    key = (device, _signature(hidden_states), _signature(w1), _signature(w2), _signature(topk_weights),
-           _signature(topk_ids), _signature(w1_scale), _signature(w2_scale), activation, quant, doweight_stage1,
-           align_bits(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale), out_sig, choice)
+    addresses = (hidden_states.data_ptr(), w1.data_ptr(), w2.data_ptr(), topk_weights.data_ptr(),
+                 0 if w1_scale is None else w1_scale.data_ptr(), 0 if w2_scale is None else w2_scale.data_ptr(),
+                 out.data_ptr(), topk_ids.data_ptr())
+    key = (device, hidden_states.shape, hidden_states.stride(), hidden_states.dtype, w1.shape, w1.stride(), w1.dtype,
+           w1.device, w2.shape, w2.stride(), w2.dtype, w2.device, topk_weights.shape, topk_weights.stride(),
+           topk_weights.dtype, topk_weights.device, topk_ids.shape, topk_ids.stride(), topk_ids.dtype,
+           topk_ids.device, _signature(w1_scale), _signature(w2_scale), activation, quant, doweight_stage1,
+           tuple(a & 15 for a in addresses), out_key, choice)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, activation,
                                    quant, doweight_stage1, choice)
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
+    args = (hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out,
+            addresses if device.type == "cuda" else None)
+    if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
         with torch.cuda.device(device):
-            return plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
-    return plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
+            return plan(*args)
+    return plan(*args)
 
 
 def fused_moe_a8w8(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

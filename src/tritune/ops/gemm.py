@@ -20,7 +20,6 @@ import torch
 import triton
 
 from tritune.kernels import gemm as gk
-from tritune.kernels.launch import align_bits as gk_align
 from tritune.store.gemm_json import default_store
 from tritune.store.gemm_json import reload_configs as _reload_store
 
@@ -88,20 +87,17 @@ def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[
     return heuristic_config(kernel, M, N, K, sms), "heuristic"
 
 
-# Bound launches per call signature: everything a launch was specialized on (shapes, strides, dtypes, 16-byte
-# alignment, device) plus the explicit config, if any. A hit costs building this key and the launches themselves.
+# Bound launches per call signature: everything a launch was specialized on (shapes, strides, dtypes, devices,
+# 16-byte alignment) plus the explicit config, if any. A hit costs building this key and the launches themselves.
 _PLANS: dict[tuple, gk.GemmLaunch] = {}
 _PLANS_MAX = 4096  # distinct call signatures kept; past that the cache starts afresh (serving sees a few hundred)
 
 
-def _signature(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype)
-
-
 def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: torch.Tensor,
           config: gk.GemmConfig | None) -> gk.GemmLaunch:
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
+    for name, t in (("B", b), ("a_scale", a_scale), ("b_scale", b_scale), ("out", out)):
+        if t is not None and t.device != a.device:
+            raise ValueError(f"{name} is on {t.device}, A on {a.device}: every tensor must be on one device")
     M, K = a.shape
     N = b.shape[0]
     if config is None:
@@ -110,30 +106,47 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
         config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False})
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
-    if a.device.type == "cuda":
+    if a.is_cuda:
         with torch.cuda.device(a.device):
             return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
     return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
 
 
 def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
+    device = a.device
     fresh = out is None
     if fresh:
-        if a.dim() != 2 or b.dim() != 2:
-            raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
-        out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=torch.bfloat16)
-    device = a.device
-    key = (kernel, config, device, _signature(a), _signature(b), _signature(a_scale), _signature(b_scale),
-           None if fresh else _signature(out), gk_align(a, b, a_scale, b_scale, out))
+        out = torch.empty(a.shape[0], b.shape[0], device=device, dtype=torch.bfloat16)
+        out_key = None
+    else:
+        out_key = (out.shape, out.stride(), out.dtype, out.device)
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
+    if a_scale is None:
+        scale_key, psa, psb = None, pa, pa  # never read by the unquantized kernel
+    else:
+        psa, psb = a_scale.data_ptr(), b_scale.data_ptr()
+        scale_key = (a_scale.shape, a_scale.stride(), a_scale.dtype, a_scale.device, psa & 15,
+                     b_scale.shape, b_scale.stride(), b_scale.dtype, b_scale.device, psb & 15)
+    key = (kernel, config, a.shape, a.stride(), a.dtype, device, b.shape, b.stride(), b.dtype, b.device,
+           pa & 15, pb & 15, pc & 15, scale_key, out_key)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(kernel, a, b, a_scale, b_scale, out, config)
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
+    if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
         with torch.cuda.device(device):
-            plan(a, b, a_scale, b_scale, out)
+            _launch(plan, a, b, a_scale, b_scale, out, pa, pb, psa, psb, pc)
+    else:
+        _launch(plan, a, b, a_scale, b_scale, out, pa, pb, psa, psb, pc)
+    return out
+
+
+def _launch(plan: gk.GemmLaunch, a, b, a_scale, b_scale, out, pa: int, pb: int, psa: int, psb: int, pc: int) -> None:
+    if plan.takes_addresses:
+        plan(pa, pb, psa, psb, pc)
     else:
         plan(a, b, a_scale, b_scale, out)
-    return out
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -191,6 +192,7 @@ class GroupedGemm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w, m_sizes, gather = ctx.saved_tensors
+        _bind_cuda_context(dy.device)
         dy = dy.contiguous()
         args = (m_sizes, gather, ctx.topk, ctx.permute_x, ctx.permute_y)
         dx = dw = None
@@ -201,6 +203,27 @@ class GroupedGemm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dw = run_dw(x, dy, *args, ctx.configs.dW)
         return dx, dw, None, None, None, None, None, None
+
+
+_CONTEXT_BOUND = threading.local()
+
+
+def _bind_cuda_context(device: torch.device) -> None:
+    """Make the device's CUDA context current on this thread (autograd runs backward on its own threads).
+
+    Triton builds TMA descriptors through the driver API, which needs a current context; a thread whose first CUDA
+    work is that call has none yet ("invalid device context"). Recording an event goes through the runtime API,
+    which binds the primary context; done once per thread and device.
+    """
+    if device.type != "cuda":
+        return
+    bound = getattr(_CONTEXT_BOUND, "devices", None)
+    if bound is None:
+        bound = _CONTEXT_BOUND.devices = set()
+    if device.index not in bound:
+        with torch.cuda.device(device):
+            torch.cuda.Event().record()
+        bound.add(device.index)
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, gather_indices: torch.Tensor | None = None,
