@@ -480,6 +480,15 @@ class FmoeConfigTable:
             warn_once(mismatch_message(self._files[shown], shown.recorded(), machine, verdict))
         return row
 
+    def rows_of(self, cu_num: int, shape: FmoeShape, *, machine: Machine | None = None) -> list[FmoeTuned]:
+        """The tuned rows of `shape` (its token ignored) on a GPU with `cu_num` SMs, one per token bucket (the row
+        `lookup` serves for it; with `machine`, the first it may use), sorted by token: what an op chooses
+        between when the asked token count has no row of its own."""
+        by_bucket = self._index.get((cu_num, shape.shape_key()), {})
+        picked = (next((r for r in rows if machine is None or not compare(r.recorded(), machine).skip), None)
+                  for rows in by_bucket.values())
+        return sorted((r for r in picked if r is not None), key=lambda r: r.shape.token)
+
 
 def _nearest(by_bucket: dict[int, FmoeTuned], want: int) -> FmoeTuned | None:
     """The row of bucket `want`, else of the nearest bucket (see lookup); powers of two, so the log2 distance is

@@ -313,6 +313,14 @@ class GemmConfigStore:
             self._lookups[key] = result
             return result
 
+    def shape_entries(self, device_slug: str, tag: str, N: int, K: int, *,
+                      machine: Machine | None = None) -> tuple[Path, dict[int, GemmEntry]] | None:
+        """The shape file of (N, K) that `lookup` reads (same folders, order and provenance check) and its tuned
+        entries by M, for choosing between tuned M values; None when there is no such file."""
+        with self._lock:
+            found = self._first(shape_file_name(device_slug, tag, N, K), machine)
+        return None if found is None else (found[0], dict(found[1].by_M))
+
     def _resolve(self, slug: str, tag: str, M: int, N: int, K: int,
                  machine: Machine | None) -> tuple[Config, str] | None:
         buckets = (m_bucket(M), "any")

@@ -1,0 +1,274 @@
+"""Rule-table configs for shapes with no tuned file: GEMM (bf16/fp16, a8w8, a8w8_blockscale) and fused MoE
+(2-stage or 1-stage; quant none, per_token, per_1x128). Calibrated on the shipped H100 files (configs/gemm,
+configs/tuned_fmoe.csv, the tuning profiles in benchmarks/results) and on vLLM's shipped H100 Triton configs
+(block-fp8 GEMM: BLOCK_N 32-64 for N ~ 2k at M <= 64, BLOCK_K 128, 4 warps; fused MoE: BLOCK_M grows with the
+pairs per expert). Every config passes the kernels' own checks and breaks none of the tuner's pruning rules.
+
+GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
+
+| M     | tiles BM×BN, largest first       | block-scaled tiles         | BLOCK_K (block-scaled: always 128)  |
+|-------|----------------------------------|----------------------------|-------------------------------------|
+| ≤ 16  | 16×128, 16×64, (16×32)           | same                       | 256; `.cg` loads                    |
+| ≤ 32  | 32×128, 32×64, (32×32)           | same                       | 256                                 |
+| ≤ 64  | 64×128, 64×64, 32×64, (16×64)    | 64×128, 64×64, (16×64)     | 256 on 32-row tiles, else 128       |
+| ≤ 256 | 128×256, 64×128, 64×64, (64×32)  | 64×128, 64×64, (64×32)     | 64 on 128×256 bf16, else 128        |
+| ≤ 512 | 128×128, 64×128, 64×64           | same                       | 64 on 128×128 bf16, else 128        |
+| > 512 | 128×256, 128×128, 128×64         | 128×128, 128×64            | 64 on ≥ 128×128 bf16, else 128      |
+
+- waves: the first tile whose grid ⌈M/BM⌉·⌈N/BN⌉ covers ≥ 3/4 of the SMs with its waves ≥ 3/4 full (136 tiles
+  on 132 SMs is two waves, one nearly empty: the next tile is taken); past the main tiles, a fallback only while
+  the grid is under a third of the SMs (N=2112 at M=1: 16×32, 66 programs, as vLLM ships; N=4096: 16×64 and
+  split-K, as tuned); else the last tile. Block-scaled tiles keep BLOCK_N ≤ 128 (one B scale per tile), skip
+  128-row tiles up to M=256 and 32-row main tiles (tuned: 64×128 won there);
+- 8 warps on tiles of at least 128×128, else 4; GROUP_SIZE_M 8 when there is more than one row of tiles;
+- split-K only when the grid is under half the SMs AND K is long: each tile streams ≥ 640 KiB of B (below that
+  the second launch, ~3 µs on the GPU and ~5 µs on the host, costs more than the idle SMs give back); then the
+  largest of 2, 4, 8 keeping the grid within 2× the SMs and ≥ 4 K steps per split (tuned at N=4096: split 4 at
+  K=14336 for M ≤ 64; at K=4096 split-K won by less than a launch);
+- persistent TMA from M ≥ 1024 (block-scaled) / 2048 (others) on Hopper with 16-byte rows; no split-K with it;
+- 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles), fewer when the A and B stages (plus
+  the TMA epilogue tile) exceed `max_shared` — BLOCK_K halves first if fewer than 3 would fit — and never more
+  than 2 + the K steps; BLOCK_K ≤ next_pow2(K), but not under 128 on tiles under 128×128 (the tuner's rule) unless
+  block-scaled.
+
+Fused MoE, `moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant)`; m = tokens·topk/experts (mean
+routed pairs per expert), BK = BLOCK_K bf16 / fp8:
+
+| case                          | BLOCK_M | stage 1 or 1-stage: BN, BK, warps        | stage 2: BN, BK, warps  |
+|-------------------------------|---------|------------------------------------------|-------------------------|
+| tokens·topk ≤ 8: 1-stage      | 16      | BN 128, BK 128, BLOCK_D 256, 4 warps, 3 stages | —                  |
+| m ≤ 12                        | 16      | 32, 256 (per_1x128: 128), 4              | 64, 256 (128), 4        |
+| m ≤ 24                        | 32      | 64, 128, 4                               | 64, 128, 4              |
+| m ≤ 64                        | 64      | 64, 128, 4                               | 128, 128, 4             |
+| m ≤ 128 (per_1x128: ≤ 256)    | 64      | 128, 64 / 128, 4 (per_1x128: 256, 8)     | 256, 64 / 128, 4 (8)    |
+| larger                        | 128     | 128, 64 / 128, 8                         | 256, 64 / 128, 8        |
+
+- GROUP_SIZE_M 8 when an expert holds more than one block (its weights then stream once per group, not once per
+  block: GROUP_SIZE_M 1 doubled stage 1 at 1024 tokens in the tuning profile), else 1; 4 stages (fewer to fit);
+- weight tiles through TMA (USE_TMA) when m > 64 on Hopper with 16-byte weight rows (tuned: from m = 128);
+- 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
+- split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
+  bytes each program streams;
+- BLOCK_N and BLOCK_K never exceed the next power of two (≥ 16) of what they tile, except where the tuner's rules
+  need more (BLOCK_N ≥ 64 from BLOCK_M 64, BLOCK_K ≥ 128 for fp8 per_token); both stages share BLOCK_M.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tritune.kernels import fused_moe as fm
+from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
+from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
+from tritune.ops import cost_model as cm
+
+__all__ = ["ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES", "gemm_heuristic", "moe_heuristic"]
+
+SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before split-K's second launch pays
+ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
+FILL = 0.75  # a tile is large enough when its grid covers this fraction of the SMs
+
+# (M upper bound or None, main tiles largest first, fallback tiles). Block-scaled: BLOCK_N capped at 128, no
+# 128-row tile up to M=256 (tuned: 64x128 beat 128x128 there) and no 32-row main tile past M=32 (its BLOCK_K 128
+# keeps too little in flight; tuned: 64-row tiles). Fallbacks only for grids under a third of the SMs.
+_GEMM_TILES = (
+    (16, ((16, 128), (16, 64)), ((16, 32),)),
+    (32, ((32, 128), (32, 64)), ((32, 32),)),
+    (64, ((64, 128), (64, 64), (32, 64)), ((16, 64),)),
+    (256, ((128, 256), (64, 128), (64, 64)), ((64, 32),)),
+    (512, ((128, 128), (64, 128), (64, 64)), ()),
+    (None, ((128, 256), (128, 128), (128, 64)), ()),
+)
+SMALL_STAGE_BYTES = 8 * 1024  # a pipeline stage this small gets a fifth stage (vLLM's small-M block-fp8 configs)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _split(grid: int, tile_bytes: int, K: int, block_k: int, sm_count: int) -> int:
+    """Split-K factor: 1 unless the grid is under half the SMs and each program streams a long K."""
+    if grid * 2 >= sm_count or tile_bytes < SPLIT_MIN_TILE_BYTES:
+        return 1
+    best = 1
+    for s in (2, 4, 8):
+        if grid * s <= 2 * sm_count and K >= 4 * s * block_k:
+            best = s
+    return best
+
+
+def _fills(grid: int, sm_count: int) -> bool:
+    """A grid that covers 3/4 of the SMs and whose last wave is not mostly empty (≥ 3/4 of the waves' slots)."""
+    waves = _cdiv(grid, sm_count)
+    return grid >= FILL * sm_count and grid >= FILL * waves * sm_count
+
+
+def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
+    """The first main tile of M's row whose grid fills the SMs (`_fills`); past the last main tile, fallbacks
+    only while the grid is under a third of the SMs; else the last tile tried."""
+    _, main, fallback = next(row for row in _GEMM_TILES if row[0] is None or M <= row[0])
+    tiles = [(t, i >= len(main)) for i, t in enumerate(main + fallback)]
+    if kernel == "a8w8_blockscale":  # BLOCK_N <= 128 keeps one B scale per tile (a scalar in the K loop)
+        tiles = [((bm, min(bn, 128)), fb) for (bm, bn), fb in tiles
+                 if (M > 256 or bm < 128) and (M <= 32 or fb or bm > 32)]
+    n_cap = max(16, _p2(N))
+    tiles = list({(bm, min(bn, n_cap)): fb for (bm, bn), fb in tiles}.items())
+    for i, ((bm, bn), _) in enumerate(tiles):
+        grid = _cdiv(M, bm) * _cdiv(N, bn)
+        if i + 1 == len(tiles) or _fills(grid, sm_count) or (tiles[i + 1][1] and grid * 3 >= sm_count):
+            return bm, bn
+    raise AssertionError("unreachable")
+
+
+def _fit_stages(stages: int, smem_of, max_shared: int, k_steps: int) -> int:
+    """The most stages (≤ `stages`, ≤ 2 + K steps, ≥ 1) whose shared memory fits (1 when none does)."""
+    stages = min(stages, 2 + k_steps)
+    while stages > 1 and smem_of(stages) > max_shared:
+        stages -= 1
+    return stages
+
+
+def _fit(bk: int, min_bk: int, stages_of) -> tuple[int, int]:
+    """(BLOCK_K, stages): halve BLOCK_K (not under `min_bk`) while fewer than 3 stages would fit."""
+    stages = stages_of(bk)
+    while stages < 3 and bk // 2 >= min_bk:
+        bk //= 2
+        stages = stages_of(bk)
+    return bk, stages
+
+
+def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max_shared: int = 232448, *,
+                   capability: tuple[int, int] = (9, 0)) -> GemmConfig:
+    """The rule-table config (module docstring) for C[M, N] = A[M, K]·B[N, K]ᵀ with `kernel` ("bf16" for
+    bf16/fp16 operands, "a8w8", "a8w8_blockscale"). ValueError for an unknown kernel or a size < 1."""
+    if kernel not in GEMM_KERNELS:
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"M, N, K must be >= 1, got M={M} N={N} K={K}")
+    block_scaled = kernel == "a8w8_blockscale"
+    elt = 1 if kernel in cm.FP8_KERNELS else 2
+    bm, bn = _gemm_tile(kernel, M, N, sm_count)
+    big = bm >= 128 and bn >= 128
+    if block_scaled:
+        bk = SCALE_BLOCK
+    elif bm <= 32:
+        bk = 256
+    else:
+        bk = 64 if elt == 2 and big else 128
+    # BLOCK_K 64 and under only on block-scaled or >= 128x128 tiles (the tuner's rule); past K it only masks.
+    min_bk = 16 if block_scaled or big else 128
+    bk = max(min(bk, max(16, _p2(K))), min_bk)
+    pm, pn = _cdiv(M, bm), _cdiv(N, bn)
+    aligned = (K * elt) % 16 == 0 and (N * 2) % 16 == 0
+    tma = capability[0] >= 9 and aligned and bm >= 64 and M >= (1024 if block_scaled else 2048)
+    split = 1 if tma else _split(pm * pn, bn * K * elt, K, bk, sm_count)
+    epilogue = bm * bn * 2 if tma else 0
+
+    def stages_of(block_k: int) -> int:
+        most = 5 if (bm + bn) * block_k * elt <= SMALL_STAGE_BYTES else 4
+        return _fit_stages(most, lambda s: (bm + bn) * block_k * elt * s + epilogue, max_shared,
+                           _cdiv(K, block_k * split))
+
+    bk, stages = _fit(bk, min(bk, min_bk), stages_of)
+    return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
+                      num_warps=8 if big else 4, num_stages=stages, NUM_KSPLIT=split,
+                      cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma)
+
+
+# ---------------------------------------------------------------------------------------------------- fused MoE
+
+
+def _moe_block_m(m: float, quant: str) -> int:
+    if m <= 12:
+        return 16
+    if m <= 24:
+        return 32
+    return 64 if m <= (256 if quant == "per_1x128" else 128) else 128
+
+
+def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str, mean: int, active: int,
+               halves: int, elt: int, tma: bool, sm_count: int, max_shared: int) -> MoeConfig:
+    """One stage's config with the dimension caps, warps, GROUP_SIZE_M, split-K and stages applied."""
+    bn = max(min(bn, max(16, _p2(n))), 64 if bm > 32 else 16)  # the tuner keeps BLOCK_N 32 to BLOCK_M <= 32
+    bk = min(bk, max(16, _p2(k)))
+    if quant == "per_token":
+        bk = max(bk, 128)  # the tuner prunes fp8 per_token with BLOCK_K 64
+    acc = halves * bm * bn
+    warps = 8 if acc >= 128 * 64 and (warps == 8 or acc // 128 > 128) else 4
+    blocks_per_expert = _cdiv(mean, bm)
+    grid = active * max(1, blocks_per_expert) * _cdiv(n, bn)  # the tuner's count
+    split = _split(grid, halves * bn * k * elt, k, bk, sm_count)
+
+    def stages_of(block_k: int) -> int:
+        return _fit_stages(4, lambda s: s * (bm + halves * bn) * block_k * elt, max_shared,
+                           _cdiv(k, block_k * split))
+
+    bk, stages = _fit(bk, 128 if quant == "per_token" else min(bk, 64), stages_of)
+    return MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if blocks_per_expert > 1 else 1,
+                     num_warps=warps, num_stages=stages, KSPLIT=split, USE_TMA=int(tma and (k * elt) % 16 == 0))
+
+
+def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str,
+                  sm_count: int = 132, max_shared: int = 232448, *,
+                  gated: bool = True, capability: tuple[int, int] = (9, 0)) -> tuple[bool, MoeConfig, MoeConfig | None]:
+    """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
+    hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
+    model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128". Rules: module docstring."""
+    if quant not in fm.QUANT_TYPES:
+        raise ValueError(f"quant {quant!r}; expected one of {fm.QUANT_TYPES}")
+    if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
+        raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
+                         f"experts={experts} topk={topk}")
+    elt = 1 if quant != "none" else 2
+    pairs = tokens * topk
+    halves = 2 if gated else 1
+    if pairs <= ONE_STAGE_PAIRS:
+        return True, _one_stage(model_dim, inter_dim, quant, halves, elt, max_shared), None
+    m = pairs / experts
+    mean = max(1, math.ceil(m))
+    active = min(pairs, experts)
+    bm = _moe_block_m(m, quant)
+    fp8 = quant != "none"
+    if bm == 16:
+        bk = 128 if quant == "per_1x128" else 256
+        s1 = (32, bk, 4)
+        s2 = (64, bk, 4)
+    elif bm == 32:
+        s1 = s2 = (64, 128, 4)
+    elif bm == 64 and m <= 64:
+        s1, s2 = (64, 128, 4), (128, 128, 4)
+    elif bm == 64:
+        bk = 128 if fp8 else 64
+        # per_1x128 rescales every column per K step: wider tiles on 8 warps (tuned at m = 256)
+        s1 = (256, 128, 8) if quant == "per_1x128" else (128, bk, 4)
+        s2 = (256, bk, 8 if quant == "per_1x128" else 4)
+    else:
+        bk = 128 if fp8 else 64
+        s1, s2 = (128, bk, 8), (256, bk, 8)
+    tma = capability[0] >= 9 and m > 64  # weight tiles through TMA once blocks are full (tuned: from m = 128)
+    common = dict(quant=quant, mean=mean, active=active, elt=elt, sm_count=sm_count, max_shared=max_shared)
+    stage1 = _moe_stage(bm, *s1, n=inter_dim, k=model_dim, halves=halves, tma=tma, **common)
+    stage2 = _moe_stage(bm, *s2, n=model_dim, k=inter_dim, halves=1, tma=tma, **common)
+    return False, stage1, stage2
+
+
+def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int) -> MoeConfig:
+    bn = min(128, max(16, _p2(inter_dim)))
+    bk = min(128, max(16, _p2(model_dim)))
+    bd = min(256, max(16, _p2(model_dim)))
+    config = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                       KSPLIT=1, BLOCK_SIZE_D=bd, USE_TMA=0)
+
+    def smem(stages: int) -> int:
+        return max(stages * (16 + halves * bn) * bk * elt, 2 * (16 + bd) * bn * 2)
+
+    stages = _fit_stages(3, smem, max_shared, _cdiv(model_dim, bk))
+    while smem(stages) > max_shared and bd > 16:  # the second GEMM's double buffer alone is too big
+        bd //= 2
+    return replace(config, num_stages=stages, BLOCK_SIZE_D=bd)

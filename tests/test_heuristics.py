@@ -1,0 +1,181 @@
+"""ops.heuristics: each row of the documented rule tables, and every config valid for the kernels and the tuner."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from tritune.kernels import gemm as gk
+from tritune.kernels.fused_moe import check_config
+from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
+from tritune.store.fmoe_csv import FmoeShape
+from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
+from tritune.tuners.gemm_tunable import GemmProblem, gemm_constraints
+from tritune.tuning.device import current_device
+from tritune.tuning.types import Config
+
+H100 = current_device()  # no GPU here: the interpreter stand-in with H100 limits (132 SMs, 232448 B)
+
+
+def device(sm_count=132, max_shared=232448):
+    return dataclasses.replace(H100, sm_count=sm_count, max_shared_mem=max_shared, capability=(9, 0))
+
+
+def tile(c):
+    return c.BLOCK_SIZE_M, c.BLOCK_SIZE_N, c.BLOCK_SIZE_K
+
+
+@pytest.mark.parametrize("kernel, M, N, K, want", [
+    # (BM, BN, BK, split, stages, TMA)
+    ("bf16", 1, 4096, 14336, (16, 64, 256, 4, 4, False)),  # 64 tiles < 66 and each streams 1.8 MiB: split 4
+    ("bf16", 1, 4096, 4096, (16, 64, 256, 1, 4, False)),  # same grid, 512 KiB per tile: K not long, no split
+    ("a8w8", 16, 14336, 4096, (16, 128, 256, 1, 4, False)),  # 112 tiles cover 3/4 of the SMs: the wider tile
+    ("a8w8_blockscale", 1, 2112, 7168, (16, 32, 128, 1, 5, False)),  # 33 tiles < 44: narrow fallback, 5 stages
+    ("a8w8_blockscale", 1, 4096, 14336, (16, 64, 128, 4, 4, False)),  # as tuned: 16x64, split 4
+    ("bf16", 32, 4096, 4096, (32, 64, 256, 1, 4, False)),  # M <= 32 row; 64 tiles, no fallback past a third
+    ("a8w8", 64, 4096, 4096, (32, 64, 256, 1, 4, False)),  # 64x64 = 64 tiles; 32x64 fills (as tuned)
+    ("a8w8_blockscale", 64, 4096, 4096, (64, 64, 128, 1, 4, False)),  # no 32-row main tile when block-scaled
+    ("a8w8_blockscale", 64, 2112, 7168, (16, 64, 128, 1, 4, False)),  # under a third: 16-row fallback (vLLM)
+    ("bf16", 256, 14336, 4096, (128, 256, 64, 1, 4, False)),  # 128x256 still gives 112 tiles (as tuned)
+    ("a8w8_blockscale", 256, 14336, 4096, (64, 128, 128, 1, 4, False)),  # no 128-row tile to M=256 (tuned)
+    ("a8w8_blockscale", 512, 2112, 7168, (64, 64, 128, 1, 4, False)),  # 64x128: 136 tiles = a half-empty wave
+    ("bf16", 1024, 4096, 4096, (128, 256, 64, 1, 4, False)),  # large M, TMA only from 2048
+    ("bf16", 4096, 4096, 4096, (128, 256, 64, 1, 3, True)),  # TMA: 3 stages leave room for the epilogue tile
+    ("a8w8_blockscale", 1024, 4096, 4096, (128, 128, 128, 1, 4, True)),  # block-scaled TMA from 1024
+    ("bf16", 1, 512, 16384, (16, 32, 256, 8, 4, False)),  # 16 tiles, 1 MiB each: split 8 (grid 128 <= 264)
+])
+def test_gemm_rule_table_rows(kernel, M, N, K, want):
+    c = gemm_heuristic(kernel, M, N, K)
+    assert (*tile(c), c.NUM_KSPLIT, c.num_stages, c.PERSISTENT_TMA) == want
+
+
+@pytest.mark.parametrize("M, N, group", [
+    (1, 4096, 1),  # one row of tiles: grouping pruned by the tuner
+    (256, 4096, 8),  # several rows
+])
+def test_gemm_group_size(M, N, group):
+    assert gemm_heuristic("bf16", M, N, 4096).GROUP_SIZE_M == group
+
+
+def test_gemm_cache_modifier_and_warps():
+    assert gemm_heuristic("a8w8", 8, 4096, 4096).cache_modifier == ".cg"  # weight streaming at M <= 16
+    assert gemm_heuristic("a8w8", 64, 4096, 4096).cache_modifier == ""
+    assert gemm_heuristic("bf16", 8192, 8192, 8192).num_warps == 8  # 128x256
+    assert gemm_heuristic("bf16", 64, 4096, 4096).num_warps == 4
+
+
+def test_split_k_leaves_at_least_four_k_steps_per_split():
+    for kernel, M, N, K in itertools.product(gk.KERNELS, (1, 8, 32), (256, 512, 1024, 4096), (2048, 8192, 32768)):
+        c = gemm_heuristic(kernel, M, N, K)
+        tiles = -(-M // c.BLOCK_SIZE_M) * -(-N // c.BLOCK_SIZE_N)
+        if c.NUM_KSPLIT > 1:
+            assert K >= 4 * c.NUM_KSPLIT * c.BLOCK_SIZE_K and 2 * tiles < 132, c
+            assert tiles * c.NUM_KSPLIT <= 2 * 132
+
+
+SHAPES = [(N, K) for N in (16, 100, 512, 1536, 2112, 4096, 7168, 14336, 24576)
+          for K in (16, 96, 512, 4096, 7168, 18432)]
+MS = (1, 3, 16, 17, 32, 48, 64, 100, 256, 300, 512, 1000, 2048, 8192)
+
+
+@pytest.mark.parametrize("kernel", gk.KERNELS)
+@pytest.mark.parametrize("sm_count, max_shared", [
+    (132, 232448),  # H100 / H200
+    (114, 232448),  # H100 PCIe
+    (108, 166912),  # A100: less shared memory, no TMA rows (capability checked separately)
+])
+def test_every_gemm_config_passes_the_tuners_rules(kernel, sm_count, max_shared):
+    dev = device(sm_count, max_shared)
+    for (N, K), M in itertools.product(SHAPES, MS):
+        c = gemm_heuristic(kernel, M, N, K, sm_count, max_shared)
+        rules = gemm_constraints(GemmProblem(kernel, M, N, K), dev)
+        broken = [r.name for r in rules if not r.ok(Config.from_dict(dataclasses.asdict(c)))]
+        assert not broken, (M, N, K, c, broken)
+        if kernel == "a8w8_blockscale":
+            assert gk.SCALE_BLOCK % c.BLOCK_SIZE_K == 0
+
+
+def test_no_tma_before_hopper():
+    assert not gemm_heuristic("bf16", 8192, 8192, 8192, capability=(8, 0)).PERSISTENT_TMA
+    assert not moe_heuristic(4096, 4096, 14336, 8, 2, "none", capability=(8, 0))[1].USE_TMA
+
+
+def test_gemm_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown GEMM kernel"):
+        gemm_heuristic("int8", 1, 1, 1)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        gemm_heuristic("bf16", 0, 4096, 4096)
+
+
+# ---------------------------------------------------------------------------------------------------- fused MoE
+
+
+def short(c):
+    return c.BLOCK_SIZE_M, c.BLOCK_SIZE_N, c.BLOCK_SIZE_K, c.num_warps, c.GROUP_SIZE_M, c.USE_TMA
+
+
+@pytest.mark.parametrize("tokens, dims, quant, want", [
+    # (run_1stage, stage 1 or 1-stage (BM, BN, BK, warps, GM, TMA), stage 2 or None)
+    (1, (4096, 14336, 8, 2), "none", (True, (16, 128, 128, 4, 1, 0), None)),  # 2 pairs: 1-stage (tuned)
+    (5, (4096, 14336, 8, 2), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # 10 pairs: 2-stage
+    (8, (4096, 14336, 8, 2), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # m = 2, as tuned
+    (32, (4096, 14336, 8, 2), "per_1x128", (False, (16, 32, 128, 4, 1, 0), (16, 64, 128, 4, 1, 0))),  # BK | 128
+    (128, (4096, 14336, 8, 2), "none", (False, (64, 64, 128, 4, 1, 0), (64, 128, 128, 4, 1, 0))),  # m=32, tuned
+    (512, (4096, 14336, 8, 2), "none", (False, (64, 128, 64, 4, 8, 1), (64, 256, 64, 4, 8, 1))),  # m=128: GM 8
+    (1024, (4096, 14336, 8, 2), "none", (False, (128, 128, 64, 8, 8, 1), (128, 256, 64, 8, 8, 1))),  # as tuned
+    (1024, (4096, 14336, 8, 2), "per_token", (False, (128, 128, 128, 8, 8, 1), (128, 256, 128, 8, 8, 1))),
+    (1024, (4096, 14336, 8, 2), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
+    (256, (2048, 768, 128, 8), "none", (False, (32, 64, 128, 4, 1, 0), (32, 64, 128, 4, 1, 0))),  # m=16: BM 32
+])
+def test_moe_rule_table_rows(tokens, dims, quant, want):
+    run_1stage, s1, s2 = moe_heuristic(tokens, *dims, quant)
+    assert (run_1stage, short(s1), short(s2) if s2 else None) == want
+
+
+def test_moe_one_stage_only_for_a_handful_of_pairs():
+    assert moe_heuristic(4, 2048, 768, 128, 2, "none")[0]  # 8 pairs
+    assert not moe_heuristic(5, 2048, 768, 128, 2, "none")[0]  # 10 pairs
+
+
+def _moe_shape(tokens, dims, quant, dtype="bf16"):
+    d, i, e, k = dims
+    q = "fp8" if quant != "none" else dtype
+    return FmoeShape(token=tokens, model_dim=d, inter_dim=i, expert=e, topk=k, act_type="silu", dtype=dtype,
+                     q_dtype_a=q, q_dtype_w=q, q_type=quant, use_g1u1=True, doweight_stage1=False)
+
+
+MOE_DIMS = [(64, 32, 4, 2),  # test-sized: tiles clipped to the dimensions
+            (1024, 512, 8, 2), (4096, 14336, 8, 2),  # Mixtral-like
+            (2048, 768, 128, 8), (7168, 2048, 256, 8),  # Qwen3 / DeepSeek-like: many experts, topk 8
+            (4096, 96, 60, 4)]  # inter_dim not a power of two, experts not a power of two
+TOKENS = (1, 2, 3, 4, 7, 16, 33, 100, 256, 1000, 4096, 16384)
+
+
+@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128"])
+@pytest.mark.parametrize("max_shared", [232448, 166912])  # H100; A100-sized shared memory
+def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_shared):
+    dev = device(max_shared=max_shared)
+    for dims, tokens in itertools.product(MOE_DIMS, TOKENS):
+        run_1stage, s1, s2 = moe_heuristic(tokens, *dims, quant, max_shared=max_shared)
+        shape = _moe_shape(tokens, dims, quant)
+        kinds = [("1stage", s1)] if run_1stage else [("stage1", s1), ("stage2", s2)]
+        for kind, config in kinds:
+            check_config(config, kind, quant)
+            params = dataclasses.asdict(config)
+            if kind == "1stage":
+                params.pop("USE_TMA"), params.pop("KSPLIT")
+                rules = one_stage_constraints(MoeProblem(shape, kind), dev)
+            else:
+                params.pop("BLOCK_SIZE_D")
+                rules = stage_constraints(MoeProblem(shape, kind), dev)
+            broken = [r.name for r in rules if not r.ok(Config.from_dict(params))]
+            assert not broken, (tokens, dims, quant, kind, config, broken)
+        if not run_1stage:
+            assert s1.BLOCK_SIZE_M == s2.BLOCK_SIZE_M  # one sort serves both stages
+
+
+def test_moe_rejects_bad_input():
+    with pytest.raises(ValueError, match="quant"):
+        moe_heuristic(16, 4096, 14336, 8, 2, "int8")
+    with pytest.raises(ValueError, match="bad fused-MoE shape"):
+        moe_heuristic(16, 4096, 14336, 8, 9, "none")
