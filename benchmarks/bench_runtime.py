@@ -35,29 +35,21 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-# ---------------------------------------------------------------------------------------------------- problems
-def gemm_inputs(kernel: str, M: int, N: int, K: int, seed: int = 0) -> dict:
-    from tritune.kernels.quant import quantize_blocks, quantize_rows
+def _gpu_cases():
+    """The op-path cases and their checks live in tests/test_runtime_gpu.py (loaded by path: one definition)."""
+    import importlib.util
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(M, K, device="cuda", generator=g)
-    b = torch.randn(N, K, device="cuda", generator=g) / math.sqrt(K)
-    if kernel == "bf16":
-        return {"a": a.bfloat16(), "b": b.bfloat16(), "a_scale": None, "b_scale": None}
-    if kernel == "a8w8":
-        (qa, sa), (qb, sb) = quantize_rows(a), quantize_rows(b)
-    else:
-        (qa, sa), (qb, sb) = quantize_blocks(a, 1), quantize_blocks(b, 128)
-    return {"a": qa, "b": qb, "a_scale": sa, "b_scale": sb}
+    path = Path(__file__).resolve().parent.parent / "tests" / "test_runtime_gpu.py"
+    spec = importlib.util.spec_from_file_location("test_runtime_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def gemm_call(kernel: str, x: dict, config=None) -> Callable[[], torch.Tensor]:
-    from tritune import ops
-
-    if kernel == "bf16":
-        return lambda: ops.gemm(x["a"], x["b"], config=config)
-    op = ops.gemm_a8w8 if kernel == "a8w8" else ops.gemm_a8w8_blockscale
-    return lambda: op(x["a"], x["b"], x["a_scale"], x["b_scale"], config=config)
+_CASES = _gpu_cases()
+gemm_inputs, gemm_call, moe_inputs, moe_call = (_CASES.gemm_inputs, _CASES.gemm_call, _CASES.moe_inputs,
+                                                _CASES.moe_call)
+safety_cases, check_safety = _CASES.safety_cases, _CASES.check_safety
 
 
 def gemm_baseline(kernel: str, x: dict) -> Callable[[], torch.Tensor]:
@@ -69,150 +61,6 @@ def gemm_baseline(kernel: str, x: dict) -> Callable[[], torch.Tensor]:
     # cuBLAS has no 1x128 x 128x128 block scales through torch here: per-tensor scaled fp8 is the nearest bound.
     one = torch.ones((), device="cuda")
     return lambda: torch._scaled_mm(x["a"], x["b"].T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-
-
-def moe_inputs(T: int, D: int, inter: int, E: int, topk: int, quant: str = "none", seed: int = 0) -> dict:
-    from tritune.kernels.fused_moe import quantize_weights
-    from tritune.ops.routing import sample_routing
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = torch.randn(T, D, device="cuda", generator=g).bfloat16()
-    w1 = torch.randn(E, 2 * inter, D, device="cuda", generator=g) / math.sqrt(D)
-    w2 = torch.randn(E, D, inter, device="cuda", generator=g) / math.sqrt(inter)
-    if quant == "none":
-        (w1, s1), (w2, s2) = (w1.bfloat16(), None), (w2.bfloat16(), None)
-    else:
-        (w1, s1), (w2, s2) = quantize_weights(w1, quant), quantize_weights(w2, quant)
-    weights, ids = sample_routing(T, E, topk, skew=0.0, device=torch.device("cuda"), seed=seed)
-    return {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": weights, "topk_ids": ids, "w1_scale": s1,
-            "w2_scale": s2, "quant": quant}
-
-
-def moe_call(x: dict, choice=None) -> Callable[[], torch.Tensor]:
-    from tritune import ops
-
-    return lambda: ops.fused_moe(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], quant=x["quant"],
-                                 w1_scale=x["w1_scale"], w2_scale=x["w2_scale"], choice=choice)
-
-
-# ---------------------------------------------------------------------------------------------------- safety
-def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], bool]]:
-    """(name, factory of a call returning its output, exact replay expected)."""
-    from tritune.kernels.fused_moe import MoeConfig
-    from tritune.kernels.gemm import GemmConfig
-    from tritune.ops.fused_moe import MoeChoice
-
-    cases = []
-    for kernel in ("bf16", "a8w8", "a8w8_blockscale"):
-        bk = 128
-        for name, cfg in (("pointer", GemmConfig(64, 128, bk, 8, 4, 3)),
-                          ("split-K 4", GemmConfig(16, 64, bk, 1, 4, 3, NUM_KSPLIT=4)),
-                          ("TMA", GemmConfig(128, 128, bk, 8, 8, 3, PERSISTENT_TMA=True))):
-            M = 8 if "split" in name else 300
-
-            def make(kernel=kernel, cfg=cfg, M=M):
-                return gemm_call(kernel, gemm_inputs(kernel, M, 1024, 2048), cfg)
-            cases.append((f"gemm {kernel} {name}", make, True))
-
-        def make_op(kernel=kernel):
-            return gemm_call(kernel, gemm_inputs(kernel, 33, 2048, 1024))
-        cases.append((f"gemm {kernel} op (selected config)", make_op, True))
-
-    s1 = MoeConfig(16, 64, 128, 1, 4, 3)
-    s2 = MoeConfig(16, 64, 128, 1, 4, 3)
-    s1_64 = MoeConfig(64, 128, 64, 8, 8, 3)
-    s2_64 = MoeConfig(64, 128, 64, 8, 8, 3)
-    moe = [
-        ("2-stage bf16, 1-launch sort (7 tok E128 top8)", (7, 1024, 256, 128, 8, "none"), MoeChoice(False, s1, s2, "")),
-        ("2-stage bf16, 2-launch sort (256 tok E64 top8)", (256, 1024, 512, 64, 8, "none"),
-         MoeChoice(False, s1_64, s2_64, "")),
-        ("2-stage bf16, 3-launch sort (1024 tok E64 top8)", (1024, 1024, 512, 64, 8, "none"),
-         MoeChoice(False, s1_64, s2_64, "")),
-        ("2-stage bf16 split-K both stages", (4, 2048, 1024, 8, 2, "none"),
-         MoeChoice(False, MoeConfig(16, 64, 128, 1, 4, 3, KSPLIT=4), MoeConfig(16, 64, 128, 1, 4, 3, KSPLIT=2), "")),
-        ("2-stage bf16 TMA weights", (64, 1024, 512, 8, 2, "none"),
-         MoeChoice(False, MoeConfig(16, 64, 128, 1, 4, 3, USE_TMA=1), MoeConfig(16, 64, 128, 1, 4, 3, USE_TMA=1), "")),
-        ("2-stage bf16 top-1 (direct store)", (64, 1024, 512, 8, 1, "none"), MoeChoice(False, s1, s2, "")),
-        ("2-stage fp8 per_token", (64, 1024, 512, 8, 2, "per_token"), MoeChoice(False, s1, s2, "")),
-        ("2-stage fp8 per_1x128", (64, 1024, 512, 8, 2, "per_1x128"), MoeChoice(False, s1, s2, "")),
-        ("1-stage bf16", (8, 1024, 512, 8, 2, "none"),
-         MoeChoice(True, MoeConfig(16, 64, 128, 1, 4, 3, BLOCK_SIZE_D=128), None, "")),
-        ("1-stage fp8 per_1x128", (8, 1024, 512, 8, 2, "per_1x128"),
-         MoeChoice(True, MoeConfig(16, 64, 128, 1, 4, 3, BLOCK_SIZE_D=128), None, "")),
-        ("op (selected kernels) bf16 Mixtral-like 16 tok", (16, 4096, 1792, 8, 2, "none"), None),
-    ]
-    for name, dims, choice in moe:
-        def make(dims=dims, choice=choice):
-            return moe_call(moe_inputs(*dims), choice)
-        cases.append((f"fused_moe {name}", make, choice is None or not choice.run_1stage))
-
-    def grouped(kind: str):
-        from tritune.kernels.grouped_gemm import group_by_expert
-        from tritune.ops.grouped_gemm import grouped_gemm, run_dw, run_dx, run_forward, select_configs
-
-        T, E, topk, D, N = 512, 16, 4, 1024, 768
-        g = torch.Generator(device="cuda").manual_seed(1)
-        ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:topk] for _ in range(T)]).int()
-        x = torch.randn(T, D, device="cuda", generator=g).bfloat16()
-        w = (torch.randn(E, N, D, device="cuda", generator=g) / 32).bfloat16()
-        m_sizes, gather = group_by_expert(ids, E)
-        cfg = select_configs(T, w, topk, True, False)
-        dy = torch.randn(T * topk, N, device="cuda", generator=g).bfloat16()
-        if kind == "forward":
-            return lambda: run_forward(x, w, m_sizes, gather, topk, True, False, cfg.forward)
-        if kind == "dX":
-            return lambda: run_dx(dy, w, m_sizes, gather, topk, True, False, cfg.dX)
-        if kind == "dW":
-            return lambda: run_dw(x, dy, m_sizes, gather, topk, True, False, cfg.dW)
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-
-        def step():
-            xg.grad, wg.grad = None, None
-            m, gi = group_by_expert(ids, E)
-            y = grouped_gemm(xg, wg, m, gi, topk=topk, permute_x=True)
-            y.backward(dy)
-            return torch.cat([y.detach().reshape(-1), xg.grad.reshape(-1), wg.grad.reshape(-1)])
-        return step
-
-    for kind in ("forward", "dX", "dW", "autograd step"):
-        cases.append((f"grouped_gemm {kind}", lambda kind=kind: grouped(kind), True))
-    return cases
-
-
-def check_safety(name: str, factory, exact: bool) -> dict:
-    rec = {"case": name}
-    try:
-        fn = factory()
-        fn()  # binds (compiles on first sight)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            eager = fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        eager = eager.clone()
-        torch.cuda.synchronize()
-        rec["sync_free"] = True
-    except Exception as err:  # noqa: BLE001 (a benchmark reports every failure and goes on)
-        rec.update(sync_free=False, error=f"{type(err).__name__}: {err}".splitlines()[0][:300])
-        return rec
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        same = torch.equal(captured, eager)
-        err = rel_l2(captured, eager)
-        rec.update(graph_replay_equal=bool(same if exact else err < 1e-2), graph_rel_l2=err, exact=exact)
-    except Exception as err:  # noqa: BLE001
-        rec.update(graph_replay_equal=False, error=f"graph: {type(err).__name__}: {err}".splitlines()[0][:300])
-    return rec
 
 
 # ---------------------------------------------------------------------------------------------------- host cost

@@ -1,4 +1,5 @@
-"""ops.gemm config lookup: shape file, then device default, then the heuristic; cached until reload_configs()."""
+"""ops.gemm config lookup: the shape file (exact M, else the off-grid cost estimate), else the rule-table heuristic
+(never the voted device default); cached until reload_configs()."""
 
 from __future__ import annotations
 
@@ -51,23 +52,36 @@ def write_files(folder) -> tuple:
 
 
 @pytest.mark.parametrize(("M", "where"), [
-    (17, "M=17"),  # the tuned M itself
-    (5, "bucket small"),  # untuned M in a tuned bucket
-    (1000, "bucket any"),  # xlarge: not tuned, falls to "any"
+    (17, "tuned M=17"),  # the tuned M itself
+    (5, "off-grid: M=5"),  # untuned M: chosen among the tuned configs (and the rule table's) by the cost model
+    (1000, "off-grid: M=1000"),  # far above the only tuned M
 ])
 def test_shape_file_first(M, where, config_dir):
     shape, _ = write_files(config_dir)
     cfg, source = select_config("bf16", M, 40, 48, TORCH_DEVICE)
-    assert cfg == SHAPE_CFG
-    assert source == f"shape file {shape} {where}"
+    assert source.startswith(f"shape file {shape}: {where}")
+    assert cfg in (SHAPE_CFG, heuristic_config("bf16", M, 40, 48, DEVICE.sm_count))
+    if M == 17:
+        assert cfg == SHAPE_CFG
 
 
-def test_device_default_for_an_untuned_shape(config_dir):
-    _, default = write_files(config_dir)
-    for M, bucket in ((17, "small"), (300, "any")):  # a bucket the default has, and one only "any" covers
+def test_offgrid_choice_between_two_tuned_m(config_dir):
+    # The config tuned at M=64 is scaled to M=48 and wins over M=16's, which the model says wastes waves there.
+    small, large = dataclasses.replace(SHAPE_CFG, BLOCK_SIZE_M=16), dataclasses.replace(SHAPE_CFG, BLOCK_SIZE_M=64)
+    write_shape_file(config_dir, DEVICE.provenance(), "BF16", 4096, 4096,
+                     {16: dataclasses.replace(entry(16, small), time_us=20.0),
+                      64: dataclasses.replace(entry(64, large), time_us=21.0)}, device_slug=DEVICE.slug)
+    cfg, source = select_config("bf16", 48, 4096, 4096, TORCH_DEVICE)
+    assert "off-grid: M=48 between tuned 16 and 64" in source
+    assert cfg in (small, large, heuristic_config("bf16", 48, 4096, 4096, DEVICE.sm_count))
+
+
+def test_rule_table_not_the_device_default_for_an_untuned_shape(config_dir):
+    write_files(config_dir)  # a default file exists, voted from another shape
+    for M in (17, 300):
         cfg, source = select_config("bf16", M, 80, 96, TORCH_DEVICE)
-        assert cfg == DEFAULT_CFG
-        assert source == f"device default {default} bucket {bucket}"
+        assert source == "heuristic"
+        assert cfg == heuristic_config("bf16", M, 80, 96, DEVICE.sm_count) and cfg != DEFAULT_CFG
 
 
 def test_heuristic_without_files(config_dir):
@@ -82,7 +96,7 @@ def test_choices_cached_until_reload(config_dir):
     shape, _ = write_files(config_dir)
     assert select_config("bf16", 17, 40, 48, TORCH_DEVICE)[1] == "heuristic"  # files written after the first look
     reload_configs()
-    assert select_config("bf16", 17, 40, 48, TORCH_DEVICE) == (SHAPE_CFG, f"shape file {shape} M=17")
+    assert select_config("bf16", 17, 40, 48, TORCH_DEVICE) == (SHAPE_CFG, f"shape file {shape}: tuned M=17")
     write_shape_file(config_dir, DEVICE.provenance(), "BF16", 40, 48, {17: entry(17, OTHER_CFG)},
                      device_slug=DEVICE.slug)  # a retune replaces M=17
     assert select_config("bf16", 17, 40, 48, TORCH_DEVICE)[0] == SHAPE_CFG
@@ -92,7 +106,7 @@ def test_choices_cached_until_reload(config_dir):
 
 @pytest.mark.parametrize(("M", "N", "K"), [
     (17, 40, 48),  # shape file; M, N, K all off the 32-wide blocks (masked edges)
-    (3, 80, 96),  # device default; M far under BLOCK_SIZE_M
+    (3, 80, 96),  # no shape file: the rule table; M far under BLOCK_SIZE_M
 ])
 def test_gemm_op_uses_the_looked_up_config_and_is_correct(M, N, K, config_dir, monkeypatch):
     write_files(config_dir)
@@ -110,6 +124,6 @@ def test_gemm_op_uses_the_looked_up_config_and_is_correct(M, N, K, config_dir, m
     b = (torch.randn(N, K, generator=gen) / K**0.5).to(TORCH_DEVICE, torch.float16)
     out = gemm(a, b)
     assert used == [select_config("bf16", M, N, K, TORCH_DEVICE)[0]]
-    assert used[0] in (SHAPE_CFG, DEFAULT_CFG)
+    assert used[0] in (SHAPE_CFG, heuristic_config("bf16", M, N, K, DEVICE.sm_count))
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
     torch.testing.assert_close(out.float(), gk.gemm_reference("bf16", a, b), atol=1e-2, rtol=1e-2)

@@ -28,6 +28,7 @@ import torch
 
 from tritune import knobs
 from tritune.aot.expr import ExprError, evaluate
+from tritune.store.provenance import running_machine
 from tritune.store.user_json import UserEntry, UserKernelStore, UserStoreError, now_iso
 from tritune.tuning.device import DeviceInfo, current_device
 from tritune.tuning.journal import Journal
@@ -359,7 +360,7 @@ class UserKernel:
 
     def _stored(self, device: str, key_text: str) -> Config | None:
         try:
-            entry = UserKernelStore(self.store_path, self.name).lookup(device, key_text)
+            entry = UserKernelStore(self.store_path, self.name).lookup(device, key_text, machine=running_machine())
         except (UserStoreError, ValueError) as exc:
             warnings.warn(f"{exc}; kernel {self.name} uses its default config", stacklevel=4)
             return None

@@ -1,40 +1,41 @@
-"""Run-time fused-MoE ops that pick their own kernels: the tuned CSV row for (SM count, shape, token bucket), else
-a documented heuristic; the choice is cached per process until `reload_moe_configs()`.
+"""Run-time fused-MoE ops that pick their own kernels: the tuned CSV rows of (SM count, shape) — the row tuned at
+this token count, else a cost estimate over the rows tuned at the neighbouring counts — else the documented rule
+table of `tritune.ops.heuristics`; the choice is cached per (SM count, shape, token count) until
+`reload_moe_configs()`.
 
 Lookups go through `tritune.store.fmoe_csv.default_table()` (TRITUNE_CONFIG_FMOE, else the shipped files). A tuned
 row whose kernel names do not parse, name the wrong kernel, quant or activation, fail `check_config`, or whose two
-stages disagree on BLOCK_SIZE_M is skipped with a one-line warning, and the heuristic is used instead.
+stages disagree on BLOCK_SIZE_M is skipped with a one-line warning; rows tuned on another GPU are skipped with one
+warning (another Triton version: used, with one warning).
 
-The heuristic (always 2-stage; from first H100 measurements), with m = tokens·topk/experts (mean pairs per expert):
-
-- BLOCK_SIZE_M: 16 if m <= 16, 32 if m <= 32, 64 if m <= 128, else 128 (one sort serves both stages);
-- stage 1: BLOCK_SIZE_N 64 if BLOCK_SIZE_M <= 32 else 128; BLOCK_SIZE_K 128 for fp8, 64 for bf16/fp16;
-  GROUP_SIZE_M 8; 4 warps and 4 stages if BLOCK_SIZE_M <= 32, else 8 warps and 3 stages; no split-K;
-- stage 2: as stage 1, but 4 stages whenever BLOCK_SIZE_M <= 64;
-- BLOCK_SIZE_N and BLOCK_SIZE_K never exceed the next power of two (at least 16) of the dimension they tile, so
-  tiny test shapes do not waste whole tiles; every heuristic config passes `check_config` for every quant type.
+Off the tuned grid (`ops.offgrid.choose_moe_offgrid`): every plan (1-stage config, or stage-1 + stage-2 configs)
+tuned at the nearest token counts below and above is scaled by `ops.cost_model` (experts touched, blocks per
+expert, tiles, waves, weight bytes) from the count it was measured at to the asked one, its launches' host cost
+added, and the rule table's plan competes on its model estimate; the least estimated time wins.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import warnings
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
+from tritune.ops.heuristics import moe_heuristic
+from tritune.ops.offgrid import MoeRow, choose_moe_offgrid
 from tritune.store.fmoe_csv import (
     FmoeShape,
     FmoeTuned,
     default_table,
     reload_fmoe_configs,
-    token_bucket,
 )
+from tritune.store.provenance import Machine, running_machine
 
 __all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice",
            "heuristic_moe_choice", "reload_moe_configs"]
@@ -52,43 +53,32 @@ class MoeChoice:
     source: str  # "tuned: <file>, row N (line L)" or "heuristic"
 
 
-def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int,
-                         quant: str) -> MoeChoice:
-    """The documented fallback (see the module docstring): a 2-stage choice for `tokens` tokens of the shape."""
+def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
+                         sm_count: int = 132, max_shared: int = 232448, gated: bool = True) -> MoeChoice:
+    """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape."""
     if quant not in fm.QUANT_TYPES:
         raise ValueError(f"quant {quant!r}; expected one of {fm.QUANT_TYPES}")
-    m = tokens * topk / experts
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 128 else 128
-    small = bm <= 32
-    bk = 128 if quant != "none" else 64
-
-    def fit(block: int, dim: int) -> int:
-        return min(block, max(16, triton.next_power_of_2(dim)))
-
-    stage1 = MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=fit(64 if small else 128, inter_dim),
-                       BLOCK_SIZE_K=fit(bk, model_dim), GROUP_SIZE_M=8, num_warps=4 if small else 8,
-                       num_stages=4 if small else 3, KSPLIT=1)
-    stage2 = MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=fit(64 if small else 128, model_dim),
-                       BLOCK_SIZE_K=fit(bk, inter_dim), GROUP_SIZE_M=8, num_warps=4 if small else 8,
-                       num_stages=4 if bm <= 64 else 3, KSPLIT=1)
-    return MoeChoice(run_1stage=False, stage1=stage1, stage2=stage2, source="heuristic")
+    run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
+                                               max_shared, gated=gated)
+    return MoeChoice(run_1stage, stage1, stage2, "heuristic")
 
 
 @functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs of `device`; without a GPU, the interpreter stand-in's (H100 limits)."""
-    if device.type == "cuda":
-        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+def _device_facts(index: int) -> tuple[int, int, Machine]:
+    """(SMs, shared memory per block, Machine) of GPU `index`, or of the interpreter stand-in (-1)."""
     from tritune.tuning.device import current_device
 
-    return current_device().sm_count
+    info = current_device(index) if index >= 0 else current_device()
+    return info.sm_count, info.max_shared_mem, running_machine(index if index >= 0 else None)
 
 
-# (cu_num, shape_key, token bucket) -> choice: after the first call of a bucket, an op does one dict lookup.
+def _index(device: torch.device) -> int:
+    if device.type != "cuda":
+        return -1
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+# (device, shape_key, tokens) -> choice: after the first call of a token count, an op does one dict lookup.
 _CHOSEN: dict[tuple[int, tuple, int], MoeChoice] = {}
 
 
@@ -143,28 +133,42 @@ def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
     return MoeChoice(False, stage1, stage2, f"tuned: {origin}")
 
 
-def _choose(cu_num: int, shape: FmoeShape, tokens: int) -> MoeChoice:
+def _choose(index: int, shape: FmoeShape, tokens: int) -> MoeChoice:
+    cu_num, max_shared, machine = _device_facts(index)
+    heuristic = heuristic_moe_choice(tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk,
+                                     shape.q_type, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
     table = default_table()
-    row = table.lookup(cu_num, shape, tokens)
-    if row is not None:
+    rows, origins = [], {}
+    for row in table.rows_of(cu_num, shape, machine=machine):
         origin = table.origin(row)
         try:
-            return _tuned_choice(row, origin)
+            choice = _tuned_choice(row, origin)
         except ValueError as err:
-            warnings.warn(f"tritune: skipping tuned fused-MoE row {origin}: {err}; using the heuristic",
-                          stacklevel=4)
-    return heuristic_moe_choice(tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.q_type)
+            warnings.warn(f"tritune: skipping tuned fused-MoE row {origin}: {err}", stacklevel=4)
+            continue
+        if math.isfinite(row.us) and row.us > 0:
+            rows.append(MoeRow(row.shape.token, choice.run_1stage, choice.stage1, choice.stage2, row.us))
+            origins[row.shape.token] = origin
+    if not rows:
+        return heuristic
+    run_1stage, stage1, stage2, why = choose_moe_offgrid(
+        tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.q_type, rows, cu_num,
+        gated=shape.use_g1u1, heuristic=(heuristic.run_1stage, heuristic.stage1, heuristic.stage2))
+    if tokens in origins and why.startswith("tuned"):
+        return MoeChoice(run_1stage, stage1, stage2, f"tuned: {origins[tokens]}")
+    files = sorted({origin.split(",")[0] for origin in origins.values()})
+    return MoeChoice(run_1stage, stage1, stage2, f"{why}; tuned rows from {', '.join(files)}")
 
 
 def fused_moe_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, *,
                      activation: str = "silu", quant: str = "none", doweight_stage1: bool = False) -> MoeChoice:
     """The kernels `fused_moe` runs for these arguments (see `fused_moe` for shapes); cached per process."""
     shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
-    cu_num = _sm_count(hidden_states.device)
-    key = (cu_num, shape.shape_key(), token_bucket(shape.token))
+    index = _index(hidden_states.device)
+    key = (index, shape.shape_key(), shape.token)
     found = _CHOSEN.get(key)
     if found is None:
-        found = _CHOSEN[key] = _choose(cu_num, shape, shape.token)
+        found = _CHOSEN[key] = _choose(index, shape, shape.token)
     return found
 
 

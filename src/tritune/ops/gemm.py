@@ -1,60 +1,46 @@
-"""Run-time GEMM ops that pick their own config: tuned shape file, then device default, then a heuristic.
+"""Run-time GEMM ops that pick their own config: the tuned shape file of (N, K) (its exact M, else a cost estimate
+over the configs tuned at the neighbouring M), else the documented rule table of `tritune.ops.heuristics`.
 
 Lookups go through `tritune.store.gemm_json.default_store()` (cached per process; `reload_configs()` re-reads
-the files and TRITUNE_CONFIG_DIR). The built-in heuristic, used when no file matches:
+the files and TRITUNE_CONFIG_DIR). A shape file tuned on another GPU is skipped with one warning (another Triton
+version: used, with one warning). The per-device default file the tuner writes (the most common winner) is not
+used at run time: the rule table, calibrated on the tuned files, serves shapes nobody tuned.
 
-- M <= 16:  BLOCK 16x64, BLOCK_K 256 (128 for block-scaled fp8), 4 warps, 3 stages;
-- M <= 32:  BLOCK 32x64, BLOCK_K 128, 4 warps, 4 stages;
-- M <= 64:  BLOCK 64x64, BLOCK_K 128, 4 warps, 4 stages;
-- M <= 256: BLOCK 64x128, BLOCK_K 128, GROUP_SIZE_M 8, 4 warps, 3 stages;
-- larger:   BLOCK 128x256, BLOCK_K 64 (128x128x128 for block-scaled fp8), GROUP_SIZE_M 8, 8 warps, 3 stages;
-- split-K when the tile grid covers at most half the SMs: the largest of 2, 4, 8 that keeps the grid within the
-  SMs and at least 2 K steps per split.
+Off the tuned grid (`ops.offgrid.choose_gemm_offgrid`): every config tuned at the nearest M below and above is
+scaled by `ops.cost_model` (tiles, waves, bytes) from the M it was measured at to the asked M, its launches' host
+cost added, and the rule-table config competes on its model estimate; the least estimated time wins.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
-import triton
 
 from tritune.kernels import gemm as gk
+from tritune.ops.heuristics import gemm_heuristic
+from tritune.ops.offgrid import choose_gemm_offgrid
 from tritune.store.gemm_json import default_store
 from tritune.store.gemm_json import reload_configs as _reload_store
+from tritune.store.provenance import Machine, running_machine
 
 __all__ = ["gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "select_config", "heuristic_config", "reload_configs"]
 
 
 def heuristic_config(kernel: str, M: int, N: int, K: int, sm_count: int = 132) -> gk.GemmConfig:
-    """The documented fallback (see the module docstring)."""
-    block_scaled = kernel == "a8w8_blockscale"
-    if M <= 16:
-        cfg = gk.GemmConfig(16, 64, 128 if block_scaled else 256, 1, 4, 3)
-    elif M <= 32:
-        cfg = gk.GemmConfig(32, 64, 128, 1, 4, 4)
-    elif M <= 64:
-        cfg = gk.GemmConfig(64, 64, 128, 1, 4, 4)
-    elif M <= 256:
-        cfg = gk.GemmConfig(64, 128, 128, 8, 4, 3)
-    elif block_scaled:
-        cfg = gk.GemmConfig(128, 128, 128, 8, 8, 3)
-    else:
-        cfg = gk.GemmConfig(128, 256, 64, 8, 8, 3)
-    tiles = triton.cdiv(M, cfg.BLOCK_SIZE_M) * triton.cdiv(N, cfg.BLOCK_SIZE_N)
-    split = 1
-    for s in (2, 4, 8):
-        if tiles * s <= sm_count and K >= 2 * s * cfg.BLOCK_SIZE_K:
-            split = s
-    return gk.GemmConfig(**{**cfg.__dict__, "NUM_KSPLIT": split})
+    """The rule-table config for a shape nobody tuned (`tritune.ops.heuristics.gemm_heuristic`, H100 limits)."""
+    return gemm_heuristic(kernel, M, N, K, sm_count)
 
 
 @functools.cache
-def _device_facts(index: int) -> tuple[str, int]:
+def _device_facts(index: int) -> tuple[str, int, int, tuple[int, int], Machine]:
+    """(slug, SMs, shared memory per block, capability, Machine) of GPU `index`, or of the interpreter (-1)."""
     from tritune.tuning.device import current_device
 
-    info = current_device(index) if torch.cuda.is_available() else current_device()
-    return info.slug, info.sm_count
+    info = current_device(index) if index >= 0 else current_device()
+    return info.slug, info.sm_count, info.max_shared_mem, info.capability, running_machine(
+        index if index >= 0 else None)
 
 
 # (kernel, M, N, K, device) -> (config, source): the hot path of an op is one dict lookup.
@@ -78,13 +64,19 @@ def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> 
 
 
 def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
-    index = device.index if device.type == "cuda" and device.index is not None else 0
-    slug, sms = _device_facts(index) if device.type == "cuda" else _device_facts(-1)
-    found = default_store().lookup(slug, gk.TAGS[kernel], M, N, K)
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" \
+        else -1
+    slug, sms, max_shared, capability, machine = _device_facts(index)
+    rule = gemm_heuristic(kernel, M, N, K, sms, max_shared, capability=capability)
+    found = default_store().shape_entries(slug, gk.TAGS[kernel], N, K, machine=machine)
     if found is not None:
-        config, source = found
-        return gk.GemmConfig.from_params(config.as_dict()), source
-    return heuristic_config(kernel, M, N, K, sms), "heuristic"
+        path, by_M = found
+        entries = {m: (gk.GemmConfig.from_params(e.config.as_dict()), e.time_us)
+                   for m, e in by_M.items() if math.isfinite(e.time_us) and e.time_us > 0}
+        if entries:
+            config, why = choose_gemm_offgrid(kernel, M, N, K, entries, sms, heuristic=rule)
+            return config, f"shape file {path}: {why}"
+    return rule, "heuristic"
 
 
 # Bound launches per call signature: everything a launch was specialized on (shapes, strides, dtypes, devices,

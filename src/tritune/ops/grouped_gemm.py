@@ -93,14 +93,16 @@ def _select(device: torch.device, num_experts: int, n: int, k: int, topk: int, t
     if device.type != "cuda" or role == "plain":
         return heuristic
     from tritune.store.grouped_gemm_json import default_store
+    from tritune.store.provenance import running_machine
     from tritune.tuning.device import current_device
 
     info = current_device(device.index)
+    machine = running_machine(device.index)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     chosen, origins = [], []
     for kernel, fallback in zip(KERNELS, (heuristic.forward, heuristic.dX, heuristic.dW), strict=True):
         found = default_store().lookup(info.name, info.triton_version, num_experts, n, k, topk, dtype_name, role,
-                                       kernel, tokens)
+                                       kernel, tokens, machine=machine)
         chosen.append(found[0] if found else fallback)
         origins.append(found[1] if found else "heuristic")
     return GroupedGemmConfigs(*chosen, origins=tuple(origins))

@@ -1,0 +1,247 @@
+"""The ops' launch cache: a repeated call binds nothing new; a call differing in anything the kernels were
+specialized on (shape class, stride, dtype, alignment) binds afresh and is still right; and the launches and
+allocations one call makes are pinned. Runs under Triton's interpreter (fp16: bf16 tl.dot is wrong there)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from tritune.kernels import gemm as gk
+from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.launch import Workspace, launch_counts, reset_launch_counts
+from tritune.kernels.moe_reference import fused_moe_reference
+from tritune.ops.fused_moe import MoeChoice, fused_moe
+from tritune.ops.gemm import gemm, gemm_a8w8
+from tritune.ops.routing import sample_routing
+
+ops_gemm = importlib.import_module("tritune.ops.gemm")  # the module (tritune.ops.gemm is the op)
+ops_moe = importlib.import_module("tritune.ops.fused_moe")
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+CFG = gk.GemmConfig(32, 32, 32, 1, 4, 2)
+
+
+@pytest.fixture
+def binds(monkeypatch):
+    """Counts GemmLaunch / MoeLaunch constructions (each is one binding of an op's launches)."""
+    made = {"gemm": 0, "moe": 0}
+    real_gemm, real_moe = gk.GemmLaunch, ops_moe.MoeLaunch
+
+    def gemm_launch(*a, **kw):
+        made["gemm"] += 1
+        return real_gemm(*a, **kw)
+
+    def moe_launch(*a, **kw):
+        made["moe"] += 1
+        return real_moe(*a, **kw)
+
+    monkeypatch.setattr(gk, "GemmLaunch", gemm_launch)
+    monkeypatch.setattr(ops_moe, "MoeLaunch", moe_launch)
+    ops_gemm._PLANS.clear()
+    ops_moe._PLANS.clear()
+    yield made
+    ops_gemm._PLANS.clear()
+    ops_moe._PLANS.clear()
+
+
+def operands(M: int, N: int, K: int, dtype=torch.float16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g).to(DEV, dtype)
+    b = (torch.randn(N, K, generator=g) / K**0.5).to(DEV, dtype)
+    return a, b
+
+
+def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(out.float(), gk.gemm_reference("bf16", a, b), atol=2e-2, rtol=2e-2)
+
+
+def test_repeated_gemm_call_binds_once(binds):
+    a, b = operands(17, 40, 48)
+    for _ in range(3):
+        check(gemm(a, b, config=CFG), a, b)
+    assert binds["gemm"] == 1
+    a2, b2 = operands(17, 40, 48, seed=1)  # new tensors, same signature: no new binding
+    check(gemm(a2, b2, config=CFG), a2, b2)
+    assert binds["gemm"] == 1
+
+
+@pytest.mark.parametrize("change", [
+    "shape",  # M changes the grid (and N, K the specialization)
+    "dtype",  # fp32 operands compile another kernel
+    "row stride",  # A as a slice of a wider tensor: another stride_am
+    "alignment",  # A starting 2 bytes into its storage: Triton specialized on 16-byte alignment
+    "out given",  # an out= tensor instead of a fresh one
+    "config",  # an explicit other config
+])
+def test_changed_signature_binds_afresh_and_is_right(binds, change):
+    a, b = operands(17, 40, 48)
+    check(gemm(a, b, config=CFG), a, b)
+    assert binds["gemm"] == 1
+    out, cfg = None, CFG
+    if change == "shape":
+        a, b = operands(33, 24, 48)
+    elif change == "dtype":
+        a, b = operands(17, 40, 48, torch.float32)
+    elif change == "row stride":
+        a = torch.cat([a, a], dim=1)[:, :48]
+        assert a.stride(0) == 96
+    elif change == "alignment":
+        a = torch.cat([torch.zeros(1, device=DEV, dtype=a.dtype), a.reshape(-1)])[1:].view(17, 48)
+        assert a.data_ptr() % 16 != 0
+    elif change == "out given":
+        out = torch.empty(17, 40, device=DEV, dtype=torch.bfloat16)
+    else:
+        cfg = gk.GemmConfig(16, 32, 16, 1, 4, 2)
+    result = gemm(a, b, config=cfg, out=out)
+    assert binds["gemm"] == 2
+    check(result, a, b)
+    assert out is None or result is out
+    gemm(a, b, config=cfg, out=out)
+    assert binds["gemm"] == 2  # and the new signature is cached in turn
+
+
+def test_fp8_scales_are_part_of_the_signature(binds):
+    from tritune.kernels.quant import quantize_rows
+
+    a, b = operands(9, 24, 64, torch.float32)
+    (qa, sa), (qb, sb) = quantize_rows(a), quantize_rows(b)
+    out1 = gemm_a8w8(qa, qb, sa, sb, config=CFG)
+    out2 = gemm_a8w8(qa, qb, sa.reshape(-1, 1), sb, config=CFG)  # [M, 1] scales: another shape, a new binding
+    assert binds["gemm"] == 2
+    torch.testing.assert_close(out1, out2)
+
+
+def test_tensors_on_two_devices_are_refused():
+    a, b = operands(4, 8, 16)
+    with pytest.raises(ValueError, match="device"):
+        ops_gemm._plan("bf16", a, b, None, None, torch.empty(4, 8, dtype=torch.bfloat16, device="meta"), CFG)
+
+
+# ---------------------------------------------------------------------------------------------------- fused MoE
+T, D, INTER, E, TOPK = 5, 40, 24, 4, 2
+S = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+
+
+def moe_problem(quant: str = "none", tokens: int = T, seed: int = 0) -> dict:
+    from tritune.kernels.fused_moe import quantize_weights
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, D, generator=g).to(DEV, torch.float16)
+    w1 = torch.randn(E, 2 * INTER, D, generator=g) / D**0.5
+    w2 = torch.randn(E, D, INTER, generator=g) / INTER**0.5
+    if quant == "none":
+        (w1, s1), (w2, s2) = (w1.to(DEV, torch.float16), None), (w2.to(DEV, torch.float16), None)
+    else:
+        (w1, s1), (w2, s2) = quantize_weights(w1.to(DEV), quant), quantize_weights(w2.to(DEV), quant)
+    weights, ids = sample_routing(tokens, E, TOPK, seed=seed, device=DEV)
+    return {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": weights, "topk_ids": ids, "w1_scale": s1,
+            "w2_scale": s2}
+
+
+def call(x: dict, choice: MoeChoice, quant: str = "none") -> torch.Tensor:
+    return fused_moe(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], quant=quant,
+                     w1_scale=x["w1_scale"], w2_scale=x["w2_scale"], choice=choice)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(launch counts, allocations made by tritune's own code) of the calls inside the `with` block."""
+    allocs = []
+    real = {name: getattr(torch, name) for name in ("empty", "zeros", "empty_like", "zeros_like")}
+
+    def spy(name):
+        def alloc(*a, **kw):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("tritune."):
+                allocs.append(f"{caller}:{name}")
+            return real[name](*a, **kw)
+        return alloc
+
+    for name in real:
+        monkeypatch.setattr(torch, name, spy(name))
+
+    class Counter:
+        def __enter__(self):
+            allocs.clear()
+            reset_launch_counts(counting=True)
+            return self
+
+        def __exit__(self, *exc):
+            self.launches = launch_counts()
+            self.allocs = list(allocs)
+            reset_launch_counts(counting=False)
+
+    return Counter
+
+
+@pytest.mark.parametrize(("quant", "choice", "tokens", "launches"), [
+    # 2-stage, 10 pairs: one-launch sort, stage 1, stage 2, top-k sum
+    ("none", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
+                                              "_topk_sum_kernel": 1}),
+    # 2-stage, 200 pairs: count (first launch) + scatter that scans for itself
+    ("none", MoeChoice(False, S, S, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
+                                                "_moe_gemm_kernel": 2, "_topk_sum_kernel": 1}),
+    # fp8: the activations are quantized in the sort's launch; the intermediate by its own launch
+    ("per_1x128", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
+                                                   "_quant_fp8_kernel": 1, "_topk_sum_kernel": 1}),
+    # 1-stage: the accumulator is zeroed in the sort's launch, then the kernel and the cast
+    ("none", MoeChoice(True, MoeConfig(16, 32, 32, 1, 4, 2, BLOCK_SIZE_D=32), None, ""), T,
+     {"_moe_align_first_kernel": 1, "_moe_1stage_kernel": 1, "_acc_to_out_kernel": 1}),
+])
+def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choice, tokens, launches):
+    x = moe_problem(quant, tokens)
+    ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], quant=quant,
+                              w1_scale=x["w1_scale"], w2_scale=x["w2_scale"],
+                              requantize_intermediate=not choice.run_1stage)
+    first = call(x, choice, quant)  # binds
+    with counted() as c:
+        again = call(x, choice, quant)
+    assert binds["moe"] == 1
+    assert c.launches == launches
+    # The output, and one scratch buffer (on a GPU it is kept per stream and reused: no allocation at all).
+    assert sorted(c.allocs) == sorted(["tritune.ops.fused_moe:empty", "tritune.kernels.launch:empty"])
+    torch.testing.assert_close(again, first, rtol=0, atol=0 if not choice.run_1stage else 2e-3)
+    err = float((again.float() - ref).norm() / ref.norm())
+    assert err < 2e-2
+
+
+def test_gemm_launches_and_allocations_per_call(binds, counted):
+    a, b = operands(1, 40, 200)
+    split = gk.GemmConfig(16, 32, 32, 1, 4, 2, NUM_KSPLIT=4)
+    gemm(a, b, config=split)
+    gemm(a, b, config=CFG)
+    with counted() as c:
+        gemm(a, b, config=CFG)
+    assert c.launches == {"_gemm_kernel": 1} and c.allocs == ["tritune.ops.gemm:empty"]
+    with counted() as c:
+        check(gemm(a, b, config=split), a, b)
+    assert c.launches == {"_gemm_kernel": 1, "_splitk_reduce_kernel": 1}
+    assert sorted(c.allocs) == ["tritune.kernels.launch:empty", "tritune.ops.gemm:empty"]
+
+
+def test_moe_signature_change_rebinds(binds):
+    x = moe_problem()
+    choice = MoeChoice(False, S, S, "")
+    call(x, choice)
+    call(moe_problem(seed=1), choice)
+    assert binds["moe"] == 1
+    y = moe_problem(tokens=T + 1)  # another token count: another grid and sort
+    out = call(y, choice)
+    assert binds["moe"] == 2
+    ref = fused_moe_reference(y["hidden"], y["w1"], y["w2"], y["topk_weights"], y["topk_ids"])
+    assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+    x["topk_ids"] = x["topk_ids"].long()  # int64 ids: another sort binary
+    call(x, choice)
+    assert binds["moe"] == 3
+
+
+def test_workspace_layout_is_aligned_and_disjoint():
+    ws = Workspace(((torch.int32, 5), (torch.float16, 3), (torch.float32, 1000)))
+    assert ws.offsets == (0, 256, 512) and ws.nbytes == 512 + 4096
+    buf, pieces = ws.allocate(torch.device("cpu"))
+    assert [p.dtype for p in pieces] == [torch.int32, torch.float16, torch.float32]
+    assert [p.numel() for p in pieces] == [5, 3, 1000]
+    assert [p.data_ptr() - buf.data_ptr() for p in pieces] == [0, 256, 512]  # the GPU allocator aligns the base
