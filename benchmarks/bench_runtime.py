@@ -195,11 +195,97 @@ def time_point(kind: str, kernel: str, dims: tuple) -> dict:
     return rec
 
 
+# ---------------------------------------------------------------------------------------------------- off-grid
+# Points no shipped file tunes: shapes from models outside examples/ (DeepSeek-V3 block-fp8 projections, Llama-3-8B
+# qkv, Qwen3-30B-A3B and DeepSeek-V2-Lite MoE) and M / token counts between the shipped tuned ones.
+OFFGRID_GEMM = (  # (kernel, N, K, Ms, what)
+    ("a8w8_blockscale", 2112, 7168, (1, 16, 128), "DeepSeek-V3 q_a+kv_a (untuned shape)"),
+    ("a8w8_blockscale", 24576, 1536, (1, 64), "DeepSeek-V3 q_b (untuned shape)"),
+    ("bf16", 6144, 4096, (1, 32, 200), "Llama-3-8B qkv (untuned shape)"),
+    ("bf16", 4096, 4096, (8, 48, 512), "tuned shape, M off the grid"),
+)
+OFFGRID_MOE = (  # (D, I, E, topk, tokens, what)
+    (2048, 768, 128, 8, (1, 16, 256), "Qwen3-30B-A3B (untuned shape)"),
+    (2048, 1408, 64, 6, (4, 64), "DeepSeek-V2-Lite (untuned shape)"),
+    (4096, 14336, 8, 2, (16, 256), "Mixtral, tokens off the grid"),
+)
+
+
+def offgrid_points() -> list[tuple[str, str, tuple, str]]:
+    pts = [("gemm", k, (M, N, K), what) for k, N, K, ms, what in OFFGRID_GEMM for M in ms]
+    pts += [("moe", "none", (T, D, inter, E, topk), what) for D, inter, E, topk, ts, what in OFFGRID_MOE for T in ts]
+    return pts
+
+
+def tune_offgrid(folder: Path, log) -> dict:
+    """Tune every off-grid point into `folder` with the tritune CLI (the user's path): the tuned optimum."""
+    import subprocess
+    import sys
+
+    walls = {}
+    for kernel, N, K, ms, _what in OFFGRID_GEMM:
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "tritune.cli", "gemm", "--kernel", kernel, "--n", str(N), "--k", str(K), "--m",
+               ",".join(map(str, ms)), "-o", str(folder), "--no-progress"]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        print(" ".join(cmd), run.returncode, run.stdout[-3000:], run.stderr[-3000:], sep="\n", file=log, flush=True)
+        walls[f"gemm {kernel} N={N} K={K} M={ms}"] = time.perf_counter() - t0
+    rows = ["token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1"]
+    for D, inter, E, topk, ts, _what in OFFGRID_MOE:
+        rows += [f"{T},{D},{inter},{E},{topk},ActivationType.Silu,dtypes.bf16,dtypes.bf16,dtypes.bf16,QuantType.No,"
+                 f"True,False" for T in ts]
+    (folder / "untuned_fmoe.csv").write_text("\n".join(rows) + "\n")
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "tritune.cli", "moe", "-i", str(folder / "untuned_fmoe.csv"), "-o",
+           str(folder / "tuned_fmoe.csv")]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    print(" ".join(cmd), run.returncode, run.stdout[-6000:], run.stderr[-3000:], sep="\n", file=log, flush=True)
+    walls["moe rows"] = time.perf_counter() - t0
+    return walls
+
+
+def offgrid(out: Path, log, tuned_dir: Path | None) -> dict:
+    """The op at each off-grid point as shipped (off-grid choice or rule table), then tuned for exactly that point."""
+    import os
+
+    from tritune.ops import reload_configs, reload_moe_configs
+
+    shipped = []
+    for kind, kernel, dims, what in offgrid_points():
+        try:
+            rec = {**time_point(kind, kernel, dims), "what": what}
+        except Exception as err:  # noqa: BLE001
+            rec = {"kind": kind, "kernel": kernel, "dims": list(dims), "what": what, "error": str(err)[:300]}
+        shipped.append(rec)
+        print(json.dumps(rec), file=log, flush=True)
+        torch.cuda.empty_cache()
+    folder = tuned_dir or out / "tuned"
+    walls = {}
+    if tuned_dir is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        walls = tune_offgrid(folder, log)
+    os.environ["TRITUNE_CONFIG_DIR"] = str(folder)
+    os.environ["TRITUNE_CONFIG_FMOE"] = str(folder / "tuned_fmoe.csv")
+    reload_configs()
+    reload_moe_configs()
+    tuned = []
+    for kind, kernel, dims, what in offgrid_points():
+        try:
+            rec = {**time_point(kind, kernel, dims), "what": what}
+        except Exception as err:  # noqa: BLE001
+            rec = {"kind": kind, "kernel": kernel, "dims": list(dims), "what": what, "error": str(err)[:300]}
+        tuned.append(rec)
+        print(json.dumps(rec), file=log, flush=True)
+        torch.cuda.empty_cache()
+    return {"shipped": shipped, "tuned": tuned, "tune_wall_s": walls}
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--parts", default="safety,host,timing")
+    ap.add_argument("--parts", default="safety,host,timing,offgrid")
+    ap.add_argument("--tuned-dir", type=Path, default=None, help="off-grid: reuse these tuned configs, no tuning")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -236,8 +322,32 @@ def main() -> None:
             result["timing"].append(rec)
             print(json.dumps(rec), file=log, flush=True)
             torch.cuda.empty_cache()
+    if "offgrid" in parts:
+        result["offgrid"] = offgrid(args.out, log, args.tuned_dir)
     (args.out / "bench_runtime.json").write_text(json.dumps(result, indent=1))
     print_tables(result)
+
+
+def print_offgrid(result: dict) -> None:
+    rows = result["offgrid"]
+    print("\n| point | dims | as shipped: source | eager µs | tuned for it: eager µs | ratio (eager) | ratio (GPU) |"
+          "\n|---|---|---|---|---|---|---|")
+    ratios, gpu_ratios = [], []
+    for a, b in zip(rows["shipped"], rows["tuned"], strict=True):
+        if "error" in a or "error" in b:
+            print(f"| {a['kind']} {a['kernel']} {a.get('what', '')} | {a['dims']} | error: {a.get('error', '')} "
+                  f"{b.get('error', '')} ||||")
+            continue
+        r, rg = a["eager_us"] / b["eager_us"], a["gpu_us"] / b["gpu_us"]
+        ratios.append(r)
+        gpu_ratios.append(rg)
+        print(f"| {a['kind']} {a['kernel']} {a['what']} | {a['dims']} | {a['source'][:70]} | {a['eager_us']:.1f} | "
+              f"{b['eager_us']:.1f} | {r:.2f} | {rg:.2f} |")
+    if ratios:
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        geo_g = math.exp(sum(map(math.log, gpu_ratios)) / len(gpu_ratios))
+        print(f"\n{len(ratios)} points: eager geomean {geo:.3f}, max {max(ratios):.2f}; GPU-time geomean {geo_g:.3f}, "
+              f"max {max(gpu_ratios):.2f}; tuning wall {rows['tune_wall_s']}")
 
 
 def print_tables(result: dict) -> None:
@@ -253,6 +363,8 @@ def print_tables(result: dict) -> None:
                 print(f"| {r['case']} | error | {r['error']} |")
             else:
                 print(f"| {r['case']} | {r['host_us']:.1f} | {r['wall_us']:.1f} |")
+    if "offgrid" in result:
+        print_offgrid(result)
     if "timing" in result:
         print("\n| op | dims | GPU µs | eager µs | graph µs | eager/graph | cuBLAS GPU/eager/graph | source |")
         print("|---|---|---|---|---|---|---|---|")

@@ -15,6 +15,7 @@ from tritune.tuning.strategy import (
     Evaluate,
     best,
     exhaustive,
+    finalists,
     neighbourhood,
     random_sample,
     replay_evaluator,
@@ -158,3 +159,16 @@ def test_neighbourhood_stops_at_local_optimum() -> None:
     recorder = Recorder(lambda batch: [Measurement("p", c, Status.OK, time_us=float(c["x"])) for c in batch])
     results = neighbourhood(candidates, recorder, budget=100, seed=0, first=3)
     assert len(recorder.batches) == 2 and len(results) == 10 and best(results).config == Config.of(x=0)
+
+
+def test_finalists_add_the_fastest_of_each_launch_class() -> None:
+    ms = [_landscape(c) for c in CANDIDATES]
+    cls = lambda c: "one warp" if c["num_warps"] == 1 else "several warps"  # noqa: E731 (stands for launch count)
+    plain = finalists(ms, 3)
+    assert plain == sorted((m for m in ms if m.ok), key=lambda m: (m.time_us, m.config))[:3]
+    assert all(m.config["num_warps"] != 1 for m in plain)  # the bowl's minimum needs 4 warps
+    picked = finalists(ms, 3, cls)
+    assert picked[:3] == plain and len(picked) == 4  # the top 3, then the fastest one-warp candidate
+    fastest_one_warp = min((m for m in ms if m.ok and m.config["num_warps"] == 1), key=lambda m: m.time_us)
+    assert picked[3] is fastest_one_warp
+    assert finalists(ms, 0, cls) == []  # no finalists asked: none, whatever the classes

@@ -104,37 +104,46 @@ def _time_cpu(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
     return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, CPU_METHOD)
 
 
-def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batches: int = 3) -> Timing:
-    """Per-call time of `fn` as a user's eager loop sees it: host cost (Python, argument binding, every launch)
-    and GPU time together, in microseconds.
+def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batches: int = 3,
+               flush_l2: bool = True, l2_bytes: int = 50 * 2**20) -> Timing:
+    """Per-call time of `fn` as a user's eager loop sees it, in microseconds: back-to-back calls run at the pace of
+    the slower of the host (Python, argument checks, every launch) and the GPU, so the figure is
+    max(host cost per call, GPU time per call).
 
-    `warmup` untimed calls, then `batches` batches of `iters` back-to-back calls; each batch starts on an idle
-    GPU and is timed by CUDA events recorded before its first call and after its last (the GPU is never parked,
-    so a call whose host side is slower than its kernels is timed at the host's pace); a batch's time / `iters`
-    is one sample, and the median, min and max are over the batches. No L2 flush: a flush between calls would
-    be a launch of its own and would change the host cost being measured, so data that fits in L2 stays warm
-    across calls (a kernel bound by its GPU time reads a warm L2 here, unlike time_kernel). Without CUDA
-    (Triton interpreter) the batches are timed with perf_counter; those numbers say nothing about a GPU.
+    Both are measured. Host cost: `iters` calls timed one by one with perf_counter while the GPU is parked on a
+    sleep, so no launch waits on a full queue; the median of `batches` such batches. GPU time: `time_kernel`
+    (each call on a cold L2 when `flush_l2`, as inside a model, where other layers' data evicts this one's). Timing
+    back-to-back calls directly would let data that fits in L2 stay warm from call to call, which no model sees;
+    flushing between them would add a launch of its own to the host cost being measured. Without CUDA (Triton
+    interpreter) the batches are timed with perf_counter; those numbers say nothing about a GPU.
     """
     if iters < 1 or warmup < 0 or batches < 1:
         raise ValueError(f"need iters >= 1, warmup >= 0, batches >= 1, got iters={iters} warmup={warmup} "
                          f"batches={batches}")
     if not torch.cuda.is_available():
         return _time_batches_cpu(fn, iters, warmup, batches, CPU_EAGER_METHOD)
-    for _ in range(warmup):
+    for _ in range(max(warmup, 1)):
         fn()
     torch.cuda.synchronize()
-    samples = []
+    host_samples = []
     for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
         torch.cuda.synchronize()
-        samples.append(1000.0 * start.elapsed_time(end) / iters)
-    method = "cuda-events around back-to-back eager calls (host included, no L2 flush)"
-    return Timing(statistics.median(samples), min(samples), max(samples), iters * batches, method)
+        torch.cuda._sleep(int(min(2.0, 2.0 * iters * (one + 30e-6)) * _SLEEP_CYCLES_PER_S))
+        per_call = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            per_call.append(1e6 * (time.perf_counter() - t0))
+        torch.cuda.synchronize()
+        host_samples.append(statistics.median(per_call))
+    host = statistics.median(host_samples)
+    gpu = time_kernel(fn, iters=iters, warmup=0, flush_l2=flush_l2, l2_bytes=l2_bytes)
+    method = f"max(host cost per call {host:.1f} us, GPU time {gpu.median_us:.1f} us [{gpu.method}])"
+    return Timing(max(host, gpu.median_us), max(min(host_samples), gpu.min_us), max(max(host_samples), gpu.max_us),
+                  iters * batches, method)
 
 
 def time_graph(

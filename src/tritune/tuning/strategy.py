@@ -36,6 +36,24 @@ def top(measurements: Iterable[Measurement], n: int) -> list[Measurement]:
     return sorted(ok, key=lambda m: (m.time_us, m.config))[:max(n, 0)]
 
 
+def finalists(measurements: Iterable[Measurement], n: int,
+              launch_class: Callable[[Config], str] | None = None) -> list[Measurement]:
+    """The candidates re-timed as the op runs: the `n` fastest by GPU time, plus the fastest of every launch class
+    (`launch_class(config)`: candidates of one class pay the same host cost, e.g. one launch vs split-K's two), so
+    a config whose lower host cost wins as the user calls it is never ranked out by GPU time alone."""
+    ms = list(measurements)
+    chosen = top(ms, n)
+    if launch_class is None or n < 1:
+        return chosen
+    seen = {launch_class(m.config) for m in chosen}
+    for m in top(ms, len(ms)):
+        cls = launch_class(m.config)
+        if cls not in seen:
+            seen.add(cls)
+            chosen.append(m)
+    return chosen
+
+
 def best_for(objective: Objective, measurements: Iterable[Measurement]) -> Measurement | None:
     """The OK measurement with the least time as `objective` measures it (Measurement.objective_time); those not
     measured that way (not re-timed, or a graph that could not be captured) come after every measured one, by GPU

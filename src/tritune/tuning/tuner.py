@@ -11,6 +11,7 @@ command resumes where the last one stopped.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from tritune.tuning.compile import CompileOutcome, CompilePool
 from tritune.tuning.device import DeviceInfo
 from tritune.tuning.executor import BenchSettings, LocalExecutor, Task
 from tritune.tuning.journal import Journal
-from tritune.tuning.strategy import STRATEGIES, best, best_for, top
+from tritune.tuning.strategy import STRATEGIES, best, best_for, finalists
 from tritune.tuning.tunable import Tunable
 from tritune.tuning.types import Config, Measurement, Objective, Status
 
@@ -41,11 +42,17 @@ class TuneSettings:
     progress: bool = True
     finalists: int = 5  # per problem, the fastest by GPU time re-timed as the op runs; 0: GPU time picks alone
     objective: Objective = Objective.EAGER  # which op-time figure picks the winner among the finalists
+    devices: tuple[int, ...] | None = None  # GPU indices the workers run on; None: 0 .. num_gpus-1
+    # Wall-clock seconds one tune() call may spend once its benchmark workers are up (their start-up is not
+    # counted); past it nothing more is measured (see _Pipeline.evaluate). None: no limit.
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", Objective(self.objective))  # "eager" / "graph" accepted too
         if isinstance(self.finalists, bool) or not isinstance(self.finalists, int) or self.finalists < 0:
             raise ValueError(f"finalists must be an integer >= 0, got {self.finalists!r}")
+        if self.time_limit_s is not None and not (math.isfinite(self.time_limit_s) and self.time_limit_s > 0):
+            raise ValueError(f"time_limit_s must be a finite number > 0, got {self.time_limit_s!r}")
 
 
 @dataclass
@@ -69,6 +76,7 @@ class TuneSummary:
     compile_failed: Counter = field(default_factory=Counter)  # status -> count
     measured: int = 0
     failed: Counter = field(default_factory=Counter)  # status -> count (benchmark side, finalists included)
+    unmeasured: int = 0  # candidates (and finalist re-times) left out because the time limit passed
     retimed: int = 0  # finalists timed as the op runs in this run
     retimed_reused: int = 0  # finalists whose op times the journal already held
     compile_wall_s: float = 0.0
@@ -93,7 +101,8 @@ class TuneSummary:
             f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
             f"{f'{self.compile_speedup:.1f}x' if self.compile_cpu_s >= 1.0 else 'n/a'}); "
             f"compile failures: {kinds(self.compile_failed)}",
-            f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}",
+            f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}"
+            + (f"; {self.unmeasured} left unmeasured (time limit)" if self.unmeasured else ""),
             f"finalists timed as the op runs: {self.retimed} ({self.retimed_reused} reused from the journal)",
             f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
             f"overlapped)",
@@ -115,9 +124,41 @@ class _Pipeline:
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
         self.pool = CompilePool(tunable, settings.compile_workers)
-        self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench)
+        devices = list(settings.devices) if settings.devices else None
+        self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
         self.compiled: dict[str, Future[CompileOutcome]] = {}
         self.bars: dict[str, tqdm] = {}
+        self.next_id = 0  # task ids are unique over the pipeline's life, so a late result is never mistaken
+        # With a time limit: when the run ends and when the current share of it ends (time.monotonic()).
+        self.end: float | None = None
+        self.deadline: float | None = None
+        # task id -> (config, journal key, finalist, first-pass measurement) of candidates still in flight when
+        # a share ended: their results, if they come while the run goes on, are journaled for later runs.
+        self.late: dict[int, tuple[Config, str, bool, Measurement | None]] = {}
+
+    def start_clock(self) -> None:
+        """Wait for the benchmark workers' start-up, then start the settings' time limit (if any)."""
+        if self.settings.time_limit_s is not None:
+            self.executor.wait_ready()
+            self.end = self.deadline = time.monotonic() + self.settings.time_limit_s
+
+    def share_time(self, problems_left: int) -> None:
+        """With a time limit, give the next problem an even share of the time left (a share unused passes on)."""
+        if self.end is not None:
+            now = time.monotonic()
+            self.deadline = now + max(0.0, self.end - now) / problems_left
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def _unmeasured(self, jkey: str, config: Config, first: Measurement | None, finalist: bool) -> Measurement:
+        """What a pair left out by the time limit gets, never journaled (a later run measures it): a finalist its
+        first-pass measurement (not re-timed, so it ranks after the re-timed ones), a candidate a TIMEOUT."""
+        self.summary.unmeasured += 1
+        if finalist and first is not None:
+            return first
+        return Measurement(jkey, config, Status.TIMEOUT,
+                           message=f"not measured: the run's time limit ({self.settings.time_limit_s:g}s) passed")
 
     def close(self) -> None:
         for bar in self.bars.values():
@@ -142,11 +183,28 @@ class _Pipeline:
         self.journal.record(m)
         return m
 
+    def _take_late(self, m: Measurement) -> bool:
+        """Journal `m` if it is the result of a candidate left in flight when an earlier share ended; True if so."""
+        entry = self.late.pop(m.extra.get("task_id"), None)
+        if entry is None:
+            return False
+        config, jkey, finalist, first = entry
+        m = dataclasses.replace(m, config=config)
+        self._record(jkey, _with_op_times(first, m) if finalist else m)
+        if finalist:
+            self.summary.retimed += 1
+        else:
+            self.summary.measured += 1
+        return True
+
     def evaluate(self, pairs: Sequence[tuple[Any, Config]], finalist: bool = False) -> list[Measurement]:
         """Measure every pair not already journaled; return measurements in the order of `pairs`.
 
         With `finalist`, a pair is re-timed as the op runs (eager and CUDA graph) unless its journal row already
         holds those times; the result is the journaled first-pass measurement with them added, or the failure.
+        Once the time limit (or the current problem's share of it) has passed, nothing more is waited for: queued
+        candidates are withdrawn, those in flight are left to finish (their results are journaled if they come
+        while the run goes on), and every pair without a result is `_unmeasured`.
         """
         results: dict[tuple[str, str], Measurement] = {}
         todo: list[tuple[Any, Config, str]] = []
@@ -170,7 +228,9 @@ class _Pipeline:
                     bar.update(1)
             else:
                 todo.append((problem, config, jkey))
-        if not todo:
+        if not todo or self._out_of_time():
+            for _, config, jkey in todo:
+                results[(jkey, config.key())] = self._unmeasured(jkey, config, journaled[jkey].get(config), finalist)
             return [results[(jkeys[p.key()], c.key())] for p, c in pairs]
 
         start = time.perf_counter()
@@ -182,20 +242,19 @@ class _Pipeline:
                 self.summary.compiled += 1
             waiting[ckey].append((problem, config, jkey))
         tasks: dict[int, tuple[Any, Config, str]] = {}
-        next_id = 0
         first_task_at = last_compile_at = None
         remaining = len(todo)
-        while remaining:
+        while remaining and not self._out_of_time():
             for ckey in [k for k in waiting if self.compiled[k].done()]:
                 outcome = self.compiled[ckey].result()
                 last_compile_at = time.perf_counter()
                 self.summary.compile_cpu_s += outcome.seconds
                 for problem, config, jkey in waiting.pop(ckey):
                     if outcome.status is Status.OK:
-                        tasks[next_id] = (problem, config, jkey)
-                        self.executor.submit(Task(next_id, problem, config, finalist))
+                        tasks[self.next_id] = (problem, config, jkey)
+                        self.executor.submit(Task(self.next_id, problem, config, finalist))
                         first_task_at = first_task_at or time.perf_counter()
-                        next_id += 1
+                        self.next_id += 1
                         continue
                     m = self._record(jkey, Measurement(jkey, config, outcome.status, message=outcome.message))
                     self.summary.compile_failed[outcome.status.value] += 1
@@ -204,6 +263,8 @@ class _Pipeline:
                     if not finalist and (bar := self._bar(problem, per_problem[problem.key()])) is not None:
                         bar.update(1)
             for m in self.executor.poll(0.02 if waiting else 0.2):
+                if self._take_late(m):
+                    continue
                 problem, config, jkey = tasks.pop(_task_id(m, tasks))
                 m = dataclasses.replace(m, config=config)
                 if finalist:
@@ -221,6 +282,14 @@ class _Pipeline:
                     bar.update(1)
                     if m.ok:
                         bar.set_postfix_str(f"{m.time_us:.1f}us", refresh=False)
+        if remaining:  # the time limit passed first
+            for task in self.executor.cancel():
+                tasks.pop(task.task_id)
+            self.late.update({i: (c, j, finalist, journaled[j].get(c)) for i, (_, c, j) in tasks.items()})
+            for _, config, jkey in todo:
+                if (jkey, config.key()) not in results:
+                    results[(jkey, config.key())] = self._unmeasured(jkey, config, journaled[jkey].get(config),
+                                                                     finalist)
         end = time.perf_counter()
         self.summary.compile_wall_s += ((last_compile_at or start) - start)
         self.summary.bench_wall_s += (end - (first_task_at or end))
@@ -237,12 +306,16 @@ def _with_op_times(first: Measurement | None, m: Measurement) -> Measurement:
     return dataclasses.replace(first, eager_us=m.eager_us, graph_us=m.graph_us, extra={**first.extra, **m.extra})
 
 
-def _retime_finalists(pipeline: _Pipeline, problems: Sequence[Any], per: list[list[Measurement]],
+def _retime_finalists(pipeline: _Pipeline, tunable: Tunable, problems: Sequence[Any], per: list[list[Measurement]],
                       n: int) -> tuple[list[list[Measurement]], list[set[Config]]]:
-    """Re-time the top `n` by GPU time of each problem as the op runs; (measurements with them replaced, the
+    """Re-time each problem's finalists (`strategy.finalists`: the top `n` by GPU time and the fastest of each
+    launch class the tunable names, if it names any) as the op runs; (measurements with them replaced, the
     finalists' configs per problem)."""
-    chosen = [{m.config for m in top(ms, n)} for ms in per]
-    pairs = [(p, m.config) for p, ms in zip(problems, per, strict=True) for m in top(ms, n)]
+    classify = getattr(tunable, "launch_class", None)
+    picked = [finalists(ms, n, (lambda c, p=p: classify(p, c)) if classify else None)
+              for p, ms in zip(problems, per, strict=True)]
+    chosen = [{m.config for m in ms} for ms in picked]
+    pairs = [(p, m.config) for p, ms in zip(problems, picked, strict=True) for m in ms]
     if not pairs:
         return per, chosen
     retimed = {(p.key(), c): m for (p, c), m in zip(pairs, pipeline.evaluate(pairs, finalist=True), strict=True)}
@@ -265,6 +338,8 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
     `settings.finalists` fastest per problem are re-timed as the op runs and `settings.objective` picks the
     winner among them (least eager_us, or least graph_us; one whose graph could not be captured ranks last). When
     every finalist failed its re-time, the fastest remaining candidate by GPU time wins, not re-timed.
+    With `settings.time_limit_s`, the clock starts once the benchmark workers are up; what is not measured when
+    it runs out ranks as a TIMEOUT (a finalist not re-timed by then keeps its GPU time) and is not journaled.
     """
     t0 = time.perf_counter()
     summary = TuneSummary(problems=len(problems))
@@ -282,6 +357,7 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
     with Journal(settings.journal_path) as journal:
         pipeline = _Pipeline(tunable, device, settings, journal, summary)
         try:
+            pipeline.start_clock()
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
                 pairs = [(p, c) for p, _, pr in spaces for c in pr.kept]
@@ -293,18 +369,21 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
             else:
                 strategy = STRATEGIES[settings.strategy]
                 per = []
-                for problem, _, pr in spaces:
+                for i, (problem, _, pr) in enumerate(spaces):
                     def evaluate(batch, problem=problem):
                         return pipeline.evaluate([(problem, c) for c in batch])
 
+                    pipeline.share_time(len(spaces) - i)  # one problem after another: each an even share of the time
                     per.append(strategy(pr.kept, evaluate, budget=settings.budget, seed=settings.bench.seed))
+                pipeline.share_time(1)
             gpu_bests = [best(ms) for ms in per]
-            finalists: list[set[Config]] = [set() for _ in per]
+            finalists_of: list[set[Config]] = [set() for _ in per]
             if settings.finalists > 0:
-                per, finalists = _retime_finalists(pipeline, [p for p, _, _ in spaces], per, settings.finalists)
+                per, finalists_of = _retime_finalists(pipeline, tunable, [p for p, _, _ in spaces], per,
+                                                      settings.finalists)
         finally:
             pipeline.close()
-    for (problem, size, pruned), ms, gpu_best, configs in zip(spaces, per, gpu_bests, finalists, strict=True):
+    for (problem, size, pruned), ms, gpu_best, configs in zip(spaces, per, gpu_bests, finalists_of, strict=True):
         winner = best_for(settings.objective, [m for m in ms if m.config in configs]) or best(ms)
         results.append(ProblemResult(problem, winner, ms, size, pruned.pruned, gpu_best))
     summary.wall_s = time.perf_counter() - t0

@@ -119,7 +119,7 @@ class _Runner:
         if not first.passed:
             return _wrong_answer(state.key, config, first, "")
         s = self.settings
-        eager = s.timers.eager(fn, iters=s.iters, warmup=s.warmup)
+        eager = s.timers.eager(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         graph = s.timers.graph(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         second = self._checked_run(fn, state, tol)  # a graph replay writes `out` too: check the eager path again
         if not second.passed:
