@@ -6,7 +6,7 @@ import pytest
 
 from tritune import knobs
 
-ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL)
+ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET)
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +21,8 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.fmoe_config_files() == []
     assert knobs.cache_dir() == tmp_path / ".cache" / "tritune"
     assert knobs.log_level() == "WARNING"
+    assert knobs.online_tune() is False
+    assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
 
 
 def test_blank_means_default(monkeypatch):
@@ -29,6 +31,8 @@ def test_blank_means_default(monkeypatch):
     assert knobs.config_dir() is None
     assert knobs.fmoe_config_files() == []
     assert knobs.log_level() == "WARNING"
+    assert knobs.online_tune() is False
+    assert knobs.online_budget() == 10.0
 
 
 def test_set_values_read_at_call_time(monkeypatch, tmp_path):
@@ -90,3 +94,33 @@ def test_describe_lists_every_knob_and_survives_bad_values(monkeypatch, tmp_path
     assert values[knobs.CONFIG_DIR] == str(tmp_path)
     assert values[knobs.CONFIG_FMOE] == ""
     assert Path(values[knobs.CACHE_DIR]).name == "tritune"
+
+
+@pytest.mark.parametrize(("text", "on"), [("1", True), ("0", False), ("true", True), ("FALSE", False), (" on ", True),
+                                         ("no", False)])
+def test_online_tune_values(text, on, monkeypatch):
+    monkeypatch.setenv(knobs.ONLINE_TUNE, text)
+    assert knobs.online_tune() is on
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("2.5", 2.5), ("30", 30.0), ("1e-1", 0.1)])
+def test_online_budget_values(text, seconds, monkeypatch):
+    monkeypatch.setenv(knobs.ONLINE_BUDGET, text)
+    assert knobs.online_budget() == seconds
+
+
+@pytest.mark.parametrize(("name", "text", "read"), [
+    (knobs.ONLINE_TUNE, "maybe", knobs.online_tune),  # not a boolean
+    (knobs.ONLINE_TUNE, "2", knobs.online_tune),  # a number that is not 0 or 1
+    (knobs.ONLINE_BUDGET, "0", knobs.online_budget),  # zero seconds
+    (knobs.ONLINE_BUDGET, "-3", knobs.online_budget),  # negative
+    (knobs.ONLINE_BUDGET, "inf", knobs.online_budget),  # never ends
+    (knobs.ONLINE_BUDGET, "nan", knobs.online_budget),
+    (knobs.ONLINE_BUDGET, "5s", knobs.online_budget),  # a unit
+])
+def test_bad_online_values_are_one_line_naming_the_variable(name, text, read, monkeypatch):
+    monkeypatch.setenv(name, text)
+    with pytest.raises(ValueError) as err:
+        read()
+    message = str(err.value)
+    assert message.startswith(f"{name}={text!r}") and "\n" not in message

@@ -7,6 +7,7 @@ the environment and a long-lived process sees the value current when it asks.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ CONFIG_DIR = "TRITUNE_CONFIG_DIR"
 CONFIG_FMOE = "TRITUNE_CONFIG_FMOE"
 CACHE_DIR = "TRITUNE_CACHE_DIR"
 LOG_LEVEL = "TRITUNE_LOG_LEVEL"
+ONLINE_TUNE = "TRITUNE_ONLINE_TUNE"
+ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
+
+ONLINE_BUDGET_DEFAULT_S = 10.0
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def _raw(name: str) -> str | None:
@@ -27,7 +33,8 @@ def _raw(name: str) -> str | None:
 
 
 def config_dir() -> Path | None:
-    """TRITUNE_CONFIG_DIR: an extra folder of tuned GEMM JSON files, searched before the shipped ones.
+    """TRITUNE_CONFIG_DIR: the user's folder of tuned files, searched before the shipped ones (GEMM and grouped-GEMM
+    JSON, `user_kernels/`, and `tuned_fmoe.csv` before the fused-MoE CSVs); online tunes are written here.
 
     Unset: None. Set: the folder (with ~ expanded), which must exist, else ValueError naming it.
     """
@@ -84,6 +91,39 @@ def log_level() -> str:
     return level
 
 
+def online_tune() -> bool:
+    """TRITUNE_ONLINE_TUNE: "1" makes the first call of a GEMM or fused-MoE shape with no tuned entry run a short
+    tune (see online_budget) on the caller's GPU and persist it to TRITUNE_CONFIG_DIR. Default off.
+
+    Accepts 1/0, true/false, yes/no, on/off (any case); anything else is a ValueError naming the variable.
+    """
+    value = _raw(ONLINE_TUNE)
+    if value is None:
+        return False
+    if value.lower() not in _BOOLS:
+        raise ValueError(f"{ONLINE_TUNE}={value!r} is not a boolean; use 1 or 0 (true/false, yes/no, on/off)")
+    return _BOOLS[value.lower()]
+
+
+def online_budget() -> float:
+    """TRITUNE_ONLINE_BUDGET: seconds one online tune of a shape may spend measuring. Default 10.
+
+    Counted from the first candidate's result: the start-up before it (benchmark worker, compile pool, first
+    compile; seconds) comes on top, once per engine pass (GEMM one, fused MoE two: stages, then end to end, which
+    share the budget 3:1). A finite number > 0, else a ValueError naming it.
+    """
+    value = _raw(ONLINE_BUDGET)
+    if value is None:
+        return ONLINE_BUDGET_DEFAULT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{ONLINE_BUDGET}={value!r} is not a number of seconds > 0")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
@@ -92,10 +132,15 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob(CONFIG_DIR, config_dir, "Extra folder of tuned GEMM JSON files, searched before the shipped ones."),
+    Knob(CONFIG_DIR, config_dir, "The user's folder of tuned files (GEMM, grouped GEMM, tuned_fmoe.csv), searched "
+                                 "before the shipped ones; online tunes are written here."),
     Knob(CONFIG_FMOE, fmoe_config_files, "Colon-separated tuned fused-MoE CSV files (read by the MoE tuner/op)."),
     Knob(CACHE_DIR, cache_dir, "Folder for tritune's caches. Default ~/.cache/tritune."),
     Knob(LOG_LEVEL, log_level, "Level of the 'tritune' logger (DEBUG, INFO, WARNING, ...). Default WARNING."),
+    Knob(ONLINE_TUNE, online_tune, "1: an untuned GEMM / fused-MoE shape is tuned on its first call (into "
+                                   "TRITUNE_CONFIG_DIR). Default 0."),
+    Knob(ONLINE_BUDGET, online_budget, "Seconds an online tune of one shape may measure (start-up on top). "
+                                       "Default 10."),
 )
 
 

@@ -29,6 +29,7 @@ from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
 from tritune.ops.heuristics import moe_heuristic
 from tritune.ops.offgrid import MoeRow, choose_moe_offgrid
+from tritune.ops.online import MoeRequest, maybe_tune
 from tritune.store.fmoe_csv import (
     FmoeShape,
     FmoeTuned,
@@ -133,7 +134,7 @@ def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
     return MoeChoice(False, stage1, stage2, f"tuned: {origin}")
 
 
-def _choose(index: int, shape: FmoeShape, tokens: int) -> MoeChoice:
+def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> MoeChoice:
     cu_num, max_shared, machine = _device_facts(index)
     heuristic = heuristic_moe_choice(tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk,
                                      shape.q_type, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
@@ -150,6 +151,9 @@ def _choose(index: int, shape: FmoeShape, tokens: int) -> MoeChoice:
             rows.append(MoeRow(row.shape.token, choice.run_1stage, choice.stage1, choice.stage2, row.us))
             origins[row.shape.token] = origin
     if not rows:
+        if online and maybe_tune("fused_moe", MoeRequest(shape.with_token(tokens), index)):  # TRITUNE_ONLINE_TUNE=1
+            reload_moe_configs()
+            return _choose(index, shape, tokens, online=False)
         return heuristic
     run_1stage, stage1, stage2, why = choose_moe_offgrid(
         tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.q_type, rows, cu_num,

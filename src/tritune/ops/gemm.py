@@ -21,6 +21,7 @@ import torch
 from tritune.kernels import gemm as gk
 from tritune.ops.heuristics import gemm_heuristic
 from tritune.ops.offgrid import choose_gemm_offgrid
+from tritune.ops.online import GemmRequest, maybe_tune
 from tritune.store.gemm_json import default_store
 from tritune.store.gemm_json import reload_configs as _reload_store
 from tritune.store.provenance import Machine, running_machine
@@ -63,7 +64,8 @@ def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> 
     return found
 
 
-def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
+def _select(kernel: str, M: int, N: int, K: int, device: torch.device,
+            online: bool = True) -> tuple[gk.GemmConfig, str]:
     index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" \
         else -1
     slug, sms, max_shared, capability, machine = _device_facts(index)
@@ -76,6 +78,9 @@ def _select(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[
         if entries:
             config, why = choose_gemm_offgrid(kernel, M, N, K, entries, sms, heuristic=rule)
             return config, f"shape file {path}: {why}"
+    if online and maybe_tune("gemm", GemmRequest(kernel, M, N, K, index)):  # TRITUNE_ONLINE_TUNE=1 tuned it
+        reload_configs()
+        return _select(kernel, M, N, K, device, online=False)
     return rule, "heuristic"
 
 

@@ -511,9 +511,26 @@ def package_config_files() -> list[Path]:
     return ([main] if main.is_file() else []) + [p for p in models if p.is_file()]
 
 
+USER_FILE_NAME = "tuned_fmoe.csv"  # the one fused-MoE file read from TRITUNE_CONFIG_DIR (online tunes go there)
+
+
+def user_config_file() -> Path | None:
+    """<TRITUNE_CONFIG_DIR>/tuned_fmoe.csv when the variable is set (the file need not exist), else None; a bad
+    TRITUNE_CONFIG_DIR is warned about and ignored, as the GEMM store does."""
+    try:
+        folder = knobs.config_dir()
+    except ValueError as err:
+        warnings.warn(f"tritune: ignoring {err}", stacklevel=3)
+        return None
+    return None if folder is None else folder / USER_FILE_NAME
+
+
 def default_config_files() -> list[Path]:
-    """TRITUNE_CONFIG_FMOE's files when set (a missing one is a ValueError from knobs), else the shipped ones."""
-    return knobs.fmoe_config_files() or package_config_files()
+    """The fused-MoE CSVs the ops read: <TRITUNE_CONFIG_DIR>/tuned_fmoe.csv when it exists, then TRITUNE_CONFIG_FMOE's
+    files when set (a missing one is a ValueError from knobs), else the shipped ones."""
+    user = user_config_file()
+    return ([user] if user is not None and user.is_file() else []) + (knobs.fmoe_config_files()
+                                                                      or package_config_files())
 
 
 @functools.cache

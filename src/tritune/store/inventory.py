@@ -175,18 +175,22 @@ def check_folder(folder: Path, machine: Machine) -> Inventory:
 
 def check_defaults(machine: Machine) -> Inventory:
     """The files the run-time lookups read: TRITUNE_CONFIG_DIR (GEMM, grouped-GEMM and user_kernels/ files), the
-    shipped GEMM and grouped-GEMM folders, and the fused-MoE CSVs (TRITUNE_CONFIG_FMOE if set, else the shipped
-    ones). A bad TRITUNE_CONFIG_DIR or TRITUNE_CONFIG_FMOE is a ValueError naming it."""
+    shipped GEMM and grouped-GEMM folders, and the fused-MoE CSVs (TRITUNE_CONFIG_DIR's tuned_fmoe.csv, then
+    TRITUNE_CONFIG_FMOE if set, else the shipped ones). A bad TRITUNE_CONFIG_DIR or TRITUNE_CONFIG_FMOE is a
+    ValueError naming it."""
     user_dir = knobs.config_dir()
     fmoe_files = fmoe_csv.default_config_files()
     places, items = [], []
     if user_dir is not None:
         places.append(f"{knobs.CONFIG_DIR}={user_dir}")
-        items += [item for item in _folder_items(user_dir, machine) if item.kind != FMOE]  # not read from there
+        items += [item for item in _folder_items(user_dir, machine) if item.kind != FMOE]  # listed below if read
     for folder in (gemm_json.PACKAGE_DIR, grouped_gemm_json.PACKAGE_DIR):
         places.append(f"shipped {folder}")
         items += _folder_items(folder, machine)
-    source = knobs.CONFIG_FMOE if knobs.fmoe_config_files() else "shipped fused-MoE CSVs"
+    user_fmoe = None if user_dir is None else user_dir / fmoe_csv.USER_FILE_NAME
+    read_from = ([f"{knobs.CONFIG_DIR}/{fmoe_csv.USER_FILE_NAME}"] if user_fmoe in fmoe_files else []) + [
+        knobs.CONFIG_FMOE if knobs.fmoe_config_files() else "shipped"]
+    source = f"fused-MoE CSVs ({' then '.join(read_from)})"
     places.append(f"{source}: {', '.join(map(str, fmoe_files)) or 'none'}")
     for path in fmoe_files:
         items += check_file(path, FMOE, machine)

@@ -173,7 +173,11 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     kinds = ("stage1", "stage2", "1stage")
     problems = [MoeProblem(shape, kind, req.skew) for shape in todo for kind in kinds]
     # A stage alone is not what the user calls: only the end-to-end step below is timed as the op runs.
-    results, summary = tune(tunable, problems, device, dataclasses.replace(settings, finalists=0))
+    first, e2e_settings = dataclasses.replace(settings, finalists=0), settings
+    if settings.time_limit_s is not None:  # the stage search gets three quarters of the limit, the re-time the rest
+        first = dataclasses.replace(first, time_limit_s=0.75 * settings.time_limit_s)
+        e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
+    results, summary = tune(tunable, problems, device, first)
     report.summaries.append(summary)
     report.results.extend(results)
     by = {(r.problem.shape, r.problem.kind): r for r in results}
@@ -189,7 +193,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
             choices[p.key()] = c
             e2e_problems.append(p)
     if e2e_problems:
-        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, settings)
+        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings)
         report.summaries.append(e2e_summary)
         report.results.extend(e2e_results)
         for shape in todo:

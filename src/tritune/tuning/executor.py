@@ -102,6 +102,13 @@ class LocalExecutor:
         self._queues.setdefault(task.problem.key(), deque()).append(task)
         self._queued += 1
 
+    def cancel(self) -> list[Task]:
+        """Withdraw every task not yet handed to a worker and return them (tasks in flight still report)."""
+        dropped = [task for queue in self._queues.values() for task in queue]
+        self._queues.clear()
+        self._queued = 0
+        return dropped
+
     def pending(self) -> int:
         """Tasks queued or in flight."""
         return self._queued + sum(w.task is not None for w in self._workers)

@@ -43,8 +43,9 @@ class TuneSettings:
     finalists: int = 5  # per problem, the fastest by GPU time re-timed as the op runs; 0: GPU time picks alone
     objective: Objective = Objective.EAGER  # which op-time figure picks the winner among the finalists
     devices: tuple[int, ...] | None = None  # GPU indices the workers run on; None: 0 .. num_gpus-1
-    # Wall-clock seconds one tune() call may spend once its benchmark workers are up (their start-up is not
-    # counted); past it nothing more is measured (see _Pipeline.evaluate). None: no limit.
+    # Wall-clock seconds one tune() call may spend measuring, counted from its first candidate's result (the start-up
+    # of workers and compile pool and the first compile are not); past it nothing more is measured
+    # (see _Pipeline.evaluate). None: no limit.
     time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -129,24 +130,28 @@ class _Pipeline:
         self.compiled: dict[str, Future[CompileOutcome]] = {}
         self.bars: dict[str, tqdm] = {}
         self.next_id = 0  # task ids are unique over the pipeline's life, so a late result is never mistaken
-        # With a time limit: when the run ends and when the current share of it ends (time.monotonic()).
+        # With a time limit: when the run ends and when the current share of it ends (time.monotonic(); None until
+        # the first result starts the clock), and how many problems share what is left.
         self.end: float | None = None
         self.deadline: float | None = None
+        self.sharing = 1
         # task id -> (config, journal key, finalist, first-pass measurement) of candidates still in flight when
         # a share ended: their results, if they come while the run goes on, are journaled for later runs.
         self.late: dict[int, tuple[Config, str, bool, Measurement | None]] = {}
 
-    def start_clock(self) -> None:
-        """Wait for the benchmark workers' start-up, then start the settings' time limit (if any)."""
-        if self.settings.time_limit_s is not None:
-            self.executor.wait_ready()
-            self.end = self.deadline = time.monotonic() + self.settings.time_limit_s
-
     def share_time(self, problems_left: int) -> None:
         """With a time limit, give the next problem an even share of the time left (a share unused passes on)."""
+        self.sharing = problems_left
         if self.end is not None:
             now = time.monotonic()
             self.deadline = now + max(0.0, self.end - now) / problems_left
+
+    def _start_clock(self) -> None:
+        """At the first result: the time limit (if any) starts now, the current problem getting its share."""
+        if self.end is None and self.settings.time_limit_s is not None:
+            now = time.monotonic()
+            self.end = now + self.settings.time_limit_s
+            self.deadline = now + self.settings.time_limit_s / self.sharing
 
     def _out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -179,6 +184,7 @@ class _Pipeline:
         return self.bars[key]
 
     def _record(self, jkey: str, m: Measurement) -> Measurement:
+        self._start_clock()
         m = dataclasses.replace(m, problem_key=jkey)
         self.journal.record(m)
         return m
@@ -338,8 +344,10 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
     `settings.finalists` fastest per problem are re-timed as the op runs and `settings.objective` picks the
     winner among them (least eager_us, or least graph_us; one whose graph could not be captured ranks last). When
     every finalist failed its re-time, the fastest remaining candidate by GPU time wins, not re-timed.
-    With `settings.time_limit_s`, the clock starts once the benchmark workers are up; what is not measured when
-    it runs out ranks as a TIMEOUT (a finalist not re-timed by then keeps its GPU time) and is not journaled.
+    With `settings.time_limit_s`, the clock starts at the first candidate's result; problems searched one after
+    another (any strategy but an unbudgeted exhaustive run, which is one batch) each get an even share of the time
+    left; what is not measured when it runs out ranks as a TIMEOUT (a finalist not re-timed by then keeps its GPU
+    time) and is not journaled.
     """
     t0 = time.perf_counter()
     summary = TuneSummary(problems=len(problems))
@@ -357,7 +365,6 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
     with Journal(settings.journal_path) as journal:
         pipeline = _Pipeline(tunable, device, settings, journal, summary)
         try:
-            pipeline.start_clock()
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
                 pairs = [(p, c) for p, _, pr in spaces for c in pr.kept]
