@@ -198,22 +198,31 @@ def time_point(kind: str, kernel: str, dims: tuple) -> dict:
 # ---------------------------------------------------------------------------------------------------- off-grid
 # Points no shipped file tunes: shapes from models outside examples/ (DeepSeek-V3 block-fp8 projections, Llama-3-8B
 # qkv, Qwen3-30B-A3B and DeepSeek-V2-Lite MoE) and M / token counts between the shipped tuned ones.
+# The FRESH points were added after the first evaluation (which moved one rule-table threshold): nothing was tuned
+# to them, so they say how the rules generalize.
 OFFGRID_GEMM = (  # (kernel, N, K, Ms, what)
     ("a8w8_blockscale", 2112, 7168, (1, 16, 128), "DeepSeek-V3 q_a+kv_a (untuned shape)"),
     ("a8w8_blockscale", 24576, 1536, (1, 64), "DeepSeek-V3 q_b (untuned shape)"),
     ("bf16", 6144, 4096, (1, 32, 200), "Llama-3-8B qkv (untuned shape)"),
     ("bf16", 4096, 4096, (8, 48, 512), "tuned shape, M off the grid"),
+    ("bf16", 7168, 5120, (8, 96, 384), "FRESH Qwen2.5-14B qkv (untuned shape)"),
+    ("a8w8_blockscale", 7168, 16384, (4, 256), "FRESH DeepSeek-V3 o_proj (untuned shape)"),
 )
-OFFGRID_MOE = (  # (D, I, E, topk, tokens, what)
-    (2048, 768, 128, 8, (1, 16, 256), "Qwen3-30B-A3B (untuned shape)"),
-    (2048, 1408, 64, 6, (4, 64), "DeepSeek-V2-Lite (untuned shape)"),
-    (4096, 14336, 8, 2, (16, 256), "Mixtral, tokens off the grid"),
+OFFGRID_MOE = (  # (D, I, E, topk, quant, tokens, what)
+    (2048, 768, 128, 8, "none", (1, 16, 256), "Qwen3-30B-A3B (untuned shape)"),
+    (2048, 1408, 64, 6, "none", (4, 64), "DeepSeek-V2-Lite (untuned shape)"),
+    (4096, 14336, 8, 2, "none", (16, 256), "Mixtral, tokens off the grid"),
+    (2880, 2880, 32, 4, "none", (8, 128), "FRESH gpt-oss-20b-like (untuned shape)"),
+    (4096, 14336, 8, 2, "per_1x128", (64,), "FRESH Mixtral fp8 1x128, tokens off the grid"),
 )
+_QUANT_CELLS = {"none": "dtypes.bf16,dtypes.bf16,QuantType.No",
+                "per_token": "dtypes.fp8,dtypes.fp8,QuantType.per_Token",
+                "per_1x128": "dtypes.fp8,dtypes.fp8,QuantType.per_1x128"}
 
 
 def offgrid_points() -> list[tuple[str, str, tuple, str]]:
     pts = [("gemm", k, (M, N, K), what) for k, N, K, ms, what in OFFGRID_GEMM for M in ms]
-    pts += [("moe", "none", (T, D, inter, E, topk), what) for D, inter, E, topk, ts, what in OFFGRID_MOE for T in ts]
+    pts += [("moe", q, (T, D, inter, E, topk), what) for D, inter, E, topk, q, ts, what in OFFGRID_MOE for T in ts]
     return pts
 
 
@@ -231,9 +240,9 @@ def tune_offgrid(folder: Path, log) -> dict:
         print(" ".join(cmd), run.returncode, run.stdout[-3000:], run.stderr[-3000:], sep="\n", file=log, flush=True)
         walls[f"gemm {kernel} N={N} K={K} M={ms}"] = time.perf_counter() - t0
     rows = ["token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,doweight_stage1"]
-    for D, inter, E, topk, ts, _what in OFFGRID_MOE:
-        rows += [f"{T},{D},{inter},{E},{topk},ActivationType.Silu,dtypes.bf16,dtypes.bf16,dtypes.bf16,QuantType.No,"
-                 f"True,False" for T in ts]
+    for D, inter, E, topk, quant, ts, _what in OFFGRID_MOE:
+        rows += [f"{T},{D},{inter},{E},{topk},ActivationType.Silu,dtypes.bf16,{_QUANT_CELLS[quant]},True,False"
+                 for T in ts]
     (folder / "untuned_fmoe.csv").write_text("\n".join(rows) + "\n")
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "tritune.cli", "moe", "-i", str(folder / "untuned_fmoe.csv"), "-o",
