@@ -65,11 +65,14 @@ def gemm_baseline(kernel: str, x: dict) -> Callable[[], torch.Tensor]:
 
 # ---------------------------------------------------------------------------------------------------- host cost
 def host_cost(fn: Callable[[], object], calls: int = 300) -> dict:
+    """Host µs per call (median of calls timed one by one while the GPU is parked on a sleep, so no launch waits
+    for a full queue) and wall µs per call of `calls` back-to-back calls (whichever of host and GPU is slower)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU cycles: the launches below only queue (150 calls, < 1000 launches)
     per_call = []
-    for _ in range(calls):
+    for _ in range(150):
         t0 = time.perf_counter()
         fn()
         per_call.append(time.perf_counter() - t0)
