@@ -245,3 +245,16 @@ def test_workspace_layout_is_aligned_and_disjoint():
     assert [p.dtype for p in pieces] == [torch.int32, torch.float16, torch.float32]
     assert [p.numel() for p in pieces] == [5, 3, 1000]
     assert [p.data_ptr() - buf.data_ptr() for p in pieces] == [0, 256, 512]  # the GPU allocator aligns the base
+
+
+def test_descriptor_cache_keeps_no_tensor_and_keys_on_the_address():
+    from tritune.kernels.launch import DescriptorCache
+
+    cache = DescriptorCache((64, 32), (32, 1), torch.float16, [16, 32], size=2)
+    first = cache.get(4096)
+    assert cache.get(4096) is first  # the same address: the same descriptor, no construction
+    assert first.base.data_ptr() == 4096 and not isinstance(first.base, torch.Tensor)
+    assert (first.shape, first.strides, first.block_shape) == ([64, 32], [32, 1], [16, 32])
+    cache.get(8192)
+    cache.get(12288)  # past `size`: the cache starts afresh
+    assert cache.get(4096) is not first and cache.get(4096).base.data_ptr() == 4096

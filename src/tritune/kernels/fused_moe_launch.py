@@ -27,7 +27,7 @@ from tritune.kernels.fused_moe import (
     check_config,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
-from tritune.kernels.launch import BoundKernel, Workspace
+from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong
 from tritune.kernels.quant import QuantLaunch
 
@@ -99,7 +99,7 @@ class MoeLaunch:
         self.q1 = self.align.q_piece
         self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
-        self.tma = []  # (launch index, weight, block shape) of weight descriptors built per call
+        self.tma = []  # (launch index, weight, block shape, descriptor cache on a GPU) of weight descriptors
         self.quant2, self.quant2_at = None, -1
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call)
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
@@ -156,7 +156,8 @@ class MoeLaunch:
             if (k * w_t.element_size()) % 16:
                 raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w_t.dtype} is not")
             block = [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K]
-            self.tma.append((len(self.calls), w, block))
+            cache = DescriptorCache((w_t.numel() // k, k), (k, 1), w_t.dtype, block) if w_t.is_cuda else None
+            self.tma.append((len(self.calls), w, block, cache))
             example = {**example, "desc": TensorDescriptor.from_tensor(w_t.view(-1, k), block)}
             desc = ("d", len(self.calls))
         stride_om, stride_ok = (n_w, numel * n_w) if split_target else (n, 0)
@@ -263,9 +264,12 @@ class MoeLaunch:
             sources = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out)
         self.align(ids, p, sources[0])
         descs = [None] * len(self.calls)
-        for i, name, block in self.tma:
+        for i, name, block, cache in self.tma:
             w = w1 if name == "w1" else w2
-            descs[i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
+            if cache is not None:  # weights: the same few addresses call after call
+                descs[i] = cache.get(w.data_ptr())
+            else:
+                descs[i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
         flat = (*sources, *p, *descs)
         for i, (bound, getter) in enumerate(self.getters):
             if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.kernels.launch import BoundKernel, Workspace
+from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 
 QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2
 SCALE_BLOCK = 128  # block size of the block-scaled format, along K for A and along N and K for B
@@ -310,6 +310,8 @@ class GemmLaunch:
 
             self._desc = TensorDescriptor.from_tensor
             self._blocks = ([bm, bk], [bn, bk], [bm, bn])
+            # B is the weight: its descriptor is cached by address (A and C change every call).
+            self._b_descs = DescriptorCache(b.shape, b.stride(), b.dtype, [bn, bk]) if b.is_cuda else None
             num_sms = _num_sms(a.device)
             self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE)
             self.main = BoundKernel(
@@ -333,7 +335,8 @@ class GemmLaunch:
 
     def _descs(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
         ba, bb, bc = self._blocks
-        return self._desc(a, ba), self._desc(b, bb), self._desc(out, bc)
+        b_desc = self._b_descs.get(b.data_ptr()) if self._b_descs is not None else self._desc(b, bb)
+        return self._desc(a, ba), b_desc, self._desc(out, bc)
 
     def __call__(self, a, b, a_scale, b_scale, out, workspace: torch.Tensor | None = None) -> None:
         """Launch on A, B, the scales (None when unquantized) and C: tensors, or their addresses when

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from triton.runtime.jit import JITFunction
 
-__all__ = ["BoundKernel", "Workspace", "launch_counts", "release_scratch", "reset_launch_counts"]
+__all__ = ["BoundKernel", "DescriptorCache", "Workspace", "launch_counts", "release_scratch", "reset_launch_counts"]
 
 # Per kernel name, how many launches went through bound kernels (CPU tests pin launches per op call).
 _COUNTS: dict[str, int] = {}
@@ -150,6 +150,45 @@ def _through_triton(fn, grid3: tuple[int, int, int], tail: tuple, num_warps: int
 
 
 _ALIGN = 256  # bytes: every piece starts on a 256-byte boundary (TMA wants 16, vector loads 16)
+
+
+class _Address:
+    """What a TMA descriptor needs of its base on the host: the address and the element type (no reference to the
+    tensor, so a cached descriptor never keeps memory alive)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class DescriptorCache:
+    """Host TMA descriptors of one plan's operand, by address. A descriptor is a pure function of (address, shape,
+    strides, dtype, block), and a plan fixes all but the address, so a cached one is right whatever tensor now
+    lives at that address; weights (the same few addresses every call) then cost a dict lookup instead of a
+    descriptor's construction and checks. At most `size` addresses are kept."""
+
+    __slots__ = ("shape", "strides", "dtype", "block", "size", "_by_ptr")
+
+    def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype, block: Sequence[int],
+                 size: int = 512) -> None:
+        self.shape, self.strides, self.dtype, self.block = list(shape), list(strides), dtype, list(block)
+        self.size = size
+        self._by_ptr: dict[int, object] = {}
+
+    def get(self, ptr: int):
+        desc = self._by_ptr.get(ptr)
+        if desc is None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            if len(self._by_ptr) >= self.size:
+                self._by_ptr.clear()
+            desc = self._by_ptr[ptr] = TensorDescriptor(_Address(ptr, self.dtype), self.shape, self.strides,
+                                                        self.block)
+        return desc
 
 
 _SCRATCH_CACHE_MAX = 64 * 2**20  # bytes: smaller scratch is kept per (device, stream, thread) and reused
