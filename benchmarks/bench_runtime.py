@@ -100,6 +100,22 @@ def host_cases() -> list[tuple[str, Callable[[], Callable]]]:
     def split(kernel="a8w8_blockscale"):
         return gemm_call(kernel, gemm_inputs(kernel, 1, 256, 2048), GemmConfig(16, 64, 128, 1, 4, 3, NUM_KSPLIT=8))
     cases.append(("ops.gemm a8w8_blockscale split-K 8 1x256x2048", split))
+    def grouped_step():
+        from tritune.kernels.grouped_gemm import group_by_expert
+        from tritune.ops.grouped_gemm import grouped_gemm
+
+        T, E, topk, D, N = 64, 8, 2, 256, 256
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:topk] for _ in range(T)]).int()
+        x = torch.randn(T, D, device="cuda", generator=g).bfloat16().requires_grad_()
+        w = (torch.randn(E, N, D, device="cuda", generator=g) / 16).bfloat16().requires_grad_()
+        dy = torch.randn(T * topk, N, device="cuda", generator=g).bfloat16()
+
+        def step():
+            m, gi = group_by_expert(ids, E)
+            grouped_gemm(x, w, m, gi, topk=topk, permute_x=True).backward(dy)
+        return step
+    cases.append(("grouped_gemm autograd step (fwd + dX + dW) T=64 E=8 top2 D=N=256", grouped_step))
     for T, E, topk in ((1, 8, 2), (16, 8, 2), (128, 8, 2), (1024, 8, 2), (1, 128, 8), (7, 128, 8), (64, 128, 8),
                        (512, 128, 8), (4096, 128, 8)):
         for quant in ("none", "per_1x128"):
