@@ -272,21 +272,27 @@ def tune_offgrid(folder: Path, log) -> dict:
     return walls
 
 
+def time_offgrid_points(log) -> list[dict]:
+    """`time_point` at every off-grid point with the configs the ops see now (a failure is recorded, not raised)."""
+    recs = []
+    for kind, kernel, dims, what in offgrid_points():
+        try:
+            rec = {**time_point(kind, kernel, dims), "what": what}
+        except Exception as err:  # noqa: BLE001
+            rec = {"kind": kind, "kernel": kernel, "dims": list(dims), "what": what, "error": str(err)[:300]}
+        recs.append(rec)
+        print(json.dumps(rec), file=log, flush=True)
+        torch.cuda.empty_cache()
+    return recs
+
+
 def offgrid(out: Path, log, tuned_dir: Path | None) -> dict:
     """The op at each off-grid point as shipped (off-grid choice or rule table), then tuned for exactly that point."""
     import os
 
     from tritune.ops import reload_configs, reload_moe_configs
 
-    shipped = []
-    for kind, kernel, dims, what in offgrid_points():
-        try:
-            rec = {**time_point(kind, kernel, dims), "what": what}
-        except Exception as err:  # noqa: BLE001
-            rec = {"kind": kind, "kernel": kernel, "dims": list(dims), "what": what, "error": str(err)[:300]}
-        shipped.append(rec)
-        print(json.dumps(rec), file=log, flush=True)
-        torch.cuda.empty_cache()
+    shipped = time_offgrid_points(log)
     folder = tuned_dir or out / "tuned"
     walls = {}
     if tuned_dir is None:
@@ -296,15 +302,7 @@ def offgrid(out: Path, log, tuned_dir: Path | None) -> dict:
     os.environ["TRITUNE_CONFIG_FMOE"] = str(folder / "tuned_fmoe.csv")
     reload_configs()
     reload_moe_configs()
-    tuned = []
-    for kind, kernel, dims, what in offgrid_points():
-        try:
-            rec = {**time_point(kind, kernel, dims), "what": what}
-        except Exception as err:  # noqa: BLE001
-            rec = {"kind": kind, "kernel": kernel, "dims": list(dims), "what": what, "error": str(err)[:300]}
-        tuned.append(rec)
-        print(json.dumps(rec), file=log, flush=True)
-        torch.cuda.empty_cache()
+    tuned = time_offgrid_points(log)
     return {"shipped": shipped, "tuned": tuned, "tune_wall_s": walls}
 
 

@@ -274,5 +274,5 @@ class MoeLaunch:
         for i, (bound, getter) in enumerate(self.getters):
             if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches
                 self.quant2(p[self.inter], p[self.q2], p[self.q2 + 1])
-            bound(*getter(flat))
+            bound.launch(*getter(flat))
         return out

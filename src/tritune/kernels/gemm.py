@@ -344,17 +344,17 @@ class GemmLaunch:
         a_s = a_scale if a_scale is not None else a
         b_s = b_scale if b_scale is not None else a
         if self.cfg.PERSISTENT_TMA:
-            self.main(*self._descs(a, b, out), a_s, b_s)
+            self.main.launch(*self._descs(a, b, out), a_s, b_s)
             return
         if self.reduce is None:
-            self.main(a, b, out, a_s, b_s)
+            self.main.launch(a, b, out, a_s, b_s)
             return
         if workspace is not None:
             part = workspace
         else:
             keep, (part,) = self.scratch.allocate(self.device)  # noqa: F841 (alive until both launches are queued)
-        self.main(a, b, part, a_s, b_s)
-        self.reduce(part, out)
+        self.main.launch(a, b, part, a_s, b_s)
+        self.reduce.launch(part, out)
 
 
 def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, cfg: GemmConfig) -> None:

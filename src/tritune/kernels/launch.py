@@ -82,7 +82,8 @@ def _direct_launch(run):
 
 
 class BoundKernel:
-    """A kernel bound to one grid and one specialization: `bound(*pointers)` launches it on the current stream.
+    """A kernel bound to one grid and one specialization: `bound.launch(*pointers)` launches it on the current stream
+    (`bound(*pointers)` too, one Python call more: hot paths call `launch`).
 
     `args` at binding are every parameter of the kernel in order (constexprs included; tensors, or dtypes for
     buffers of a workspace, for pointers). The first `varying` of them change per call (the pointers, which every

@@ -373,13 +373,13 @@ class AlignLaunch:
         """Sort `flat_ids` (a tensor or its address) into `pieces` (addresses or tensors, in the order of
         `self.pieces`); `x` is the activation to quantize (tensor or address) when this sort carries that work."""
         u = self._first_uses
-        self._first(flat_ids, pieces[u[0]], pieces[u[1]], pieces[u[2]], pieces[u[3]],
-                    x if self.takes_x else flat_ids, pieces[u[4]], pieces[u[5]], pieces[u[6]])
+        self._first.launch(flat_ids, pieces[u[0]], pieces[u[1]], pieces[u[2]], pieces[u[3]],
+                           x if self.takes_x else flat_ids, pieces[u[4]], pieces[u[5]], pieces[u[6]])
         for bound, uses, takes_ids in self.launches:
             if takes_ids:
-                bound(flat_ids, *(pieces[i] for i in uses))
+                bound.launch(flat_ids, *(pieces[i] for i in uses))
             else:
-                bound(*(pieces[i] for i in uses))
+                bound.launch(*(pieces[i] for i in uses))
 
 
 # Up to this many chunk counts (chunks × experts; 256 KB) every scatter program re-reads all of them (~1 µs from L2)

@@ -119,7 +119,7 @@ class QuantLaunch:
                                   varying=3, num_warps=warps, num_stages=1)
 
     def __call__(self, x, q, scales) -> None:
-        self._bound(x, q, scales)
+        self._bound.launch(x, q, scales)
 
 
 def quantize_fp8(x: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,19 +67,24 @@ def time_kernel(
     if not torch.cuda.is_available():
         return _time_cpu(fn, iters, warmup)
 
-    flush = _flush_buffer(l2_bytes) if flush_l2 else None
     for _ in range(max(warmup, 1)):
         fn()
     torch.cuda.synchronize()
-    # Host cost of one call (Python, argument binding, launch) once warm.
+    times_us = _parked_event_times(fn, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
+    method = "cuda-events+l2-flush" if flush_l2 else "cuda-events"
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)
+
+
+def _parked_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor | None) -> list[float]:
+    """µs of each of `iters` calls of `fn` (warm already), each between CUDA events and preceded by zeroing `flush`
+    when given; the GPU is parked on a sleep while the host queues every timed call, so a kernel shorter than its
+    own launch overhead is timed back to back (GPU time, as under CUDA graphs) rather than with the host's gaps."""
     t0 = time.perf_counter()
-    fn()
+    fn()  # host cost of one call (Python, argument binding, launch), to size the sleep
     host_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    # Park the GPU while the host queues every timed call, so a kernel shorter than its own launch overhead is
-    # timed back to back (GPU time, as under CUDA graphs) rather than with the host's gaps inside the events.
     torch.cuda._sleep(int(min(2.0, 1.5 * iters * (host_s + 30e-6)) * _SLEEP_CYCLES_PER_S))
     for start, end in zip(starts, ends, strict=True):
         if flush is not None:
@@ -88,9 +93,7 @@ def time_kernel(
         fn()
         end.record()
     torch.cuda.synchronize()
-    times_us = [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
-    method = "cuda-events+l2-flush" if flush_l2 else "cuda-events"
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)
+    return [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
 
 
 def _time_cpu(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
@@ -194,22 +197,7 @@ def time_graph(
         return Timing(math.nan, math.nan, math.nan, 0, method,
                       error=f"capture failed: {type(exc).__name__}: {first_line}"[:300])
     try:
-        flush = _flush_buffer(l2_bytes) if flush_l2 else None
-        t0 = time.perf_counter()
-        graph.replay()
-        host_s = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        torch.cuda._sleep(int(min(2.0, 1.5 * iters * (host_s + 30e-6)) * _SLEEP_CYCLES_PER_S))
-        for start, end in zip(starts, ends, strict=True):
-            if flush is not None:
-                flush.zero_()
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize()
-        times_us = [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+        times_us = _parked_event_times(graph.replay, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
     finally:
         graph.reset()  # its memory pool goes back before the next candidate
     return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)

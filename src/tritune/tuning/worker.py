@@ -87,10 +87,15 @@ class _Runner:
             self.state = None
         return measurement
 
-    def _measure(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
+    def _launch_checked(self, problem: Any, config: Config,
+                        state: _ProblemState) -> tuple[Tolerance, Callable[[], None], CheckResult]:
+        """(tolerance, the candidate's launcher, its first checked run): every measurement starts with these."""
         tol = self.tunable.tolerance(problem)
         fn = self.tunable.launcher(problem, state.inputs, config, state.out)
-        first = self._checked_run(fn, state, tol)
+        return tol, fn, self._checked_run(fn, state, tol)
+
+    def _measure(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
+        tol, fn, first = self._launch_checked(problem, config, state)
         if not first.passed:
             return _wrong_answer(state.key, config, first, "")
         s = self.settings
@@ -113,9 +118,7 @@ class _Runner:
         """A finalist: checked, timed as eager calls and as a CUDA-graph replay, checked again. time_us stays NaN
         (the parent keeps the first pass's); a graph that cannot be captured leaves graph_us NaN, with the reason
         in extra["graph_error"], and does not fail the candidate."""
-        tol = self.tunable.tolerance(problem)
-        fn = self.tunable.launcher(problem, state.inputs, config, state.out)
-        first = self._checked_run(fn, state, tol)
+        tol, fn, first = self._launch_checked(problem, config, state)
         if not first.passed:
             return _wrong_answer(state.key, config, first, "")
         s = self.settings
