@@ -22,6 +22,9 @@ ops_gemm = importlib.import_module("tritune.ops.gemm")  # the module (tritune.op
 ops_moe = importlib.import_module("tritune.ops.fused_moe")
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CFG = gk.GemmConfig(32, 32, 32, 1, 4, 2)
+# Scratch allocations per call after the first: one under the interpreter; none on a GPU, where the buffer of the
+# first call is kept per (device, stream, thread) and reused.
+SCRATCH_ALLOC = [] if DEV.type == "cuda" else ["tritune.kernels.launch:empty"]
 
 
 @pytest.fixture
@@ -201,8 +204,8 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
         again = call(x, choice, quant)
     assert binds["moe"] == 1
     assert c.launches == launches
-    # The output, and one scratch buffer (on a GPU it is kept per stream and reused: no allocation at all).
-    assert sorted(c.allocs) == sorted(["tritune.ops.fused_moe:empty", "tritune.kernels.launch:empty"])
+    # The output, and one scratch buffer under the interpreter (on a GPU it is kept per stream: no allocation).
+    assert sorted(c.allocs) == sorted(["tritune.ops.fused_moe:empty", *SCRATCH_ALLOC])
     torch.testing.assert_close(again, first, rtol=0, atol=0 if not choice.run_1stage else 2e-3)
     err = float((again.float() - ref).norm() / ref.norm())
     assert err < 2e-2
@@ -219,7 +222,7 @@ def test_gemm_launches_and_allocations_per_call(binds, counted):
     with counted() as c:
         check(gemm(a, b, config=split), a, b)
     assert c.launches == {"_gemm_kernel": 1, "_splitk_reduce_kernel": 1}
-    assert sorted(c.allocs) == ["tritune.kernels.launch:empty", "tritune.ops.gemm:empty"]
+    assert sorted(c.allocs) == sorted(["tritune.ops.gemm:empty", *SCRATCH_ALLOC])
 
 
 def test_moe_signature_change_rebinds(binds):
