@@ -254,10 +254,25 @@ def test_descriptor_cache_keeps_no_tensor_and_keys_on_the_address():
     from tritune.kernels.launch import DescriptorCache
 
     cache = DescriptorCache((64, 32), (32, 1), torch.float16, [16, 32], size=2)
-    first = cache.get(4096)
-    assert cache.get(4096) is first  # the same address: the same descriptor, no construction
+    (first,) = cache.get(4096)  # without an encoder: the descriptor itself, as the one launch argument
+    assert cache.get(4096)[0] is first  # the same address: the same descriptor, no construction
     assert first.base.data_ptr() == 4096 and not isinstance(first.base, torch.Tensor)
     assert (first.shape, first.strides, first.block_shape) == ([64, 32], [32, 1], [16, 32])
     cache.get(8192)
     cache.get(12288)  # past `size`: the cache starts afresh
-    assert cache.get(4096) is not first and cache.get(4096).base.data_ptr() == 4096
+    assert cache.get(4096)[0] is not first and cache.get(4096)[0].base.data_ptr() == 4096
+
+
+def test_descriptor_cache_keeps_the_encoded_launch_arguments():
+    from tritune.kernels.launch import DescriptorCache
+
+    encoded = []
+
+    def encode(desc, nth=0):  # stands for Triton's tensor-map encoding: called once per address
+        encoded.append(desc.base.data_ptr())
+        return ("map", *desc.shape, *desc.strides)
+
+    cache = DescriptorCache((64, 32), (32, 1), torch.float16, [16, 32], encode=encode)
+    assert cache.get(4096) == ("map", 64, 32, 32, 1)
+    assert cache.get(4096) == ("map", 64, 32, 32, 1) and cache.get(8192)[0] == "map"
+    assert encoded == [4096, 8192]

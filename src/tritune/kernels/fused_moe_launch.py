@@ -10,6 +10,7 @@ Nothing is read back to the host, so a call is graph-safe.
 from __future__ import annotations
 
 import operator
+from functools import partial
 
 import torch
 import triton
@@ -99,7 +100,8 @@ class MoeLaunch:
         self.q1 = self.align.q_piece
         self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
-        self.tma = []  # (launch index, weight, block shape, descriptor cache on a GPU) of weight descriptors
+        # Weight descriptors: (launch index, weight, block shape, argument cache on a GPU, launch arguments each)
+        self.tma: list[tuple[int, str, list[int], DescriptorCache | None, int]] = []
         self.quant2, self.quant2_at = None, -1
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call)
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
@@ -136,12 +138,16 @@ class MoeLaunch:
 
     def _finish_binding(self, pieces: _Pieces) -> None:
         """Per launch, one C-level getter of its pointers out of the call's flat list: the call's tensors (or
-        addresses), then the workspace pieces, then the TMA descriptors by launch index."""
+        addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in launch order."""
         n_t, n_p = len(_TENSORS), len(pieces.items)
-        offset = {0: 0, 1: n_t, 2: n_t + n_p}
+        offset = {0: 0, 1: n_t}
+        desc_at, at = {}, n_t + n_p
+        for i, _, _, _, width in self.tma:
+            desc_at[i] = range(at, at + width)
+            at += width
         self.getters = []
         for bound, head in self.calls:
-            flat = [offset[src] + key for src, key in head]
+            flat = [j for src, key in head for j in (desc_at[key] if src == 2 else (offset[src] + key,))]
             getter = operator.itemgetter(*flat) if len(flat) > 1 else (lambda xs, i=flat[0]: (xs[i],))
             self.getters.append((bound, getter))
 
@@ -152,14 +158,13 @@ class MoeLaunch:
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
         desc = ("t", w)
+        tma_at = len(self.calls)
         if cfg.USE_TMA:
             if (k * w_t.element_size()) % 16:
                 raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w_t.dtype} is not")
             block = [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K]
-            cache = DescriptorCache((w_t.numel() // k, k), (k, 1), w_t.dtype, block) if w_t.is_cuda else None
-            self.tma.append((len(self.calls), w, block, cache))
             example = {**example, "desc": TensorDescriptor.from_tensor(w_t.view(-1, k), block)}
-            desc = ("d", len(self.calls))
+            desc = ("d", tma_at)
         stride_om, stride_ok = (n_w, numel * n_w) if split_target else (n, 0)
         recipe = [a, a_scale, ("t", w), desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2), ("t", "topk_weights")]
         recipe += [("v", v) for v in (
@@ -169,6 +174,11 @@ class MoeLaunch:
             bool(cfg.USE_TMA))]
         grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
         self._bind(_moe_gemm_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+        if cfg.USE_TMA:
+            encode = partial(self.calls[tma_at][0].encode, nth=0)
+            cache = DescriptorCache((w_t.numel() // k, k), (k, 1), w_t.dtype, block, encode=encode) \
+                if w_t.is_cuda else None
+            self.tma.append((tma_at, w, block, cache, len(encode(example["desc"]))))
 
     def _bind_2stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg1: MoeConfig,
                      cfg2: MoeConfig, numel: int, tokens: int, topk: int, inter_dim: int, model_dim: int,
@@ -263,13 +273,13 @@ class MoeLaunch:
             ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
             sources = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out)
         self.align(ids, p, sources[0])
-        descs = [None] * len(self.calls)
-        for i, name, block, cache in self.tma:
+        descs = ()
+        for _, name, block, cache, _ in self.tma:
             w = w1 if name == "w1" else w2
             if cache is not None:  # weights: the same few addresses call after call
-                descs[i] = cache.get(w.data_ptr())
+                descs += cache.get(w.data_ptr())
             else:
-                descs[i] = TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block)
+                descs += (TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block),)
         flat = (*sources, *p, *descs)
         for i, (bound, getter) in enumerate(self.getters):
             if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches

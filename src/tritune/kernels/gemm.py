@@ -10,6 +10,7 @@ Kernels take a config and launch; they never tune themselves. Edge tiles are mas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
@@ -282,8 +283,8 @@ class GemmLaunch:
 
     Built from example tensors (validated here); a call must pass tensors of the same shapes, dtypes, strides and
     16-byte alignment (the caller keys its cache on them). Pointer kernel: one launch, or two with split-K (the fp32
-    partials in a scratch allocation per call, or `workspace`). TMA kernel: host descriptors built per call (they
-    hold the addresses), one launch.
+    partials in a scratch allocation per call, or `workspace`). TMA kernel: one launch; on a GPU the encoded
+    descriptors of A, B and C are kept by address (a plan fixes everything else they hold).
     """
 
     def __init__(self, kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
@@ -295,8 +296,8 @@ class GemmLaunch:
             raise ValueError(f"out must be a contiguous {M}x{N} tensor, got {tuple(out.shape)}")
         self.M, self.N, self.K, self.cfg = M, N, K, cfg
         self.device = a.device
-        # On a GPU (not TMA) a call may pass addresses instead of tensors: the op computes them anyway.
-        self.takes_addresses = a.is_cuda and not cfg.PERSISTENT_TMA
+        # On a GPU a call may pass addresses instead of tensors: the op computes them anyway.
+        self.takes_addresses = a.is_cuda
         quant = _QUANT_OF[kernel]
         a_s = a_scale if a_scale is not None else a  # scale pointers are never read when QUANT_NONE
         b_s = b_scale if b_scale is not None else a
@@ -308,16 +309,18 @@ class GemmLaunch:
             _check_tma(a, b, out, quant, cfg)
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            self._desc = TensorDescriptor.from_tensor
             self._blocks = ([bm, bk], [bn, bk], [bm, bn])
-            # B is the weight: its descriptor is cached by address (A and C change every call).
-            self._b_descs = DescriptorCache(b.shape, b.stride(), b.dtype, [bn, bk]) if b.is_cuda else None
             num_sms = _num_sms(a.device)
             self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE)
             self.main = BoundKernel(
                 _gemm_tma_persistent_kernel, (min(num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
-                (*self._descs(a, b, out), a_s, b_s, *self._tail), varying=5, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                (*(TensorDescriptor.from_tensor(t, blk) for t, blk in zip((a, b, out), self._blocks, strict=True)),
+                 a_s, b_s, *self._tail), varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            # A, B and C by address: weights repeat every call, activations and outputs mostly do (torch's caching
+            # allocator hands the same blocks back), and a plan fixes every other field of a descriptor.
+            self._desc_caches = tuple(
+                DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
+                for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True))) if a.is_cuda else None
             return
         grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), cfg.NUM_KSPLIT)
         self.scratch = Workspace(((torch.float32, cfg.NUM_KSPLIT * M * N),)) if self.split > 1 else None
@@ -333,10 +336,15 @@ class GemmLaunch:
             self.reduce = BoundKernel(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
                                       (target, out, *self._reduce_tail), varying=2, num_warps=4, num_stages=1)
 
-    def _descs(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
-        ba, bb, bc = self._blocks
-        b_desc = self._b_descs.get(b.data_ptr()) if self._b_descs is not None else self._desc(b, bb)
-        return self._desc(a, ba), b_desc, self._desc(out, bc)
+    def _descs(self, a, b, out) -> tuple:
+        """The launch arguments of the three descriptors (addresses or tensors on a GPU; tensors otherwise)."""
+        if self._desc_caches is None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            return tuple(TensorDescriptor.from_tensor(t, blk) for t, blk in zip((a, b, out), self._blocks, strict=True))
+        ca, cb, cc = self._desc_caches
+        return (*ca.get(a if isinstance(a, int) else a.data_ptr()), *cb.get(b if isinstance(b, int) else b.data_ptr()),
+                *cc.get(out if isinstance(out, int) else out.data_ptr()))
 
     def __call__(self, a, b, a_scale, b_scale, out, workspace: torch.Tensor | None = None) -> None:
         """Launch on A, B, the scales (None when unquantized) and C: tensors, or their addresses when

@@ -90,13 +90,14 @@ class BoundKernel:
     kernel here takes first); the rest are fixed at binding. A call passes the varying ones: tensors, or addresses.
     """
 
-    __slots__ = ("launch", "name")
+    __slots__ = ("encode", "launch", "name")
 
     def __init__(self, fn, grid: Sequence[int], args: Sequence, *, varying: int, num_warps: int,
                  num_stages: int) -> None:
         grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
         self.name = name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
         tail = tuple(args[varying:])
+        self.encode = _as_is
         if not isinstance(fn, JITFunction):  # Triton's interpreter
             self.launch = _through_triton(fn, grid3, tail, num_warps, num_stages, name)
             return
@@ -111,6 +112,9 @@ class BoundKernel:
 
         if direct is not None:
             coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+            raw = _unwrap_descriptors(direct)
+            if raw is not None:
+                direct, self.encode = raw
 
             def launch(*head) -> None:
                 if _COUNTING[0]:
@@ -137,6 +141,46 @@ class BoundKernel:
 
     def __call__(self, *head) -> None:
         self.launch(*head)
+
+
+def _as_is(desc, nth: int = 0) -> tuple:
+    return (desc,)
+
+
+# Triton 3.5-3.6 wrap the C launch of a kernel with descriptor parameters in `inner`, which loops over every argument
+# in Python and encodes each descriptor's tensor map (cuTensorMapEncodeTiled) on every launch. Matched on its source
+# text like the launcher's `__call__`.
+_KNOWN_DESC_WRAPPER = ("final_args = list(args[:_BASE_ARGS_FORMAT_LEN])",
+                       "final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[tensordesc_idx]))",
+                       "return launcher(*final_args)")
+
+
+def _unwrap_descriptors(run_launch):
+    """(the C launch function under Triton's descriptor wrapper, an `encode(desc, nth)` giving the arguments that
+    wrapper would pass for the kernel's nth descriptor), when the wrapper is the known one; else None."""
+    code = getattr(run_launch, "__code__", None)
+    if code is None or run_launch.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in run_launch.__closure__), strict=True))
+    if not {"launcher", "tensordesc_meta"} <= cells.keys():
+        return None
+    try:
+        import inspect
+
+        text = " ".join(inspect.getsource(run_launch).split())
+    except (OSError, TypeError):
+        return None
+    module = inspect.getmodule(run_launch)
+    make = getattr(module, "make_tensordesc_arg", None)
+    if (not all(part in text for part in _KNOWN_DESC_WRAPPER) or make is None
+            or getattr(module, "_BASE_ARGS_FORMAT_LEN", None) != 13):
+        return None
+    meta = cells["tensordesc_meta"]
+
+    def encode(desc, nth: int = 0) -> tuple:
+        return tuple(make(desc, meta[nth] if meta else None))
+
+    return cells["launcher"], encode
 
 
 def _through_triton(fn, grid3: tuple[int, int, int], tail: tuple, num_warps: int, num_stages: int, name: str):
@@ -167,29 +211,31 @@ class _Address:
 
 
 class DescriptorCache:
-    """Host TMA descriptors of one plan's operand, by address. A descriptor is a pure function of (address, shape,
-    strides, dtype, block), and a plan fixes all but the address, so a cached one is right whatever tensor now
-    lives at that address; weights (the same few addresses every call) then cost a dict lookup instead of a
-    descriptor's construction and checks. At most `size` addresses are kept."""
+    """Launch arguments of one plan's TMA operand, by address: `get(ptr)` is `encode(descriptor)` (a
+    `BoundKernel.encode`: the encoded tensor map with its shape and strides on Triton 3.5-3.6, else the descriptor).
+    Both are pure functions of (address, shape, strides, dtype, block), and a plan fixes all but the address, so a
+    cached entry is right whatever tensor now lives at that address; weights (the same few addresses every call),
+    and activations from torch's caching allocator, then cost a dict lookup instead of a descriptor's construction,
+    checks and encoding. At most `size` addresses are kept."""
 
-    __slots__ = ("shape", "strides", "dtype", "block", "size", "_by_ptr")
+    __slots__ = ("shape", "strides", "dtype", "block", "size", "encode", "_by_ptr")
 
     def __init__(self, shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype, block: Sequence[int],
-                 size: int = 512) -> None:
+                 size: int = 512, encode=_as_is) -> None:
         self.shape, self.strides, self.dtype, self.block = list(shape), list(strides), dtype, list(block)
-        self.size = size
-        self._by_ptr: dict[int, object] = {}
+        self.size, self.encode = size, encode
+        self._by_ptr: dict[int, tuple] = {}
 
-    def get(self, ptr: int):
-        desc = self._by_ptr.get(ptr)
-        if desc is None:
+    def get(self, ptr: int) -> tuple:
+        args = self._by_ptr.get(ptr)
+        if args is None:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             if len(self._by_ptr) >= self.size:
                 self._by_ptr.clear()
-            desc = self._by_ptr[ptr] = TensorDescriptor(_Address(ptr, self.dtype), self.shape, self.strides,
-                                                        self.block)
-        return desc
+            args = self._by_ptr[ptr] = self.encode(TensorDescriptor(_Address(ptr, self.dtype), self.shape,
+                                                                    self.strides, self.block))
+        return args
 
 
 _SCRATCH_CACHE_MAX = 64 * 2**20  # bytes: smaller scratch is kept per (device, stream, thread) and reused
