@@ -124,3 +124,16 @@ def test_bad_online_values_are_one_line_naming_the_variable(name, text, read, mo
         read()
     message = str(err.value)
     assert message.startswith(f"{name}={text!r}") and "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["1", "true", "TRUE", "yes", "On", "y", "0", "false", "off", "", " 1", "2", "maybe"])
+def test_interpreting_agrees_with_triton(text, monkeypatch):
+    # One reader of TRITON_INTERPRET, with Triton's own truthiness (" 1" and "2" are false to Triton too).
+    triton = pytest.importorskip("triton")
+    monkeypatch.setenv(knobs.INTERPRET, text)
+    assert knobs.interpreting() is bool(triton.knobs.runtime.interpret)
+
+
+def test_interpreting_unset_is_false(monkeypatch):
+    monkeypatch.delenv(knobs.INTERPRET, raising=False)
+    assert knobs.interpreting() is False

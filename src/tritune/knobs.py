@@ -1,4 +1,5 @@
-"""Every TRITUNE_* environment variable: its type, default and meaning, read here and nowhere else.
+"""Every TRITUNE_* environment variable: its type, default and meaning, read here and nowhere else (and the one
+reader of Triton's TRITON_INTERPRET).
 
 Each knob is a function read at call time (never an import-time constant), so tests can monkeypatch
 the environment and a long-lived process sees the value current when it asks.
@@ -19,6 +20,7 @@ CACHE_DIR = "TRITUNE_CACHE_DIR"
 LOG_LEVEL = "TRITUNE_LOG_LEVEL"
 ONLINE_TUNE = "TRITUNE_ONLINE_TUNE"
 ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
+INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -122,6 +124,21 @@ def online_budget() -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"{ONLINE_BUDGET}={value!r} is not a number of seconds > 0")
     return seconds
+
+
+# Triton's truthiness for its boolean variables (getenv_bool: lower-cased, not stripped), so tritune and Triton
+# never disagree on whether kernels run in the interpreter.
+_TRITON_TRUE = ("1", "true", "yes", "on", "y")
+
+
+def interpreting() -> bool:
+    """TRITON_INTERPRET (Triton's variable, not tritune's): whether Triton runs kernels in its CPU interpreter.
+
+    True for what Triton itself takes as true: "1", "true", "yes", "on", "y" in any case, nothing else (" 1" and "2"
+    are false to Triton, so they are here). Every tritune module asks this function; `tritune.cli` and the AOT
+    compiler set the variable before Triton is imported. Kept out of KNOBS, the table of tritune's own variables.
+    """
+    return os.environ.get(INTERPRET, "").lower() in _TRITON_TRUE
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tritune.tuning.compile import interpreting
+from tritune.knobs import interpreting
 from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.tunable import Tolerance

@@ -8,7 +8,6 @@ intermediate + down GEMM + top-k sum; the sort is made outside the timed call si
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,11 +17,12 @@ import triton
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
+from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.routing import sample_routing
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.space import Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
@@ -50,6 +50,17 @@ ONE_STAGE_SPACE: dict[str, tuple] = {
     "GROUP_SIZE_M": (1,),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+}
+# The values each parameter may take at all (`--search-space` is checked against them before any work; a name goes
+# to every space that has it): tiles are powers of two >= 16 (fm.check_config), num_warps a power of two.
+_TILE, _COUNT = Param(16, pow2=True), Param(1)
+STAGE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "GROUP_SIZE_M": _COUNT,
+    "num_warps": Param(1, pow2=True), "num_stages": _COUNT, "KSPLIT": _COUNT, "USE_TMA": Param(choices=(0, 1)),
+}
+ONE_STAGE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
+    "GROUP_SIZE_M": _COUNT, "num_warps": Param(1, pow2=True), "num_stages": _COUNT,
 }
 
 
@@ -165,10 +176,6 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
     )
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def config_of(config: Config) -> fm.MoeConfig:
     return fm.MoeConfig.from_params(config.as_dict())
 
@@ -266,7 +273,7 @@ class FusedMoeTunable:
                                      w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1, out=out)
 
     def compile(self, problem: MoeProblem, config: Config) -> None:
-        if _interpreting() or problem.kind == "e2e":
+        if interpreting() or problem.kind == "e2e":
             return
         fm.compile_only(problem.kind, problem.dims, config_of(config))
 

@@ -18,6 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritune.knobs import interpreting
 from tritune.tuning.errors import classify_exception, short_message
 from tritune.tuning.types import Config, Status
 
@@ -37,11 +38,6 @@ def compile_one(tunable: Any, problem: Any, config: Config) -> CompileOutcome:
     except (Exception, SystemExit) as exc:
         return CompileOutcome(classify_exception(exc), short_message(exc), time.perf_counter() - start)
     return CompileOutcome(Status.OK, "", time.perf_counter() - start)
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET, Triton's own variable)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _ignore_sigint() -> None:
