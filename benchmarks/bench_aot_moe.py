@@ -45,8 +45,8 @@ def jit_times(shape, kind: str, repeat: int, iters: int, journal_dir: Path) -> l
     from tritune.aot.moe import MoeGemmTunable, artifact_id
     from tritune.tuners.fused_moe_tunable import MoeProblem
     from tritune.tuning.device import current_device
-    from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings, tune
+    from tritune.tuning.types import BenchSettings
 
     space = dict(SPACE) | {"KSPLIT": [1], "USE_TMA": [0]}
     tunable = MoeGemmTunable(stage_space=tuple((k, tuple(v)) for k, v in space.items()))

@@ -42,9 +42,8 @@ def main() -> None:
     from tritune.aot.stats import read_perf_stats
     from tritune.aot.tdat import read_tensor
     from tritune.tuning.bench import time_kernel
-    from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
-    from tritune.tuning.types import Config
+    from tritune.tuning.types import BenchSettings, Config
 
     uk = flash_attention.attention
     manifest = load_manifest(bundle)

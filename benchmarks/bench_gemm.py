@@ -46,8 +46,8 @@ def peaks() -> dict:
 def tune(kernel: str, shapes, out: Path, journal: Path):
     from tritune.tuners.gemm import GemmShape, GemmTuneRequest, tune_gemm
     from tritune.tuning.device import current_device, gpu_count
-    from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
+    from tritune.tuning.types import BenchSettings
 
     req = GemmTuneRequest(kernel, tuple(GemmShape(tuple(ms), n, k) for ms, n, k in shapes), out)
     settings = TuneSettings(journal_path=journal, bench=BenchSettings(iters=30, warmup=5),

@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=None, help="results file (default: see tunable_kernel)")
     args = parser.parse_args(argv)
-    from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
+    from tritune.tuning.types import BenchSettings
 
     if args.store is not None:
         attention.store_path = args.store

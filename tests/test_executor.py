@@ -10,8 +10,8 @@ import pytest
 import torch
 from fake_tunables import AddProblem, ScriptedAdd
 
-from tritune.tuning.executor import BenchSettings, LocalExecutor, Task, run_all
-from tritune.tuning.types import Config, Status
+from tritune.tuning.executor import LocalExecutor, run_all
+from tritune.tuning.types import BenchSettings, Config, Status, Task
 
 FAST = BenchSettings(iters=3, warmup=1, timeout_s=2.0, seed=0, flush_l2=False)
 DEVICES = [0] if torch.cuda.is_available() else None  # on a GPU machine every worker shares GPU 0

@@ -30,8 +30,8 @@ from tritune.store.fmoe_csv import read_tuned
 from tritune.tuners import fused_moe as fmoe_tuner
 from tritune.tuners import gemm as gemm_tuner
 from tritune.tuning.device import current_device
-from tritune.tuning.executor import BenchSettings
 from tritune.tuning.tuner import TuneSettings, tune
+from tritune.tuning.types import BenchSettings
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"

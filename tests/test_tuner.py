@@ -21,10 +21,9 @@ from tritune.tuners.gemm import INTERPRETER_SPACE, GemmShape, GemmTuneRequest, t
 from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
 from tritune.tuning.bench import Timers
 from tritune.tuning.device import current_device
-from tritune.tuning.executor import BenchSettings
 from tritune.tuning.journal import Journal
 from tritune.tuning.tuner import TuneSettings, journal_key, tune
-from tritune.tuning.types import Objective
+from tritune.tuning.types import BenchSettings, Objective
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"

@@ -156,9 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace, out_dir: Path, device):
     from tritune.tuning.device import gpu_count
-    from tritune.tuning.executor import BenchSettings
     from tritune.tuning.tuner import TuneSettings
-    from tritune.tuning.types import Objective
+    from tritune.tuning.types import BenchSettings, Objective
 
     bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
     return TuneSettings(

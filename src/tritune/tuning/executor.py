@@ -21,29 +21,9 @@ from typing import Any
 
 import torch
 
-from tritune.tuning.bench import Timers
 from tritune.tuning.errors import is_sticky
-from tritune.tuning.types import Config, Measurement, Status
+from tritune.tuning.types import BenchSettings, Measurement, Status, Task
 from tritune.tuning.worker import worker_main
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    iters: int = 50
-    warmup: int = 5
-    timeout_s: float = 60.0  # per candidate, counted from the moment the worker has the problem's inputs
-    seed: int = 0  # for make_inputs
-    flush_l2: bool = True
-    timers: Timers = Timers()  # GPU time (first pass), eager and CUDA-graph time (finalists)
-
-
-@dataclass(frozen=True)
-class Task:
-    task_id: int  # unique per executor; comes back as Measurement.extra["task_id"]
-    problem: Any
-    config: Config
-    finalist: bool = False  # re-time as the op runs (eager and graph) instead of the first pass's GPU time
-
 
 _SETUP_TIMEOUT_FACTOR = 10  # until "started": the first task of a problem also builds inputs and reference
 _STARTUP_TIMEOUT_S = 600.0  # spawn + import torch + CUDA init: not counted against candidates, only a safety net

@@ -24,11 +24,11 @@ from tqdm import tqdm
 
 from tritune.tuning.compile import CompileOutcome, CompilePool
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.executor import BenchSettings, LocalExecutor, Task
+from tritune.tuning.executor import LocalExecutor
 from tritune.tuning.journal import Journal
 from tritune.tuning.strategy import STRATEGIES, best, best_for, finalists
 from tritune.tuning.tunable import Tunable
-from tritune.tuning.types import Config, Measurement, Objective, Status
+from tritune.tuning.types import BenchSettings, Config, Measurement, Objective, Status, Task
 
 
 @dataclass(frozen=True)

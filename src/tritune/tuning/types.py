@@ -11,7 +11,10 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tritune.tuning.bench import Timers
 
 Scalar = int | float | str | bool
 
@@ -137,3 +140,33 @@ class Measurement:
         """eager_us or graph_us; inf when failed or not measured that way (a graph that could not be captured)."""
         t = self.eager_us if objective is Objective.EAGER else self.graph_us
         return t if self.ok and math.isfinite(t) else math.inf
+
+
+def _default_timers() -> Timers:
+    # Imported on first use: bench imports torch, and this module stays light (the stores import Config).
+    from tritune.tuning.bench import Timers
+
+    return Timers()
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How a benchmark worker measures: iterations, warm-up, per-candidate timeout, input seed, L2 flush, timers."""
+
+    iters: int = 50
+    warmup: int = 5
+    timeout_s: float = 60.0  # per candidate, counted from the moment the worker has the problem's inputs
+    seed: int = 0  # for make_inputs
+    flush_l2: bool = True
+    # GPU time (first pass), eager and CUDA-graph time (finalists); tests swap in scripted ones.
+    timers: Timers = field(default_factory=_default_timers)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One candidate handed to a benchmark worker (executor -> worker)."""
+
+    task_id: int  # unique per executor; comes back as Measurement.extra["task_id"]
+    problem: Any
+    config: Config
+    finalist: bool = False  # re-time as the op runs (eager and graph) instead of the first pass's GPU time

@@ -15,16 +15,13 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from tritune.tuning.errors import classify_exception, is_sticky, short_message
 from tritune.tuning.tunable import Tolerance
-from tritune.tuning.types import CheckResult, Config, Measurement, Status
-
-if TYPE_CHECKING:
-    from tritune.tuning.executor import BenchSettings, Task
+from tritune.tuning.types import BenchSettings, CheckResult, Config, Measurement, Status, Task
 
 _DEFAULT_L2_BYTES = 50 * 2**20
 _STICKY_EXIT_CODE = 3
