@@ -1,6 +1,7 @@
 """Search spaces: named parameter lists plus named constraints, pruned before anything is compiled.
 
-Each constraint has a name so the summary can say how many candidates each rule removed.
+Each constraint has a name so the summary can say how many candidates each rule removed. A `Param` says which
+values one parameter may take at all (checked when a user's list replaces a default one, before any work).
 """
 
 from __future__ import annotations
@@ -23,6 +24,43 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class Param:
+    """The values one parameter may take: one of `choices` (compared with their type, so JSON `true` is not 1),
+    else integers >= `least`, powers of two when `pow2` (tile sizes `tl.arange` and `tl.dot` take)."""
+
+    least: int = 1
+    pow2: bool = False
+    choices: tuple[Scalar, ...] = ()
+
+    def fault(self, value: object) -> str | None:
+        """Why `value` is not allowed ('must be a power of two >= 16'), None when it is."""
+        if self.choices:
+            if any(type(value) is type(c) and value == c for c in self.choices):
+                return None
+            return "must be one of " + ", ".join(json.dumps(c) for c in self.choices)
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if self.pow2 and not (whole and value >= self.least and value & (value - 1) == 0):
+            return f"must be a power of two >= {self.least}"
+        if not (whole and value >= self.least):
+            return f"must be an integer >= {self.least}"
+        return None
+
+
+BOOL = Param(choices=(False, True))
+
+
+def check_values(overrides: Mapping[str, Sequence[Scalar]], rules: Mapping[str, Param]) -> None:
+    """ValueError on the first unknown name or value `rules` does not allow: one line naming the key and value."""
+    unknown = sorted(set(overrides) - set(rules))
+    if unknown:
+        raise ValueError(f"unknown search-space parameter(s) {unknown}; known: {sorted(rules)}")
+    for name, values in overrides.items():
+        for value in values:
+            if (why := rules[name].fault(value)) is not None:
+                raise ValueError(f"{name} value {json.dumps(value)} {why}")
+
+
+@dataclass(frozen=True)
 class PruneResult:
     kept: list[Config]
     pruned: dict[str, int]  # constraint name -> configs it removed (first failing rule counts)
@@ -36,6 +74,7 @@ class PruneResult:
 class SearchSpace:
     params: Mapping[str, Sequence[Scalar]]
     constraints: tuple[Constraint, ...] = field(default=())
+    rules: Mapping[str, Param] | None = None  # what `with_params` lets replace each list; None: names only
 
     @property
     def size(self) -> int:
@@ -61,17 +100,21 @@ class SearchSpace:
         return PruneResult(kept, {k: v for k, v in pruned.items() if v})
 
     def with_params(self, overrides: Mapping[str, Sequence[Scalar]]) -> SearchSpace:
-        """Replace parameter lists (e.g. from --search-space); unknown names are an error."""
+        """Replace parameter lists (e.g. from --search-space); an unknown name, or a value `rules` does not allow,
+        is a ValueError."""
         unknown = sorted(set(overrides) - set(self.params))
         if unknown:
             raise ValueError(f"unknown search-space parameter(s) {unknown}; known: {sorted(self.params)}")
+        if self.rules is not None:
+            check_values(overrides, self.rules)
         merged = dict(self.params)
         merged.update({k: tuple(v) for k, v in overrides.items()})
-        return SearchSpace(merged, self.constraints)
+        return SearchSpace(merged, self.constraints, self.rules)
 
 
-def load_space_file(path: str | Path) -> dict[str, tuple[Scalar, ...]]:
-    """Read a JSON object {param: [values...]}; raise ValueError naming the file and the bad entry."""
+def load_space_file(path: str | Path, rules: Mapping[str, Param] | None = None) -> dict[str, tuple[Scalar, ...]]:
+    """Read a JSON object {param: [values...]} (a value listed twice is kept once); raise ValueError naming the
+    file and the bad entry. With `rules`, every name and value is checked against them here, before any work."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -88,5 +131,11 @@ def load_space_file(path: str | Path) -> dict[str, tuple[Scalar, ...]]:
         for value in values:
             if not isinstance(value, (int, float, str, bool)):
                 raise ValueError(f"{path}: parameter {name!r} has a non-scalar value {value!r}")
-        out[name] = tuple(values)
+        # Keyed with the type, so `true` and 1 (equal in Python) are two values, and a repeated one is kept once.
+        out[name] = tuple(v for _, v in dict.fromkeys((type(v), v) for v in values))
+    if rules is not None:
+        try:
+            check_values(out, rules)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     return out
