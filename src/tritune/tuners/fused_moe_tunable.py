@@ -22,7 +22,7 @@ from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.routing import sample_routing
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.space import Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
@@ -50,6 +50,17 @@ ONE_STAGE_SPACE: dict[str, tuple] = {
     "GROUP_SIZE_M": (1,),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+}
+# The values each parameter may take at all (`--search-space` is checked against them before any work; a name goes
+# to every space that has it): tiles are powers of two >= 16 (fm.check_config), num_warps a power of two.
+_TILE, _COUNT = Param(16, pow2=True), Param(1)
+STAGE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "GROUP_SIZE_M": _COUNT,
+    "num_warps": Param(1, pow2=True), "num_stages": _COUNT, "KSPLIT": _COUNT, "USE_TMA": Param(choices=(0, 1)),
+}
+ONE_STAGE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
+    "GROUP_SIZE_M": _COUNT, "num_warps": Param(1, pow2=True), "num_stages": _COUNT,
 }
 
 

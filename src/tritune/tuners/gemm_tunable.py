@@ -16,7 +16,7 @@ from tritune.knobs import interpreting
 from tritune.ops.gemm import gemm as op_gemm
 from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
@@ -41,6 +41,14 @@ FULL_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_N": (32, 64, 128, 256),
     "num_stages": (2, 3, 4, 5),
     "NUM_KSPLIT": (1, 2, 3, 4, 6, 8, 16),
+}
+# The values each parameter may take at all (a --search-space file is checked against them before any work): tiles
+# are powers of two >= 16 (tl.arange, tl.dot), num_warps a power of two; GROUP_SIZE_M, num_stages and NUM_KSPLIT any
+# integer >= 1; cache_modifier "" or ".cg" (the pruning rules know no other).
+SPACE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
+    "GROUP_SIZE_M": Param(1), "num_warps": Param(1, pow2=True), "num_stages": Param(1), "NUM_KSPLIT": Param(1),
+    "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL,
 }
 
 
@@ -137,7 +145,7 @@ class GemmTunable:
     max_mismatch_ratio: float = 1e-3
 
     def space(self, problem: GemmProblem, device: DeviceInfo) -> SearchSpace:
-        space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device))
+        space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES)
         return space.with_params(dict(self.space_params)) if self.space_params else space
 
     def make_inputs(self, problem: GemmProblem, device: torch.device, seed: int) -> dict:

@@ -35,7 +35,7 @@ from tritune.tuners.grouped_gemm_tuning import (
     uses_tma,
 )
 from tritune.tuning.device import DeviceInfo
-from tritune.tuning.space import Constraint, SearchSpace
+from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
 
@@ -71,6 +71,13 @@ INTERPRETER_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "num_warps": (4,), "num_stages": (2,),
     "flatten": (True,), "use_tma_load_a": (False,), "use_tma_load_b": (False,), "use_tma_store": (False,),
     "fuse_permute": (True, False),
+}
+# The values each parameter may take at all (a --search-space file is checked against them before any work): tiles
+# are powers of two >= 16 (tl.arange, tl.dot), num_warps a power of two, the flags true or false.
+SPACE_RULES: dict[str, Param] = {
+    "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
+    "num_warps": Param(1, pow2=True), "num_stages": Param(1), "flatten": BOOL, "use_tma_load_a": BOOL,
+    "use_tma_load_b": BOOL, "use_tma_store": BOOL, "fuse_permute": BOOL,
 }
 
 
@@ -292,7 +299,7 @@ class GroupedGemmTunable:
     space_params: tuple[tuple[str, tuple], ...] | None = None  # overrides (interpreter space, --search-space)
 
     def space(self, problem: GroupedGemmProblem, device: DeviceInfo) -> SearchSpace:
-        space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device))
+        space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES)
         return space.with_params(dict(self.space_params)) if self.space_params else space
 
     def make_inputs(self, problem: GroupedGemmProblem, device: torch.device, seed: int) -> dict:
