@@ -17,6 +17,7 @@ import torch
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, quantize_weights
+from tritune.kernels.fused_moe_1stage import fused_moe_1stage
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.quant import FP8, quantize_blocks, quantize_fp8, quantize_rows
@@ -133,7 +134,7 @@ def run_2stage(x: Moe, cfg1: MoeConfig, cfg2: MoeConfig, activation: str, doweig
 
 def run_1stage(x: Moe, cfg: MoeConfig, activation: str, doweight: bool) -> None:
     out = nan_like(x.dims.tokens, x.dims.model_dim)
-    assert fm.fused_moe_1stage(*x.args, cfg, out=out, **x.kw(activation, doweight)) is out
+    assert fused_moe_1stage(*x.args, cfg, out=out, **x.kw(activation, doweight)) is out
     # The 1-stage kernel keeps the intermediate in 16 bits on the fp8 paths.
     ref = fused_moe_reference(*x.args, **x.kw(activation, doweight), requantize_intermediate=False)
     assert_close(out, ref, x.quant)
@@ -246,7 +247,7 @@ def test_1stage_block_n_16_and_wide_block_d() -> None:
 
 def test_default_outputs_have_hidden_dtype_and_shape() -> None:
     x = make_moe()
-    for out in (fm.fused_moe_2stage(*x.args, SMALL, SMALL), fm.fused_moe_1stage(*x.args, ONE)):
+    for out in (fm.fused_moe_2stage(*x.args, SMALL, SMALL), fused_moe_1stage(*x.args, ONE)):
         assert out.shape == (BASE.tokens, BASE.model_dim) and out.dtype == torch.float16
 
 
@@ -371,9 +372,9 @@ def test_2stage_validation_errors(call: dict, message: str) -> None:
 def test_1stage_validates_like_2stage() -> None:
     q = make_moe(quant="per_1x128")
     with pytest.raises(ValueError, match="per_1x128 wants w2_scale"):
-        fm.fused_moe_1stage(*q.args, ONE, **(q.kw("silu", False) | {"w2_scale": None}))
+        fused_moe_1stage(*q.args, ONE, **(q.kw("silu", False) | {"w2_scale": None}))
     with pytest.raises(ValueError, match="1-stage has no TMA variant"):
-        fm.fused_moe_1stage(*q.args, dataclasses.replace(ONE, USE_TMA=1), **q.kw("silu", False))
+        fused_moe_1stage(*q.args, dataclasses.replace(ONE, USE_TMA=1), **q.kw("silu", False))
 
 
 def test_quantize_weights_rejects_none() -> None:

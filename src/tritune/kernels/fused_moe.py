@@ -503,17 +503,3 @@ def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     if out is None:
         out = torch.empty((hidden.shape[0], w2.shape[1]), device=hidden.device, dtype=hidden.dtype)
     return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
-
-
-_ELSEWHERE = {"fused_moe_1stage": "fused_moe_1stage", "MoeDims": "fused_moe_compile",
-              "compile_only": "fused_moe_compile", "MoeLaunch": "fused_moe_launch"}
-
-
-def __getattr__(name: str):
-    """The 1-stage kernel and the compile-only path live in their own modules (which import this one); they are
-    served from here on first use, so callers see one op module without an import cycle."""
-    if name in _ELSEWHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f"tritune.kernels.{_ELSEWHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ import torch
 import triton
 
 from tritune.kernels import fused_moe as fm
+from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.knobs import interpreting
@@ -82,9 +83,9 @@ class MoeProblem:
         return f"fused_moe:{self.kind}:{self.shape.key()}:skew={self.skew:g}{names}"
 
     @property
-    def dims(self) -> fm.MoeDims:
+    def dims(self) -> MoeDims:
         s = self.shape
-        return fm.MoeDims(s.token, s.topk, s.expert, s.model_dim, s.inter_dim, s.use_g1u1, DTYPES[s.dtype],
+        return MoeDims(s.token, s.topk, s.expert, s.model_dim, s.inter_dim, s.use_g1u1, DTYPES[s.dtype],
                           s.q_type, s.act_type, s.doweight_stage1)
 
 
@@ -275,7 +276,7 @@ class FusedMoeTunable:
     def compile(self, problem: MoeProblem, config: Config) -> None:
         if interpreting() or problem.kind == "e2e":
             return
-        fm.compile_only(problem.kind, problem.dims, config_of(config))
+        compile_only(problem.kind, problem.dims, config_of(config))
 
     def compile_key(self, problem: MoeProblem, config: Config) -> str:
         return f"{problem.key()}:{config.key()}"
