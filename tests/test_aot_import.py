@@ -217,7 +217,7 @@ def test_gemm_writes_shape_and_default_files_the_store_reads(tmp_path):
     config, where = store.lookup(SLUG, "BF16", 256, 4096, 4096)  # another shape: the voted device default
     assert config == expected and where.startswith(f"device default {default_file}")
 
-    doc = json.loads(shape_file.read_text())
+    doc = json.loads(shape_file.read_text())["tritune"]
     assert doc["provenance"] == {"name": DEVICE["name"], "sm_count": 132, "triton_version": TRITON, "source": "aot",
                                  "target": "cuda:90"}
     entry = doc["by_M"]["256"]

@@ -175,9 +175,10 @@ def test_tiny_run_writes_shape_and_default_files(tmp_path, small_space, capsys):
     shape = json.loads((out / SHAPE_FILE).read_text())
     default = json.loads((out / DEFAULT_FILE).read_text())
     for doc in (shape, default):
-        assert doc["kernel"] == "BF16"
-        assert set(doc["configs"]) == {"small", "any"}  # M=1 and M=17 are both "small"
-        assert doc["provenance"]["triton_version"] == triton.__version__
+        assert set(doc) == {"small", "any", "tritune"}  # M=1 and M=17 are both "small"
+        assert (doc["tritune"]["kernel"], doc["tritune"]["out_dtype"]) == ("BF16", "bf16")
+        assert doc["tritune"]["provenance"]["triton_version"] == triton.__version__
+    shape, default = shape["tritune"], default["tritune"]
     assert (shape["N"], shape["K"], sorted(shape["by_M"])) == (40, 48, ["1", "17"])
     assert shape["by_M"]["1"]["config"]["BLOCK_SIZE_M"] == 16  # 32 is pruned for M=1
     assert default["from_shapes"] == [{"N": 40, "K": 48}]

@@ -181,7 +181,7 @@ def test_gemm_first_call_tunes_persists_and_a_second_process_reuses_it(folder, m
     check_gemm()  # the first call tunes (the caller waits), then runs with the tuned config
     path = folder / SHAPE_FILE
     assert [c[0] for c in calls] == [online.GemmRequest("bf16", M, N, K, -1)] and calls[0][1:] == (folder, 60.0)
-    doc = json.loads(path.read_text())
+    doc = json.loads(path.read_text())["tritune"]
     assert sorted(doc["by_M"]) == [str(M)] and doc["provenance"]["name"] == DEVICE.name
     journal = folder / f"journal-{DEVICE.slug}.sqlite"
     rows = journal_rows(journal)

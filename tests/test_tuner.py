@@ -154,17 +154,18 @@ def test_shape_files_bucket_by_m_and_default_file_votes(two_shapes):
     docs = {name: json.loads((out / name).read_text()) for name in names}
     for name in names[:2]:
         doc = docs[name]
-        assert sorted(doc["by_M"], key=int) == ["1", "17"]
-        assert set(doc["configs"]) == {"small", "any"}  # 1 and 17 are both under 32
-        assert doc["configs"]["small"]["M"] == doc["configs"]["any"]["M"] == 17  # the largest M of each
-        assert doc["by_M"]["1"]["config"]["BLOCK_SIZE_M"] == 16  # the only config kept for M=1
+        by_M = doc["tritune"]["by_M"]
+        assert sorted(by_M, key=int) == ["1", "17"]
+        assert set(doc) == {"small", "any", "tritune"}  # 1 and 17 are both under 32
+        assert doc["small"] == doc["any"] == by_M["17"]["config"]  # the largest M of each
+        assert by_M["1"]["config"]["BLOCK_SIZE_M"] == 16  # the only config kept for M=1
     default = docs[names[2]]
-    assert default["from_shapes"] == [{"N": 24, "K": 40}, {"N": 40, "K": 48}]
-    assert set(default["configs"]) == {"small", "any"}
-    for bucket, rec in default["configs"].items():
-        ballots = [docs[name]["configs"][bucket]["config"] for name in names[:2]]
-        assert rec["shapes"] == 2
-        assert rec["config"] in ballots and rec["votes"] == ballots.count(rec["config"])
+    assert default["tritune"]["from_shapes"] == [{"N": 24, "K": 40}, {"N": 40, "K": 48}]
+    assert set(default) == {"small", "any", "tritune"}
+    for bucket, votes in default["tritune"]["votes"].items():
+        ballots = [docs[name][bucket] for name in names[:2]]
+        assert votes["shapes"] == 2
+        assert default[bucket] in ballots and votes["votes"] == ballots.count(default[bucket])
 
 
 # ---- finalists: re-timed as the op runs, ranked by the objective ------------------------------------------------

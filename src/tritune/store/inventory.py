@@ -123,7 +123,7 @@ def _groups(path: Path, kind: str, recorded: Iterable[Recorded], machine: Machin
 
 
 def _gemm(path: Path, kind: str, machine: Machine) -> list[Listed]:
-    recorded = Recorded.from_provenance(gemm_json.read_gemm_file(path)["provenance"])
+    recorded = gemm_json.load_gemm_file(path).recorded  # either layout
     status = compare(recorded, machine).status()
     parts = gemm_json.name_parts(path.name)
     return [Listed(path, kind, recorded.describe(), _named_for(parts[0], machine, status) if parts else status)]
