@@ -17,10 +17,10 @@ import pytest
 import torch
 from test_aot_spec import MOE_ARGDESCS, MOE_PARAMS, MOE_SPEC, expected_resolution, make_moe_bundle
 
-from tritune.aot.expr import ExprError, evaluate
 from tritune.aot.spec import RunSpec, SpecError, check_specialization, resolve
 from tritune.aot.tdat import TDAT_DTYPES, TdatError, write_tensor
 from tritune.aot.toolchain import CSRC_DIR, MAIN_SOURCES, ToolchainError, compile_executable, cuda_include_dir
+from tritune.expr import ExprError, evaluate
 
 ARTIFACT_ID = "moe_stage1_BM64_BN128_BK64_GM8_W4_S3"
 RESULT_KEYS = [

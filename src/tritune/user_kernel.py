@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from tritune import knobs
-from tritune.aot.expr import ExprError, evaluate
+from tritune.expr import ExprError, evaluate
 from tritune.store.provenance import running_machine
 from tritune.store.user_json import UserEntry, UserKernelStore, UserStoreError, now_iso
 from tritune.tuning.device import DeviceInfo, current_device
@@ -109,7 +109,7 @@ class UserKernel:
     space: param -> values; params are tl.constexpr parameters or launch options (num_warps, num_stages, num_ctas,
       maxnreg). key: argument names whose values form the key (every tensor argument's dtype is added).
     inputs(problem, device) -> every non-config argument (the caller seeds); reference(args) -> expected output.
-    output: the argument the kernel writes. grid: 1-3 `tritune.aot.expr` expressions over int/bool arguments and
+    output: the argument the kernel writes. grid: 1-3 `tritune.expr` expressions over int/bool arguments and
       config params, or grid(meta) -> tuple. constraints: rule name -> predicate(meta = scalar args ∪ config).
     tolerance: gate thresholds (default by output dtype). flops / bytes_moved: meta (problem and argument
       scalars) -> float. store: results file (default $TRITUNE_CONFIG_DIR/user_kernels/<name>.json, else
@@ -178,7 +178,7 @@ class UserKernel:
         """(integer names the grid reads, whether it reads tensors through numel/first); errors name the text."""
         if callable(self.grid):
             return (), True
-        from tritune.aot.expr import args_used, variables_used
+        from tritune.expr import args_used, variables_used
 
         if not 1 <= len(self.grid) <= 3:
             raise ValueError(f"{where}: grid needs 1 to 3 expressions, got {len(self.grid)}")

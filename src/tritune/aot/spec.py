@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritune.aot import expr
+from tritune import expr
 from tritune.aot.tdat import TensorHeader, first_element, read_header
 
 HEADER = "tritune-spec 1"

@@ -1,4 +1,5 @@
-"""The run spec's integer expressions (docs/AOT.md): a hand-written tokenizer and recursive-descent parser.
+"""The integer expression language of AOT run specs (docs/AOT.md) and user-kernel grids: a hand-written tokenizer
+and recursive-descent parser. A leaf: it imports nothing of tritune, so `aot/` and the user-kernel API both use it.
 
 `csrc/expr.c` evaluates the same language in the bundle's executables, so the semantics are pinned down
 here: 64-bit signed arithmetic (overflow is an error, not a wrap), floor `/` and `%` as Python's `//` and

@@ -1,10 +1,10 @@
-"""The run spec's expression language (tritune.aot.expr): precedence, floor semantics, functions, every error."""
+"""The expression language of run specs and grids (tritune.expr): precedence, floor semantics, functions, errors."""
 
 import random
 
 import pytest
 
-from tritune.aot.expr import (
+from tritune.expr import (
     INT64_MAX,
     INT64_MIN,
     MAX_DEPTH,
