@@ -25,6 +25,7 @@ from tritune.tuning.types import Config
 SRC = Path(__file__).resolve().parent.parent / "src"
 DEV = current_device()  # "cpu-interpreter" without a GPU
 PROV = DEV.provenance()
+SMS = "no GPU" if DEV.interpreter else f"{DEV.sm_count} SMs"  # how the listing names what the files record
 OTHER = "NVIDIA H200 (test)"
 OLD_TRITON = "2.0.0"  # never the running Triton
 SHAPE = FmoeShape(token=16, model_dim=256, inter_dim=128, expert=8, topk=2, act_type="silu", dtype="bf16",
@@ -45,7 +46,7 @@ def gemm_file(folder: Path, prov: dict, N: int = 40, K: int = 48) -> Path:
 
 
 def fmoe_row(device: str, token: int = 16) -> FmoeTuned:
-    return FmoeTuned(cu_num=DEV.sm_count, shape=SHAPE.with_token(token), block_m=16, ksplit=0, us1=1.0,
+    return FmoeTuned(cu_num=DEV.cu_num, shape=SHAPE.with_token(token), block_m=16, ksplit=0, us1=1.0,
                      kernelName1="k1", err1=0.0, us2=0.0, kernelName2="", err2=0.0, us=1.0, run_1stage=True,
                      tflops=1.0, bw=1.0, extra=(("device", device), ("triton", DEV.triton_version),
                                                 ("torch", DEV.torch_version)))
@@ -75,8 +76,8 @@ def test_every_kind_with_this_machines_provenance_is_used(good_dir, capsys):
     assert run_cli(["configs", "--check", str(good_dir)]) == 0
     out = capsys.readouterr().out
     triton = triton_minor(DEV.triton_version)
-    assert out.splitlines()[0] == f"this machine: {DEV.name} ({DEV.sm_count} SMs, Triton {triton})"
-    tuned_on = f"tuned on {DEV.name}, {DEV.sm_count} SMs, Triton {DEV.triton_version}, torch {DEV.torch_version}"
+    assert out.splitlines()[0] == f"this machine: {DEV.name} ({SMS}, Triton {triton})"
+    tuned_on = f"tuned on {DEV.name}, {SMS}, Triton {DEV.triton_version}, torch {DEV.torch_version}"
     kinds = ("gemm shape", "gemm default", "fused-moe csv, 2 rows", "grouped-gemm, 1 entry", "user kernel, 1 entry")
     for kind in kinds:
         assert f"    {kind}: {tuned_on} -> used\n" in out
@@ -91,7 +92,7 @@ def test_stale_triton_is_used_but_fails_the_check(good_dir, capsys):
     assert run_cli(["configs", "--check", str(good_dir)]) == 1
     out = capsys.readouterr().out
     status = f"used (Triton 2.0 != {triton_minor(DEV.triton_version)})"
-    assert f"{path}\n    gemm shape: tuned on {DEV.name}, {DEV.sm_count} SMs, Triton 2.0.0" in out
+    assert f"{path}\n    gemm shape: tuned on {DEV.name}, {SMS}, Triton 2.0.0" in out
     assert out.count(f"-> {status}\n") == 2  # once per run
     assert out.splitlines()[-1].endswith("5 used as is, 1 used with a warning, 0 skipped, 0 malformed")
 
@@ -104,8 +105,8 @@ def test_files_of_another_device_are_skipped(good_dir, capsys):
     assert f"{path}\n    gemm shape: tuned on {OTHER}, " in out
     assert f"-> skipped: tuned on {OTHER}, this is {DEV.name}\n" in out
     # The CSV: one item per (device, SMs, Triton, torch) group of rows, with its count.
-    assert f"    fused-moe csv, 2 rows: tuned on {DEV.name}, {DEV.sm_count} SMs" in out
-    assert f"    fused-moe csv, 1 row: tuned on {OTHER}, {DEV.sm_count} SMs" in out
+    assert f"    fused-moe csv, 2 rows: tuned on {DEV.name}, {SMS}" in out
+    assert f"    fused-moe csv, 1 row: tuned on {OTHER}, {SMS}" in out
     assert out.count(f"skipped: tuned on {OTHER}, this is {DEV.name}") == 2
 
 

@@ -75,14 +75,14 @@ def assert_consistent(row: FmoeTuned) -> None:
         kind2, cfg2 = MoeConfig.parse_name(row.kernelName2)
         assert (kind1, kind2) == ("stage1", "stage2") and cfg2.BLOCK_SIZE_M == cfg1.BLOCK_SIZE_M
         assert row.kernelName2 == cfg2.name(kind2, s.q_type, s.act_type)
-    assert row.us > 0 and row.cu_num == DEV.sm_count
+    assert row.us > 0 and row.cu_num == DEV.cu_num
     assert dict(row.extra)["device"] == DEV.name
 
 
 def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, capsys):
     inp = write_input(tmp_path / "untuned.csv", ROW_A)
     out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
-    other = fake_row(SHAPE_A, cu_num=DEV.sm_count + 1)  # same shape tuned on another GPU: kept, not a skip
+    other = fake_row(SHAPE_A, cu_num=DEV.cu_num + 1)  # same shape tuned on another GPU: kept, not a skip
     write_tuned(out, [other])
     code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--profile_file", str(profile), *ENGINE])
     captured = capsys.readouterr()
@@ -135,7 +135,7 @@ def test_last_tunes_only_the_last_row(tmp_path, capsys):
 def test_rows_already_tuned_are_skipped_and_all_retunes_them(tmp_path, capsys):
     inp = write_input(tmp_path / "untuned.csv", ROW_A)
     out = tmp_path / "tuned.csv"
-    write_tuned(out, [fake_row(SHAPE_A, cu_num=DEV.sm_count)])
+    write_tuned(out, [fake_row(SHAPE_A, cu_num=DEV.cu_num)])
     before = out.read_bytes()
 
     assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE]) == 0
@@ -148,14 +148,14 @@ def test_rows_already_tuned_are_skipped_and_all_retunes_them(tmp_path, capsys):
     assert code == 0, captured.err
     assert "skipped" not in captured.out and f"wrote 1 row(s) to {out}" in captured.out
     (row,) = read_tuned(out)  # replaced in place, not appended
-    assert row.shape == SHAPE_A and row != fake_row(SHAPE_A, cu_num=DEV.sm_count)
+    assert row.shape == SHAPE_A and row != fake_row(SHAPE_A, cu_num=DEV.cu_num)
     assert_consistent(row)
 
 
 def test_bad_value_in_input_names_file_row_and_column(tmp_path, capsys):
     inp = write_input(tmp_path / "untuned.csv", ROW_A, ROW_A.replace("ActivationType.Silu", "ActivationType.Relu"))
     out = tmp_path / "tuned.csv"
-    write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.sm_count)])
+    write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.cu_num)])
     before = out.read_bytes()
     assert run_cli(["moe", "-i", str(inp), "-o", str(out), *ENGINE]) == 2
     line = one_error_line(capsys)
@@ -199,7 +199,7 @@ def test_corrupt_output_fails_before_tuning(content, expected, tmp_path, capsys)
     inp = write_input(tmp_path / "untuned.csv", ROW_A)
     out = tmp_path / "tuned.csv"
     if content is None:
-        write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.sm_count)])
+        write_tuned(out, [fake_row(SHAPE_B, cu_num=DEV.cu_num)])
         content = out.read_text().replace(",5.00,False,", ",fast,False,")
         assert ",fast," in content
     out.write_text(content)

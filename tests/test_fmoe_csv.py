@@ -126,7 +126,7 @@ def test_untuned_bad_value_names_file_row_column_value(tmp_path, column, written
 
 
 TUNED_BAD = [
-    ("cu_num", "0", "integer >= 1"),  # no SMs
+    ("cu_num", "-1", "integer >= 0"),  # below 0 (0 is an interpreted row: no GPU)
     ("block_m", "abc", "integer >= 1"),
     ("ksplit", "-1", "integer >= 0"),
     ("us", "nan", "finite number >= 0"),  # not finite

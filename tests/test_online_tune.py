@@ -259,7 +259,7 @@ def test_fused_moe_first_call_tunes_persists_and_a_second_process_reuses_it(fold
     csv_path = folder / "tuned_fmoe.csv"
     assert len(calls) == 1 and calls[0][0].shape.token == T and calls[0][0].device == -1
     [row] = read_tuned(csv_path)
-    assert (row.shape.token, row.shape.model_dim, row.shape.inter_dim, row.cu_num) == (T, D, INTER, DEVICE.sm_count)
+    assert (row.shape.token, row.shape.model_dim, row.shape.inter_dim, row.cu_num) == (T, D, INTER, DEVICE.cu_num)
     assert choice.source == f"tuned: {csv_path}, row 1 (line 2)"
     # The file is one of those the op reads when TRITUNE_CONFIG_DIR is set, before the shipped ones.
     assert fmoe_csv.default_config_files()[0] == csv_path

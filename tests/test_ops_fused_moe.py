@@ -30,7 +30,7 @@ from tritune.tuning.device import current_device
 # tritune.ops.fused_moe is the op function (the package re-exports it); the module is this.
 op = importlib.import_module("tritune.ops.fused_moe")
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-CU = torch.cuda.get_device_properties(DEV).multi_processor_count if DEV.type == "cuda" else current_device().sm_count
+CU = torch.cuda.get_device_properties(DEV).multi_processor_count if DEV.type == "cuda" else current_device().cu_num
 # Odd sizes: D=40 is not a multiple of BLOCK_SIZE_K=32 (masked K), INTER=24 < BLOCK_SIZE_N=32 (masked N), 7 tokens.
 T, D, INTER, E, TOPK = 7, 40, 24, 5, 2
 # Small blocks, so the interpreter is quick; GROUP_SIZE_M 1 and 2 stages to be told apart from the heuristic.

@@ -84,7 +84,7 @@ def tune_fmoe_online(request: MoeRequest, folder: Path, budget_s: float) -> None
     output = folder / USER_FILE_NAME
     shape = request.shape
     with path_lock(output).acquire(timeout=_lock_wait(budget_s)):
-        if output.is_file() and any(row.cu_num == device.sm_count and row.shape.shape_key() == shape.shape_key()
+        if output.is_file() and any(row.cu_num == device.cu_num and row.shape.shape_key() == shape.shape_key()
                                     and dict(row.extra).get("device") == device.name for row in read_tuned(output)):
             return  # tuned while this process waited for the lock
         req = MoeTuneRequest(input=output, output=output)  # `input` is not read: the plan names the one row

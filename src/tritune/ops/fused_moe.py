@@ -140,7 +140,7 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
                                      shape.q_type, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
     table = default_table()
     rows, origins = [], {}
-    for row in table.rows_of(cu_num, shape, machine=machine):
+    for row in table.rows_of(machine.sm_count, shape, machine=machine):  # the cu_num rows record: 0 interpreted
         origin = table.origin(row)
         try:
             choice = _tuned_choice(row, origin)

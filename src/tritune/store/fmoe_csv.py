@@ -142,8 +142,9 @@ class FmoeTuned:
     Times in microseconds, err1/err2 as fractions (0.005 is written "0.5%"), bw in GB/s. A 1-stage winner has
     us2=0, kernelName2="", err2=0. `extra` holds provenance columns (name, value) in order; values become
     stripped str and empty ones are dropped, so a row reads back equal to what was written.
-    Construction checks every field (ValueError): cu_num, block_m >= 1; ksplit >= 0 (aiter writes 0 for "no
-    split"); floats finite and >= 0; kernelName1 non-empty.
+    Construction checks every field (ValueError): block_m >= 1; cu_num >= 0 (0: tuned by Triton's interpreter, no
+    GPU, so no GPU ever looks it up); ksplit >= 0 (aiter writes 0 for "no split"); floats finite and >= 0;
+    kernelName1 non-empty.
     """
 
     cu_num: int
@@ -164,8 +165,8 @@ class FmoeTuned:
 
     def __post_init__(self) -> None:
         _check(self, ("shape",), lambda v: isinstance(v, FmoeShape), "an FmoeShape")
-        _check(self, ("cu_num", "block_m"), _is_pos_int, "an integer >= 1")
-        _check(self, ("ksplit",), lambda v: v == 0 or _is_pos_int(v), "an integer >= 0")
+        _check(self, ("block_m",), _is_pos_int, "an integer >= 1")
+        _check(self, ("cu_num", "ksplit"), lambda v: v == 0 or _is_pos_int(v), "an integer >= 0")
         _check(self, _TUNED_FLOATS, _is_time, "a finite number >= 0")
         _check(self, ("kernelName1",), lambda v: isinstance(v, str) and v != "", "a kernel name")
         _check(self, ("kernelName2",), lambda v: isinstance(v, str), "a str ('' for a 1-stage winner)")
@@ -186,7 +187,8 @@ class FmoeTuned:
         return self.cu_num, self.shape
 
     def recorded(self) -> Recorded:
-        """The row's provenance: its `device`, `triton` and `torch` columns (when present) and its cu_num."""
+        """The row's provenance: its `device`, `triton` and `torch` columns (when present) and its cu_num (0 reads
+        as interpreted)."""
         extra = dict(self.extra)
         return Recorded(name=extra.get("device"), sm_count=self.cu_num, triton_version=extra.get("triton"),
                         torch_version=extra.get("torch"))
@@ -314,7 +316,8 @@ def _read_tuned_rows(path: Path) -> list[tuple[FmoeTuned, _Row]]:
     for row in rows:
         take = row.take
         tuned = FmoeTuned(
-            cu_num=take("cu_num", _pos_int), shape=_shape(row), block_m=take("block_m", _pos_int),
+            cu_num=take("cu_num", functools.partial(_pos_int, least=0)), shape=_shape(row),
+            block_m=take("block_m", _pos_int),
             ksplit=take("ksplit", functools.partial(_pos_int, least=0)), us1=take("us1", _number),
             kernelName1=take("kernelName1", _kernel_name), err1=take("err1", _err), us2=take("us2", _number),
             kernelName2=row.cells["kernelName2"], err2=take("err2", _err), us=take("us", _number),

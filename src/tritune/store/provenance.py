@@ -2,7 +2,8 @@
 (`Recorded`), the one policy comparing them (`compare`), and the once-per-process warning a lookup gives.
 
 Policy: another device name, another SM count, or interpreter-tuned vs GPU (either way) -> skipped; another
-Triton major.minor -> used, with a warning. Whatever the file did not record is not compared.
+Triton major.minor -> used, with a warning. Whatever the file did not record is not compared. An interpreted run
+records 0 SMs (no GPU ran), and 0 SMs is read as interpreted, so such a file never fits a GPU.
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ class Machine:
     """The machine a lookup serves: what `compare` holds a file's provenance against."""
 
     name: str  # DeviceInfo.name, e.g. "NVIDIA H100 80GB HBM3", or "cpu-interpreter"
-    sm_count: int
+    sm_count: int  # DeviceInfo.cu_num: 0 for the interpreter
     triton_version: str
     interpreter: bool = False
 
     def describe(self) -> str:
-        """'NVIDIA H100 80GB HBM3 (132 SMs, Triton 3.9)'."""
-        return f"{self.name} ({self.sm_count} SMs, Triton {triton_minor(self.triton_version)})"
+        """'NVIDIA H100 80GB HBM3 (132 SMs, Triton 3.9)', 'cpu-interpreter (no GPU, Triton 3.9)'."""
+        sms = "no GPU" if self.interpreter else f"{self.sm_count} SMs"
+        return f"{self.name} ({sms}, Triton {triton_minor(self.triton_version)})"
 
 
 def machine_of(info) -> Machine:
-    """The Machine of a `tritune.tuning.device.DeviceInfo` (or anything with its attribute names)."""
-    return Machine(info.name, info.sm_count, info.triton_version, bool(info.interpreter))
+    """The Machine of a `tritune.tuning.device.DeviceInfo` (or anything with its attribute names): the interpreter's
+    has 0 SMs, as its outputs record."""
+    interpreter = bool(info.interpreter)
+    return Machine(info.name, 0 if interpreter else info.sm_count, info.triton_version, interpreter)
 
 
 def running_machine(device_index: int | None = None) -> Machine:
@@ -80,8 +84,8 @@ class Recorded:
         Missing keys stay None; a present key of the wrong type is a ValueError naming it.
         """
         sm_count, interpreter = prov.get("sm_count"), prov.get("interpreter")
-        if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1):
-            raise ValueError(f"provenance sm_count={sm_count!r} is not a positive integer")
+        if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 0):
+            raise ValueError(f"provenance sm_count={sm_count!r} is not an integer >= 0 (0: no GPU)")
         if interpreter is not None and not isinstance(interpreter, bool):
             raise ValueError(f"provenance interpreter={interpreter!r} is not true/false")
         return Recorded(_text(prov, "name"), sm_count, _text(prov, "triton_version"), interpreter,
@@ -89,21 +93,28 @@ class Recorded:
 
     @property
     def by_interpreter(self) -> bool | None:
-        """Tuned through Triton's interpreter: the flag if recorded, else read from the device name."""
+        """Tuned through Triton's interpreter: the flag if recorded, else read from 0 SMs or the device name."""
         if self.interpreter is not None:
             return self.interpreter
+        if self.sm_count == 0:
+            return True
         return None if self.name is None else self.name == INTERPRETER_NAME
+
+    def _sms(self) -> str:
+        if self.sm_count is None:
+            return ""
+        return "no GPU" if self.sm_count == 0 else f"{self.sm_count} SMs"
 
     def describe(self) -> str:
         """'NVIDIA H200, 132 SMs, Triton 3.6.0, torch 2.11.0' (what is known), or 'no provenance recorded'."""
-        parts = [self.name or "", f"{self.sm_count} SMs" if self.sm_count else "",
+        parts = [self.name or "", self._sms(),
                  f"Triton {self.triton_version}" if self.triton_version else "",
                  f"torch {self.torch_version}" if self.torch_version else ""]
         return ", ".join(p for p in parts if p) or "no provenance recorded"
 
     def short(self) -> str:
         """'NVIDIA H200 (132 SMs, Triton 3.6)': the form a warning sets beside Machine.describe()."""
-        inside = [f"{self.sm_count} SMs" if self.sm_count else "",
+        inside = [self._sms(),
                   f"Triton {triton_minor(self.triton_version)}" if self.triton_version else ""]
         inside_text = ", ".join(p for p in inside if p)
         return (self.name or "an unnamed device") + (f" ({inside_text})" if inside_text else "")

@@ -92,7 +92,7 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
     existing = read_tuned(req.output) if req.output.exists() else []
     if req.last:
         shapes = shapes[-1:]
-    done = {t.shape for t in existing if t.cu_num == device.sm_count}
+    done = {t.shape for t in existing if t.cu_num == device.cu_num}
     todo, skipped = [], []
     for shape in dict.fromkeys(shapes):  # identical input rows are tuned once
         (skipped if shape in done and not req.retune_all else todo).append(shape)
@@ -142,7 +142,7 @@ def _tuned_row(shape: FmoeShape, choice: Choice, e2e: Measurement, tunable: Fuse
              ("us_eager", _us(e2e.eager_us)), ("us_graph", _us(e2e.graph_us)),
              ("objective", objective.value if math.isfinite(e2e.objective_time(objective)) else "gpu"))
     return FmoeTuned(
-        cu_num=device.sm_count, shape=shape, block_m=cfg1.BLOCK_SIZE_M, ksplit=ksplit,
+        cu_num=device.cu_num, shape=shape, block_m=cfg1.BLOCK_SIZE_M, ksplit=ksplit,
         us1=choice.us1, kernelName1=choice.names[0], err1=_finite(choice.err1),
         us2=choice.us2, kernelName2=choice.names[1], err2=_finite(choice.err2),
         us=e2e.time_us, run_1stage=choice.one_stage,

@@ -1,4 +1,5 @@
-"""Device identity and limits: what pruning reads and what every output file records as provenance."""
+"""Device identity and limits: what pruning reads and what every output file records as provenance; and what
+Triton's CPU interpreter (the stand-in without a GPU) can be expected to finish."""
 
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ from dataclasses import asdict, dataclass
 import torch
 import triton
 
-# Used when there is no GPU (interpreter runs): H100 SXM limits, so pruning behaves as it would there.
+# Used when there is no GPU (interpreter runs): H100 SXM limits, so pruning behaves as it would there. Outputs never
+# record them as the machine's (`DeviceInfo.cu_num`, `provenance()`): no GPU ran.
 _H100_LIMITS = dict(sm_count=132, capability=(9, 0), max_shared_mem=232448, regs_per_block=65536,
                     l2_bytes=50 * 1024 * 1024, warp_size=32)
+
+# The interpreter runs a kernel's programs one after another in Python over numpy blocks: about 5 ns per FLOP on
+# 32x32x32 tiles once a problem is past a few MFLOP (measured: 0.4 s for 2*128*512*512 FLOPs, 2.5 s for 2*256*1024**2;
+# Triton 3.9, one core), and every candidate is run warm-up + iters + 2 times. The shipped tiny examples are under
+# 0.5 MFLOP and 10^5 operand elements; the tuners refuse, without a GPU, problems beyond these limits unless the user
+# allows them (one call then takes over half a second, and operands beyond 2^24 elements take seconds to make).
+INTERPRETER_MAX_FLOPS = 2**27
+INTERPRETER_MAX_ELEMENTS = 2**24
+INTERPRETER_S_PER_FLOP = 5e-9
 
 
 @dataclass(frozen=True)
@@ -38,10 +49,18 @@ class DeviceInfo:
     def target(self) -> str:
         return f"cuda:{self.capability[0]}{self.capability[1]}"
 
+    @property
+    def cu_num(self) -> int:
+        """The SM count outputs record and lookups key on: 0 under the interpreter (no GPU ran; its `sm_count` is the
+        stand-in's, for pruning only), so an interpreted result can never match a GPU."""
+        return 0 if self.interpreter else self.sm_count
+
     def provenance(self) -> dict:
-        """The dict written into every result file."""
+        """The dict written into every result file: the interpreter's says sm_count 0 and capability "none"."""
         info = asdict(self)
         info["capability"] = f"{self.capability[0]}.{self.capability[1]}"
+        if self.interpreter:
+            info.update(sm_count=self.cu_num, capability="none")
         info["python_version"] = platform.python_version()
         return info
 
@@ -76,3 +95,14 @@ def current_device(index: int | None = None) -> DeviceInfo:
 
 def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def interpreter_cost_fault(flops: float, elements: float) -> str | None:
+    """Why a problem of `flops` per call and `elements` operand elements is beyond what the interpreter finishes in
+    reasonable time, with an estimate of one call ('about 40 s per interpreted call (8.6e+09 FLOPs; ...)'); None when
+    it is within INTERPRETER_MAX_FLOPS and INTERPRETER_MAX_ELEMENTS."""
+    if flops <= INTERPRETER_MAX_FLOPS and elements <= INTERPRETER_MAX_ELEMENTS:
+        return None
+    seconds = flops * INTERPRETER_S_PER_FLOP
+    return (f"about {seconds:.2g} s per interpreted call ({flops:.2g} FLOPs, {elements:.2g} operand elements; the "
+            f"interpreter's limits are {INTERPRETER_MAX_FLOPS:.2g} and {INTERPRETER_MAX_ELEMENTS:.2g})")
