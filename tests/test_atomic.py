@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,57 @@ def test_lock_is_reentrant_for_read_modify_write(tmp_path):
         atomic_write_text(path, "inside")  # takes the same lock again: must not deadlock
     assert path.read_text() == "inside"
     assert atomic.path_lock(path) is atomic.path_lock(tmp_path / "." / "x.txt")
+
+
+def test_locks_live_in_the_cache_folder_never_beside_the_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    atomic_write_json(out / "a.json", {"v": 1})
+    with atomic.path_lock(out / "b.csv"):
+        atomic_write_text(out / "b.csv", "x\n")
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.csv"]  # no .lock litter
+    locks = sorted(p.name for p in (tmp_path / "cache" / "locks").iterdir())
+    assert len(locks) == 2 and all(name.endswith(".lock") for name in locks)
+    assert atomic.lock_path(out / "a.json") != atomic.lock_path(tmp_path / "a.json")  # same name, other file
+    (tmp_path / "link").symlink_to(out)
+    assert atomic.lock_path(tmp_path / "link" / "a.json") == atomic.lock_path(out / "a.json")  # one file, one lock
+
+
+def test_lock_folder_falls_back_to_tmp_when_the_cache_cannot_be_made(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TRITUNE_CACHE_DIR", str(tmp_path / "file" / "cache"))  # under a file: mkdir fails
+    assert atomic.lock_folder().parent == Path(tempfile.gettempdir())
+
+
+@pytest.mark.parametrize(("make", "target", "folder", "expected"), [
+    ("file", "x/out.csv", False, "x is a file, not a folder"),  # a regular file where a folder must be
+    ("file", "x/deeper/out.csv", False, "x is a file, not a folder"),  # ... further up
+    ("dir", "x", False, "it is a folder"),  # -o names a folder, a file is needed
+    ("file", "x", True, "it is a file"),  # -o names a file, a folder is needed
+    ("file", "x/sub", True, "x is a file, not a folder"),
+])
+def test_check_writable_names_the_path_and_the_reason(make, target, folder, expected, tmp_path):
+    (tmp_path / "x").mkdir() if make == "dir" else (tmp_path / "x").write_text("")
+    with pytest.raises(ValueError) as info:
+        atomic.check_writable(tmp_path / target, folder=folder)
+    assert str(tmp_path / target) in str(info.value) and expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_check_writable_accepts_new_and_existing_paths(tmp_path):
+    (tmp_path / "old.csv").write_text("")
+    for target, folder in (("old.csv", False), ("new/deep/out.csv", False), (".", True), ("new/dir", True)):
+        atomic.check_writable(tmp_path / target, folder=folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]  # nothing created
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_check_writable_refuses_a_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="no write permission"):
+            atomic.check_writable(ro / "out.csv")
+    finally:
+        ro.chmod(0o700)

@@ -1,13 +1,16 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of one; a crash keeps the old.
 
-Writers of the same path serialise on `<path>.lock` (a filelock), shared between processes and threads.
+Writers of the same path serialise on a filelock shared between processes and threads, kept in one folder of the
+user's cache (never beside the output); `check_writable` tells, before any work, whether an output can be written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -15,22 +18,72 @@ from typing import Any
 
 from filelock import FileLock
 
+from tritune import knobs
+
 _LOCKS: dict[str, FileLock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
-def path_lock(path: Path) -> FileLock:
-    """The lock guarding writes to `path` (file `<path>.lock`, left in place on release).
+def lock_folder() -> Path:
+    """Where every path lock lives: `<TRITUNE_CACHE_DIR>/locks` (default ~/.cache/tritune/locks), created on use;
+    `<tmp>/tritune-locks-<uid>` when that cannot be created (a read-only home)."""
+    folder = knobs.cache_dir() / "locks"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"tritune-locks-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
-    One FileLock object per path per process, so it is re-entrant: a read-modify-write may hold it around
-    `atomic_write_text`, which takes it again, without deadlocking on itself.
+
+def lock_path(path: Path) -> Path:
+    """The lock file of `path`: named by its file name and a hash of its resolved absolute path (symlinks and
+    relative spellings of one file share a lock), in `lock_folder()`. The empty lock file stays there after release:
+    deleting a lock file another process may be waiting on would let two writers in at once."""
+    resolved = str(Path(path).resolve())
+    digest = hashlib.sha256(resolved.encode()).hexdigest()[:16]
+    return lock_folder() / f"{Path(path).name[:80]}.{digest}.lock"
+
+
+def path_lock(path: Path) -> FileLock:
+    """The lock guarding writes to `path` (see `lock_path`; nothing is created beside `path`).
+
+    One FileLock object per lock file per process, so it is re-entrant: a read-modify-write may hold it around
+    `atomic_write_text`, which takes it again, without deadlocking on itself. Processes share it when they share a
+    TRITUNE_CACHE_DIR (the default: every process of one user on one machine).
     """
-    key = str(Path(path).absolute())
+    key = str(lock_path(path))
     with _LOCKS_GUARD:
         lock = _LOCKS.get(key)
         if lock is None:
-            lock = _LOCKS[key] = FileLock(key + ".lock")
+            lock = _LOCKS[key] = FileLock(key)
         return lock
+
+
+def check_writable(path: Path, *, folder: bool = False) -> None:
+    """ValueError (one line naming `path`) unless `path` can be written as a file (or, with `folder`, used as a
+    folder to write in): not a folder where a file must be (or the reverse), no file where a parent folder must be,
+    write permission where the file (or a missing folder) would be made. Creates nothing; what it cannot foresee
+    (a full disk) still fails when written."""
+    path = Path(path)
+    what = "folder" if folder else "file"
+    if path.exists():
+        if folder != path.is_dir():
+            raise ValueError(f"cannot write the output {what} {path}: it is {'a file' if folder else 'a folder'}")
+        writable = os.access(path, os.W_OK | os.X_OK) if folder else os.access(path.parent, os.W_OK | os.X_OK)
+        if not writable:
+            raise ValueError(f"cannot write the output {what} {path}: no write permission in "
+                             f"{path if folder else path.parent}")
+        return
+    parent = path.parent
+    while not parent.exists():  # the first existing ancestor: the missing folders would be made in it
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"cannot write the output {what} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write the output {what} {path}: no write permission in {parent}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
