@@ -70,6 +70,7 @@ def assert_untouched(out: Path) -> None:
     (["--kernel", "bf16", "--n", "forty", "--k", "48", "--m", "1"], ["--n", "'forty'"]),  # argparse type error
     (["--kernel", "bf16", *GOOD, "--objective", "gpu"], ["--objective", "invalid choice: 'gpu'", "eager"]),
     (["--kernel", "bf16", *GOOD, "--finalists", "two"], ["--finalists", "'two'"]),
+    (["--kernel", "bf16", *GOOD, "--out-dtype", "fp32"], ["--out-dtype", "invalid choice: 'fp32'", "fp16"]),
 ])
 def test_bad_flags_fail_on_one_line(flags, expected, out_dir, capsys):
     assert run_cli(["gemm", *flags, "-o", str(out_dir), "--no-progress"]) == 2
@@ -185,6 +186,21 @@ def test_tiny_run_writes_shape_and_default_files(tmp_path, small_space, capsys):
     for entry in shape["by_M"].values():  # each winner also timed as the op runs: eager and (on the CPU) eager again
         assert entry["time_us"] > 0 and entry["eager_us"] > 0 and entry["graph_us"] > 0
     assert "eager us" in captured.out and "graph us" in captured.out
+
+
+def test_out_dtype_fp16_run_writes_its_own_files(tmp_path, small_space, capsys):
+    out = tmp_path / "out"
+    code = main(["gemm", "--kernel", "bf16", "--dtype", "fp16", "--out-dtype", "fp16", "--n", "40", "--k", "48",
+                 "--m", "17", "-o", str(out), "--search-space", str(small_space), "--iters", "2", "--warmup", "1",
+                 "--finalists", "0", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    shape_file, default_file = f"{SLUG}-GEMM-BF16-OUT_FP16-N=40-K=48.json", f"{SLUG}-GEMM-BF16-OUT_FP16.json"
+    assert {p.name for p in out.glob("*.json")} == {shape_file, default_file}  # the bf16-output names untouched
+    for name in (shape_file, default_file):
+        meta = json.loads((out / name).read_text())["tritune"]
+        assert (meta["kernel"], meta["out_dtype"]) == ("BF16", "fp16")
+    assert "gemm:bf16:fp16:out=fp16:M=17:N=40:K=48" in captured.out  # the problem key carries it too
 
 
 @pytest.mark.parametrize(("flags", "objective", "finalists"), [

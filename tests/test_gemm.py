@@ -212,6 +212,37 @@ def test_out_in_fp16() -> None:
     torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize(
+    ("cfg"),
+    [
+        SMALL,  # one launch stores C from the fp32 accumulator
+        gk.GemmConfig(16, 32, 32, 8, 4, 2, NUM_KSPLIT=3),  # the split-K reduce kernel stores C
+        gk.GemmConfig(16, 32, 32, 8, 4, 2, PERSISTENT_TMA=True),  # a TMA descriptor of an fp16 C stores it
+    ],
+    ids=["grid", "split-k", "tma"],
+)
+@pytest.mark.parametrize(("kernel", "dtype"), ONE_PER_KERNEL, ids=ONE_PER_KERNEL_IDS)
+def test_out_dtype_fp16(kernel: str, dtype: torch.dtype, cfg: gk.GemmConfig) -> None:
+    ops = _operands(kernel, 37, 56, 144, dtype)  # 16-byte rows in fp16 for TMA; M and N edge tiles
+    out = gk.gemm(kernel, ops["a"], ops["b"], cfg, a_scale=ops["a_scale"], b_scale=ops["b_scale"],
+                  out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and out.shape == (37, 56)
+    ref = _reference(kernel, ops)
+    # fp16 keeps 11 mantissa bits: one rounding of the fp32 result, 2^-11 relative. bf16's 2^-9 fails this, so a C
+    # rounded through bf16 on the way would too.
+    atol = 1e-3 * ref.abs().max().item()
+    torch.testing.assert_close(out.float(), ref, rtol=1e-3, atol=atol)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(ref.bfloat16().float(), ref, rtol=1e-3, atol=atol)
+
+
+def test_out_dtype_must_be_bf16_or_fp16() -> None:
+    ops = _operands("bf16", 8, 16, 32)
+    with pytest.raises(ValueError, match="output dtype torch.float32 is not one of"):
+        gk.gemm("bf16", ops["a"], ops["b"], SMALL, out_dtype=torch.float32)
+    assert gk.out_dtype_name(torch.float16) == "fp16" and gk.OUT_DTYPES["bf16"] == torch.bfloat16
+
+
 def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) -> tuple[str, dict, gk.GemmConfig]:
     """Valid small operands for `kernel`, with `changes` replacing operands or (key "cfg") the config."""
     cfg = changes.pop("cfg", SMALL)

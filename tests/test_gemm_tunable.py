@@ -160,6 +160,7 @@ def test_space_override() -> None:
         (dict(kernel="bf16", M=0, N=64, K=64), "M, N, K must be >= 1, got M=0 N=64 K=64"),
         (dict(kernel="bf16", M=16, N=64, K=-1), "got M=16 N=64 K=-1"),
         (dict(kernel="bf16", M=16, N=64, K=64, dtype="fp8"), "unknown dtype 'fp8'"),
+        (dict(kernel="bf16", M=16, N=64, K=64, out_dtype="fp32"), "unknown out_dtype 'fp32'"),
     ],
 )
 def test_problem_rejects(kwargs: dict, message: str) -> None:
@@ -176,6 +177,13 @@ def test_problem_key() -> None:
     assert GemmProblem("bf16", 16, 32, 64, "fp16").key() == "gemm:bf16:fp16:M=16:N=32:K=64"
     assert GemmProblem("bf16", 16, 32, 64).key() != GemmProblem("bf16", 16, 64, 32).key()
     assert GemmProblem("a8w8_blockscale", 1, 2, 3).tag == "A8W8_BLOCKSCALE"
+    # C's dtype: bf16 keys stay as they were (journals resume), fp16 ones differ; one tag, two file families.
+    fp16_out = GemmProblem("a8w8", 16, 32, 64, out_dtype="fp16")
+    assert fp16_out.key() == "gemm:a8w8:fp8e4m3:out=fp16:M=16:N=32:K=64" and fp16_out.tag == "A8W8"
+    assert GemmProblem("a8w8", 16, 32, 64, out_dtype="bf16").key() == GemmProblem("a8w8", 16, 32, 64).key()
+    config = Config.of(BLOCK_SIZE_M=16)
+    assert GemmTunable().compile_key(fp16_out, config) != GemmTunable().compile_key(GemmProblem("a8w8", 1, 32, 64),
+                                                                                    config)  # C's type is compiled in
 
 
 PROBLEMS = [GemmProblem("bf16", 37, 53, 131, "fp16"), GemmProblem("bf16", 37, 53, 131, "fp32"),
@@ -232,9 +240,10 @@ def test_flops_and_bytes_moved() -> None:
     assert tunable.bytes_moved(GemmProblem("a8w8_blockscale", M, N, K)) == 87_283 + 22_200 + 4 * (111 + 9) == 109_963
 
 
-def test_launcher_runs_kept_configs() -> None:
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp16"])
+def test_launcher_runs_kept_configs(out_dtype: str) -> None:
     # A few configs the default space keeps for an odd shape, through the tunable's own launcher and gate.
-    problem = GemmProblem("bf16", 37, 53, 131, "fp16")
+    problem = GemmProblem("bf16", 37, 53, 131, "fp16", out_dtype)
     tunable = GemmTunable()
     kept = tunable.space(problem, DEV).prune().kept
     picks = {(c["NUM_KSPLIT"], c["BLOCK_SIZE_K"]): c for c in kept}
@@ -243,6 +252,7 @@ def test_launcher_runs_kept_configs() -> None:
     ref = tunable.reference(problem, inputs)
     for config in picks.values():
         out = tunable.alloc_output(problem, inputs)
+        assert out.dtype == gk.OUT_DTYPES[out_dtype]
         poison(out)
         tunable.launcher(problem, inputs, config, out)()
         result = check_output(out, ref, tunable.tolerance(problem))

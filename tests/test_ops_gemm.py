@@ -127,3 +127,42 @@ def test_gemm_op_uses_the_looked_up_config_and_is_correct(M, N, K, config_dir, m
     assert used[0] in (SHAPE_CFG, heuristic_config("bf16", M, N, K, DEVICE.sm_count))
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
     torch.testing.assert_close(out.float(), gk.gemm_reference("bf16", a, b), atol=1e-2, rtol=1e-2)
+
+
+def test_fp16_output_reads_the_fp16_tunes_only(config_dir, monkeypatch):
+    """An fp16 C (out_dtype or an fp16 `out`) is served by the -OUT_FP16 shape file, a bf16 C by the bf16 one."""
+    prov, M, N, K = DEVICE.provenance(), 17, 40, 48
+    bf16 = write_shape_file(config_dir, prov, "BF16", N, K, {M: entry(M, SHAPE_CFG)}, device_slug=DEVICE.slug)
+    fp16 = write_shape_file(config_dir, prov, "BF16", N, K, {M: entry(M, OTHER_CFG)}, device_slug=DEVICE.slug,
+                            out_dtype="fp16")
+    assert fp16.name.endswith("-GEMM-BF16-OUT_FP16-N=40-K=48.json")
+    assert select_config("bf16", M, N, K, TORCH_DEVICE) == (SHAPE_CFG, f"shape file {bf16}: tuned M={M}")
+    assert select_config("bf16", M, N, K, TORCH_DEVICE, torch.float16) == (OTHER_CFG, f"shape file {fp16}: tuned M={M}")
+    used = []
+    real = gk.GemmLaunch
+
+    def spy(kernel, a, b, a_scale, b_scale, out, cfg):
+        used.append((out.dtype, cfg))
+        return real(kernel, a, b, a_scale, b_scale, out, cfg)
+
+    monkeypatch.setattr(gk, "GemmLaunch", spy)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(M, K, generator=gen).to(TORCH_DEVICE, torch.float16)  # fp16 operands: see the test above
+    b = (torch.randn(N, K, generator=gen) / K**0.5).to(TORCH_DEVICE, torch.float16)
+    ref = gk.gemm_reference("bf16", a, b)
+    out = gemm(a, b, out_dtype=torch.float16)
+    assert out.dtype == torch.float16 and used == [(torch.float16, OTHER_CFG)]
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+    given = torch.empty(M, N, device=TORCH_DEVICE, dtype=torch.float16)
+    assert gemm(a, b, out=given) is given and used[-1] == (torch.float16, OTHER_CFG)  # an fp16 `out` alike
+    assert gemm(a, b).dtype == torch.bfloat16 and used[-1] == (torch.bfloat16, SHAPE_CFG)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(out_dtype=torch.float32), "out_dtype must be torch.bfloat16 or torch.float16"),
+    (dict(out=torch.empty(4, 8, dtype=torch.bfloat16), out_dtype=torch.float16), "out is torch.bfloat16 but"),
+])
+def test_out_dtype_errors(kwargs, message, config_dir):
+    a, b = torch.zeros(4, 16, dtype=torch.float16), torch.zeros(8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match=message):
+        gemm(a, b, **kwargs)

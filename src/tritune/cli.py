@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--k", type=_positive_int)
     g.add_argument("--shapes", type=Path, help="CSV file with header M,N,K (M a quoted list) instead of --m/--n/--k")
     g.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="operands of the bf16 kernel")
+    g.add_argument("--out-dtype", default="bf16", choices=("bf16", "fp16"),
+                   help="C's dtype; fp16 tunes go to their own files, {device}-GEMM-{TAG}-OUT_FP16-N=..-K=...json")
     g.add_argument("--atol", type=float, default=1e-2)
     g.add_argument("--rtol", type=float, default=1e-2)
     g.add_argument("--err-ratio", type=float, default=1e-3, help="fraction of elements allowed outside atol/rtol")
@@ -206,7 +208,7 @@ def _gemm(args: argparse.Namespace) -> int:
                 return _fail("give --m, --n and --k (or --shapes FILE)")
             shapes = (GemmShape(parse_m_list(args.m), args.n, args.k),)
         req = GemmTuneRequest(args.kernel, shapes, args.output, args.dtype, args.atol, args.rtol, args.err_ratio,
-                              args.search_space)
+                              args.search_space, out_dtype=args.out_dtype)
     except ValueError as exc:
         return _fail(str(exc))
     return _run_gemm(req, args)

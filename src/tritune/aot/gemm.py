@@ -63,6 +63,8 @@ def gemm_plans(bundle: Path, problem: GemmProblem, device: DeviceInfo, *, space:
                configs: list[dict] | None = None, seed: int = 0) -> list[KernelPlan]:
     if problem.kernel != "bf16":
         raise ValueError(f"aot: GEMM kernel {problem.kernel!r} is not supported ahead of time (bf16/fp16 only)")
+    if problem.out_dtype != "bf16":  # the bundle's expected C and the imported files are bf16-output
+        raise ValueError(f"aot: GEMM output dtype {problem.out_dtype!r} is not supported ahead of time (bf16 only)")
     chosen = [aot_params(c) for c in configs] if configs else gemm_configs(problem, device, space)
     if not chosen:
         raise ValueError(f"aot: no GEMM config survives pruning for {shape_tag(problem)}")

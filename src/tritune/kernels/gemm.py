@@ -1,4 +1,4 @@
-"""Triton GEMM kernels: C = A · Bᵀ (A is M×K, B is N×K, C bf16) in three flavours, with split-K.
+"""Triton GEMM kernels: C = A · Bᵀ (A is M×K, B is N×K, C bf16 or fp16) in three flavours, with split-K.
 
 - bf16/fp16 operands;
 - a8w8: fp8 e4m3 operands, per-token scales for A (M) and per-channel scales for B (N);
@@ -23,7 +23,16 @@ SCALE_BLOCK = 128  # block size of the block-scaled format, along K for A and al
 
 KERNELS = ("bf16", "a8w8", "a8w8_blockscale")
 TAGS = {"bf16": "BF16", "a8w8": "A8W8", "a8w8_blockscale": "A8W8_BLOCKSCALE"}  # in tuned file names
+OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # C's dtypes the tuners and ops choose between
 _QUANT_OF = {"bf16": QUANT_NONE, "a8w8": QUANT_PER_TOKEN, "a8w8_blockscale": QUANT_BLOCK}
+
+
+def out_dtype_name(dtype: torch.dtype) -> str:
+    """'bf16' or 'fp16' for C's dtype; ValueError for any other."""
+    for name, dt in OUT_DTYPES.items():
+        if dt == dtype:
+            return name
+    raise ValueError(f"output dtype {dtype} is not one of {', '.join(map(str, OUT_DTYPES.values()))}")
 
 
 @dataclass(frozen=True)
@@ -376,15 +385,16 @@ def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, 
 
 def gemm(kernel: str, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig, *, a_scale: torch.Tensor | None = None,
          b_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-         workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """C[M, N] = A[M, K] · B[N, K]ᵀ (scaled for the fp8 kernels), written as bf16 unless `out` says otherwise.
+         workspace: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """C[M, N] = A[M, K] · B[N, K]ᵀ (scaled for the fp8 kernels), written in `out`'s dtype, else as `out_dtype`
+    (bf16 or fp16; the fp32 accumulator is rounded once, at the store).
 
     Binds the launch afresh on every call (the ops cache a `GemmLaunch` per call signature instead).
     `workspace` (fp32, ≥ NUM_KSPLIT·M·N elements) may be passed to avoid an allocation per split-K call.
     """
     validate(kernel, a, b, a_scale, b_scale, cfg)
     if out is None:
-        out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=torch.bfloat16)
+        out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=OUT_DTYPES[out_dtype_name(out_dtype)])
     launch = GemmLaunch(kernel, a, b, a_scale, b_scale, out, cfg)
     if workspace is not None and cfg.NUM_KSPLIT > 1:
         need = cfg.NUM_KSPLIT * launch.M * launch.N
@@ -411,8 +421,10 @@ def gemm_reference(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch
     return af @ bf.T
 
 
-def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Compile the kernel(s) this launch would use, without a GPU tensor or a launch.
+def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: torch.dtype = torch.bfloat16,
+                 out_dtype: torch.dtype = torch.bfloat16) -> None:
+    """Compile the kernel(s) this launch would use, without a GPU tensor or a launch. `dtype`: the bf16 kernel's
+    operands; `out_dtype`: C's.
 
     Pointers are passed as dtypes (Triton's warm-up mock tensors, 16-byte aligned like real allocations) and the
     integer arguments take the real values, so the binary lands in Triton's cache under the key the real launch
@@ -434,7 +446,7 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
             return TensorDescriptor(MockTensor(dt), [rows, cols], [cols, 1], block)
 
         _gemm_tma_persistent_kernel.warmup(
-            desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(torch.bfloat16, M, N, [bm, bn]),
+            desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(out_dtype, M, N, [bm, bn]),
             scale_dtype, scale_dtype, M, N, K, s_a, s_b,
             QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
             NUM_SMS=_num_sms(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE,
@@ -443,12 +455,12 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
         return
     split = cfg.NUM_KSPLIT > 1
     _gemm_kernel.warmup(
-        in_dtype, in_dtype, f32 if split else torch.bfloat16, scale_dtype, scale_dtype,
+        in_dtype, in_dtype, f32 if split else out_dtype, scale_dtype, scale_dtype,
         M, N, K, k_per_split(K, cfg), K, K, N, M * N if split else 0, s_a, s_b,
         QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT, EVEN_K=K % bk == 0,
         CACHE_MODIFIER=cfg.cache_modifier, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
     )
     if split:
-        _splitk_reduce_kernel.warmup(f32, torch.bfloat16, M, N, M * N, NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=1024,
+        _splitk_reduce_kernel.warmup(f32, out_dtype, M, N, M * N, NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=1024,
                                      num_warps=4, grid=(1,))

@@ -9,6 +9,10 @@ used at run time: the rule table, calibrated on the tuned files, serves shapes n
 Off the tuned grid (`ops.offgrid.choose_gemm_offgrid`): every config tuned at the nearest M below and above is
 scaled by `ops.cost_model` (tiles, waves, bytes) from the M it was measured at to the asked M, its launches' host
 cost added, and the rule-table config competes on its model estimate; the least estimated time wins.
+
+C is bf16 unless `out_dtype=torch.float16` (or an fp16 `out`): an fp16 C is served by the fp16-output tunes
+(`...-GEMM-<TAG>-OUT_FP16-N=..-K=...json`), never by the bf16 ones; an `out` of any other dtype by the bf16 ones.
+Only bf16-output misses are tuned online (TRITUNE_ONLINE_TUNE).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def _device_facts(index: int) -> tuple[str, int, int, tuple[int, int], Machine]:
         index if index >= 0 else None)
 
 
-# (kernel, M, N, K, device) -> (config, source): the hot path of an op is one dict lookup.
+# (kernel, M, N, K, device, output dtype name) -> (config, source): the hot path of an op is one dict lookup.
 _SELECTED: dict[tuple, tuple[gk.GemmConfig, str]] = {}
 
 
@@ -55,22 +59,30 @@ def reload_configs() -> None:
     _reload_store()
 
 
-def select_config(kernel: str, M: int, N: int, K: int, device: torch.device) -> tuple[gk.GemmConfig, str]:
-    """The config an op will use and where it came from (a file and bucket, or 'heuristic')."""
-    key = (kernel, M, N, K, device)
+def _out_name(dtype: torch.dtype) -> str:
+    """The output dtype whose tunes serve a C of `dtype`: fp16's for fp16, bf16's for any other."""
+    return "fp16" if dtype == torch.float16 else "bf16"
+
+
+def select_config(kernel: str, M: int, N: int, K: int, device: torch.device,
+                  out_dtype: torch.dtype = torch.bfloat16) -> tuple[gk.GemmConfig, str]:
+    """The config an op writing C in `out_dtype` will use and where it came from (a file and bucket, or
+    'heuristic')."""
+    out = _out_name(out_dtype)
+    key = (kernel, M, N, K, device, out)
     found = _SELECTED.get(key)
     if found is None:
-        found = _SELECTED[key] = _select(kernel, M, N, K, device)
+        found = _SELECTED[key] = _select(kernel, M, N, K, device, out)
     return found
 
 
-def _select(kernel: str, M: int, N: int, K: int, device: torch.device,
+def _select(kernel: str, M: int, N: int, K: int, device: torch.device, out: str = "bf16",
             online: bool = True) -> tuple[gk.GemmConfig, str]:
     index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" \
         else -1
     slug, sms, max_shared, capability, machine = _device_facts(index)
     rule = gemm_heuristic(kernel, M, N, K, sms, max_shared, capability=capability)
-    found = default_store().shape_entries(slug, gk.TAGS[kernel], N, K, machine=machine)
+    found = default_store().shape_entries(slug, gk.TAGS[kernel], N, K, machine=machine, out_dtype=out)
     if found is not None:
         path, by_M = found
         entries = {m: (gk.GemmConfig.from_params(e.config.as_dict()), e.time_us)
@@ -78,9 +90,10 @@ def _select(kernel: str, M: int, N: int, K: int, device: torch.device,
         if entries:
             config, why = choose_gemm_offgrid(kernel, M, N, K, entries, sms, heuristic=rule)
             return config, f"shape file {path}: {why}"
-    if online and maybe_tune("gemm", GemmRequest(kernel, M, N, K, index)):  # TRITUNE_ONLINE_TUNE=1 tuned it
+    # TRITUNE_ONLINE_TUNE=1 tunes a miss; its requests (and files) are bf16-output only.
+    if online and out == "bf16" and maybe_tune("gemm", GemmRequest(kernel, M, N, K, index)):
         reload_configs()
-        return _select(kernel, M, N, K, device, online=False)
+        return _select(kernel, M, N, K, device, out, online=False)
     return rule, "heuristic"
 
 
@@ -98,7 +111,7 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     M, K = a.shape
     N = b.shape[0]
     if config is None:
-        config, _ = select_config(kernel, M, N, K, a.device)
+        config, _ = select_config(kernel, M, N, K, a.device, out.dtype)
     if config.PERSISTENT_TMA and not gk.tma_compatible(a, b, out):
         config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False})
     if len(_PLANS) >= _PLANS_MAX:
@@ -109,15 +122,22 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
 
 
-def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config) -> torch.Tensor:
+_OUT_DTYPES = frozenset(gk.OUT_DTYPES.values())
+
+
+def _run(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out, config,
+         out_dtype: torch.dtype | None) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"A and B must be 2-D, got A{tuple(a.shape)} B{tuple(b.shape)}")
     device = a.device
-    fresh = out is None
-    if fresh:
-        out = torch.empty(a.shape[0], b.shape[0], device=device, dtype=torch.bfloat16)
-        out_key = None
+    if out is None:
+        out_key = torch.bfloat16 if out_dtype is None else out_dtype
+        if out_key not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+        out = torch.empty(a.shape[0], b.shape[0], device=device, dtype=out_key)
     else:
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise ValueError(f"out is {out.dtype} but out_dtype is {out_dtype}")
         out_key = (out.shape, out.stride(), out.dtype, out.device)
     pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
     if a_scale is None:
@@ -146,19 +166,24 @@ def _launch(plan: gk.GemmLaunch, a, b, a_scale, b_scale, out, pa: int, pb: int, 
         plan(a, b, a_scale, b_scale, out)
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None,
-         config: gk.GemmConfig | None = None) -> torch.Tensor:
-    """A [M, K] · B [N, K]ᵀ for bf16/fp16 operands -> bf16 [M, N] (or into `out`)."""
-    return _run("bf16", a, b, None, None, out, config)
+def gemm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, config: gk.GemmConfig | None = None,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A [M, K] · B [N, K]ᵀ for bf16/fp16/fp32 operands -> [M, N] in `out_dtype` (torch.bfloat16 when None, or
+    torch.float16), or into `out` (`out_dtype`, if given, must be its dtype)."""
+    return _run("bf16", a, b, None, None, out, config, out_dtype)
 
 
 def gemm_a8w8(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-              out: torch.Tensor | None = None, config: gk.GemmConfig | None = None) -> torch.Tensor:
-    """fp8 e4m3 A [M, K] (per-token scales [M]) · B [N, K]ᵀ (per-channel scales [N]) -> bf16 [M, N]."""
-    return _run("a8w8", a, b, a_scale, b_scale, out, config)
+              out: torch.Tensor | None = None, config: gk.GemmConfig | None = None,
+              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """fp8 e4m3 A [M, K] (per-token scales [M]) · B [N, K]ᵀ (per-channel scales [N]) -> [M, N] in `out_dtype`
+    (bf16 default, or fp16), or into `out`."""
+    return _run("a8w8", a, b, a_scale, b_scale, out, config, out_dtype)
 
 
 def gemm_a8w8_blockscale(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
-                         out: torch.Tensor | None = None, config: gk.GemmConfig | None = None) -> torch.Tensor:
-    """fp8 A [M, K] with scales [M, ⌈K/128⌉] · B [N, K]ᵀ with scales [⌈N/128⌉, ⌈K/128⌉] -> bf16 [M, N]."""
-    return _run("a8w8_blockscale", a, b, a_scale, b_scale, out, config)
+                         out: torch.Tensor | None = None, config: gk.GemmConfig | None = None,
+                         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """fp8 A [M, K] with scales [M, ⌈K/128⌉] · B [N, K]ᵀ with scales [⌈N/128⌉, ⌈K/128⌉] -> [M, N] in `out_dtype`
+    (bf16 default, or fp16), or into `out`."""
+    return _run("a8w8_blockscale", a, b, a_scale, b_scale, out, config, out_dtype)

@@ -1,4 +1,5 @@
-"""The GEMM tuner: shapes in, per-device JSON files with M buckets out (shape files plus the device default)."""
+"""The GEMM tuner: shapes in, per-device JSON files with M buckets out (shape files plus the device default), one
+family of files per output dtype."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritune.kernels.gemm import KERNELS
+from tritune.kernels.gemm import KERNELS, OUT_DTYPES
 from tritune.store.gemm_json import (
     GemmEntry,
     default_file_name,
@@ -97,10 +98,13 @@ class GemmTuneRequest:
     rtol: float = 1e-2
     max_mismatch_ratio: float = 1e-3
     space_file: Path | None = None
+    out_dtype: str = "bf16"  # C's dtype: "bf16" or "fp16"; it names the files ("-OUT_FP16") and the journal keys
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}; expected one of {', '.join(KERNELS)}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"unknown out_dtype {self.out_dtype!r}; expected one of {', '.join(OUT_DTYPES)}")
 
 
 @dataclass
@@ -120,7 +124,7 @@ def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
                           max_mismatch_ratio=req.max_mismatch_ratio)
     if overrides:  # validate names now, before any work starts
         try:
-            tunable.space(GemmProblem(req.kernel, 1, 1, 1, req.dtype), device)
+            tunable.space(GemmProblem(req.kernel, 1, 1, 1, req.dtype, req.out_dtype), device)
         except ValueError as exc:
             raise ValueError(f"{req.space_file or 'interpreter space'}: {exc}") from None
     return tunable
@@ -129,8 +133,8 @@ def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
 def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:
     """Refuse to start when a results file we would merge into is unreadable (before any tuning work)."""
     tag = GemmProblem(req.kernel, 1, 1, 1, req.dtype).tag
-    names = [shape_file_name(device.slug, tag, s.N, s.K) for s in req.shapes]
-    names.append(default_file_name(device.slug, tag))
+    names = [shape_file_name(device.slug, tag, s.N, s.K, req.out_dtype) for s in req.shapes]
+    names.append(default_file_name(device.slug, tag, req.out_dtype))
     for name in names:
         path = req.out_dir / name
         if path.exists():
@@ -139,13 +143,14 @@ def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:
 
 def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
               tunable: GemmTunable | None = None) -> GemmTuneReport:
-    """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag.
+    """Tune every (M, N, K), then write one JSON per (N, K) and the device default for the kernel's tag and the
+    request's output dtype.
 
     `tunable` is `build_tunable(req, device)` when a caller already made (and validated) it.
     """
     tunable = tunable or build_tunable(req, device)
     check_existing_outputs(req, device)
-    problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype) for s in req.shapes for M in s.Ms]
+    problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype, req.out_dtype) for s in req.shapes for M in s.Ms]
     results, summary = tune(tunable, problems, device, settings)
     entries: dict[tuple[int, int], dict[int, GemmEntry]] = defaultdict(dict)
     failed = []
@@ -164,9 +169,10 @@ def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
     tag = problems[0].tag
     provenance = device.provenance()
     for (N, K), by_m in sorted(entries.items()):
-        files.append(write_shape_file(req.out_dir, provenance, tag, N, K, by_m, device_slug=device.slug))
+        files.append(write_shape_file(req.out_dir, provenance, tag, N, K, by_m, device_slug=device.slug,
+                                      out_dtype=req.out_dtype))
     if entries:
-        files.append(write_default_file(req.out_dir, provenance, tag, device_slug=device.slug))
+        files.append(write_default_file(req.out_dir, provenance, tag, device_slug=device.slug, out_dtype=req.out_dtype))
     return GemmTuneReport(results, summary, files, failed)
 
 

@@ -54,13 +54,15 @@ SPACE_RULES: dict[str, Param] = {
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """C[M, N] = A[M, K] · B[N, K]ᵀ for one kernel; `dtype` is the operand type of the bf16 kernel."""
+    """C[M, N] = A[M, K] · B[N, K]ᵀ for one kernel; `dtype` is the operand type of the bf16 kernel, `out_dtype`
+    C's (bf16 or fp16)."""
 
     kernel: str
     M: int
     N: int
     K: int
     dtype: str = "bf16"
+    out_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.kernel not in gk.KERNELS:
@@ -69,10 +71,13 @@ class GemmProblem:
             raise ValueError(f"M, N, K must be >= 1, got M={self.M} N={self.N} K={self.K}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(_DTYPES)}")
+        if self.out_dtype not in gk.OUT_DTYPES:
+            raise ValueError(f"unknown out_dtype {self.out_dtype!r}; expected one of {', '.join(gk.OUT_DTYPES)}")
 
     def key(self) -> str:
         op_dtype = self.dtype if self.kernel == "bf16" else "fp8e4m3"
-        return f"gemm:{self.kernel}:{op_dtype}:M={self.M}:N={self.N}:K={self.K}"
+        out = "" if self.out_dtype == "bf16" else f":out={self.out_dtype}"  # bf16 keys as before: journals resume
+        return f"gemm:{self.kernel}:{op_dtype}{out}:M={self.M}:N={self.N}:K={self.K}"
 
     @property
     def tag(self) -> str:
@@ -167,10 +172,11 @@ class GemmTunable:
         return gk.gemm_reference(problem.kernel, **inputs)
 
     def alloc_output(self, problem: GemmProblem, inputs: dict) -> torch.Tensor:
-        return torch.empty((problem.M, problem.N), device=inputs["a"].device, dtype=torch.bfloat16)
+        return torch.empty((problem.M, problem.N), device=inputs["a"].device, dtype=gk.OUT_DTYPES[problem.out_dtype])
 
     def launcher(self, problem: GemmProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
-        """The op call itself (`tritune.ops.gemm*` with this config): its bound launches, host cost included."""
+        """The op call itself (`tritune.ops.gemm*` with this config): its bound launches, host cost included; C's
+        dtype comes with `out`."""
         cfg = gk.GemmConfig.from_params(config.as_dict())
         a, b, a_scale, b_scale = inputs["a"], inputs["b"], inputs["a_scale"], inputs["b_scale"]
         if problem.kernel == "bf16":
@@ -187,11 +193,12 @@ class GemmTunable:
         if interpreting():
             return
         cfg = gk.GemmConfig.from_params(config.as_dict())
-        gk.compile_only(problem.kernel, problem.M, problem.N, problem.K, cfg, _DTYPES[problem.dtype])
+        gk.compile_only(problem.kernel, problem.M, problem.N, problem.K, cfg, _DTYPES[problem.dtype],
+                        gk.OUT_DTYPES[problem.out_dtype])
 
     def compile_key(self, problem: GemmProblem, config: Config) -> str:
         """Configs with equal keys share one binary (M is never specialized), so compile them once."""
-        return f"{problem.kernel}:{problem.dtype}:N={problem.N}:K={problem.K}:{config.key()}"
+        return f"{problem.kernel}:{problem.dtype}:{problem.out_dtype}:N={problem.N}:K={problem.K}:{config.key()}"
 
     def flops(self, problem: GemmProblem) -> float:
         return 2.0 * problem.M * problem.N * problem.K
