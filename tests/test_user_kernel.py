@@ -24,7 +24,7 @@ from tritune.tuning.device import current_device
 from tritune.tuning.journal import Journal
 from tritune.tuning.tuner import journal_key
 from tritune.tuning.types import Config, Status
-from tritune.user_kernel import UserKernel, UserTunable, default_tolerance
+from tritune.user import UserKernel, UserTunable, default_tolerance
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -193,7 +193,7 @@ def test_inputs_that_cannot_run_on_meta_are_probed_on_the_cpu():
 def test_compile_warms_up_from_dtypes_on_a_gpu(monkeypatch):
     from triton.runtime.jit import MockTensor
 
-    import tritune.user_tunable as uk
+    import tritune.user.tunable as uk
 
     calls = []
     monkeypatch.setattr(uk, "interpreting", lambda: False)  # as on a GPU machine

@@ -8,8 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"tunable_kernel": "tritune.user_kernel", "UserKernel": "tritune.user_kernel",
-         "UserTuneResult": "tritune.user_kernel"}
+_LAZY = {"tunable_kernel": "tritune.user", "UserKernel": "tritune.user", "UserTuneResult": "tritune.user"}
 
 __all__ = sorted(_LAZY)
 

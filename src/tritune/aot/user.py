@@ -52,7 +52,7 @@ def load_target(text: str) -> tuple[Any, str]:
     if not hasattr(module, attr):
         raise ValueError(f"--kernel {text!r}: {where} has no attribute {attr!r}")
     obj = getattr(module, attr)
-    from tritune.user_kernel import UserKernel
+    from tritune.user import UserKernel
 
     if not isinstance(obj, UserKernel):
         raise ValueError(f"--kernel {text!r} is a {type(obj).__name__}, not a tritune.UserKernel: declare it with "
@@ -82,7 +82,7 @@ def user_plans(bundle: Path, target: str, problem: Mapping[str, Any], *, configs
     chosen = [dict(c) for c in configs] if configs else [c.as_dict() for c in uk.configs(args)]
     if not chosen:
         raise ValueError(f"{uk.name}: no config survives the constraints for this problem")
-    from tritune.user_kernel import LAUNCH_OPTIONS
+    from tritune.user import LAUNCH_OPTIONS
 
     other = sorted({k for c in chosen for k in c if k in LAUNCH_OPTIONS and k not in AOT_LAUNCH_OPTIONS})
     if other:

@@ -1,31 +1,38 @@
 """The engine's view of a `UserKernel`: `UserProblem` (a problem dict with its key, made in the parent) and
-`UserTunable` (the Tunable protocol), kept apart from the user-facing API in `tritune.user_kernel`."""
+`UserTunable` (the Tunable protocol), plus the gate's default thresholds and what a journal already holds."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tritune.knobs import interpreting
 from tritune.tuning.device import DeviceInfo
+from tritune.tuning.journal import Journal
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.tunable import Tolerance
+from tritune.tuning.tuner import journal_key
 from tritune.tuning.types import Config
+from tritune.user.keys import scalars
 
 if TYPE_CHECKING:
-    from tritune.user_kernel import UserKernel
+    from tritune.user.api import UserKernel
 
 
-_PLAIN = (bool, int, float, str)
-
-
-def scalars(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The plain scalar entries of an argument or problem dict (what constraints, grids and cost models see)."""
-    return {k: v for k, v in values.items() if isinstance(v, _PLAIN)}
+def default_tolerance(dtype: torch.dtype) -> Tolerance:
+    """Gate thresholds by output dtype: fp32/fp64 1e-4, 16-bit floats 2e-2, 8-bit floats 0.125, integers exact."""
+    if not dtype.is_floating_point:
+        return Tolerance(atol=0.0, rtol=0.0)
+    if dtype.itemsize >= 4:
+        return Tolerance(atol=1e-4, rtol=1e-4)
+    if dtype.itemsize == 2:
+        return Tolerance(atol=2e-2, rtol=2e-2)
+    return Tolerance(atol=0.125, rtol=0.125, max_rel_l2=5e-2)
 
 
 @dataclass(frozen=True)
@@ -104,3 +111,11 @@ class UserTunable:
 
     def tolerance(self, problem: UserProblem) -> Tolerance:
         return self.kernel.tolerance_for(self.kernel._shadow_args(problem.as_dict()))
+
+
+def journaled(path: Path, device: DeviceInfo, tunable: UserTunable, problems: list[UserProblem]) -> dict[str, set]:
+    """problem key -> configs the journal holds before this run (to count what the run measures itself)."""
+    if not Path(path).exists():
+        return {p.key(): set() for p in problems}
+    with Journal(path) as journal:
+        return {p.key(): set(journal.measurements(journal_key(device, p, tunable))) for p in problems}
