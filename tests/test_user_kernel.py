@@ -4,6 +4,7 @@ run-time config choice, and the JSON store."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -80,6 +81,16 @@ def test_construction_needs_a_jit_function():
     with pytest.raises(TypeError, match="triton.jit"):
         UserKernel(axpy_reference, space={"BLOCK_SIZE": (32,)}, key=(), inputs=axpy_inputs,
                    reference=axpy_reference, output="Out", grid=("1",))
+
+
+def test_tunable_kernel_takes_named_typed_parameters():
+    params = inspect.signature(tritune.tunable_kernel).parameters
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())  # no **options bag
+    assert [n for n, p in params.items() if p.default is inspect.Parameter.empty] == [
+        "space", "key", "inputs", "reference", "output", "grid"]
+    with pytest.raises(TypeError, match="spaces"):  # a misspelt option fails where it is written
+        tritune.tunable_kernel(spaces={"BLOCK_SIZE": (32,)}, key="n", inputs=axpy_inputs, reference=axpy_reference,
+                               output="Out", grid="cdiv(n, BLOCK_SIZE)")
 
 
 def test_public_api_is_lazy_and_exported():
