@@ -182,8 +182,7 @@ def tma_row_elements(problem: GroupedGemmProblem) -> dict[str, int]:
 def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Constraint, ...]:
     """The pruning rules of grouped_gemm_tuning (each named after its predicate), shared memory against the
     device, then TMA support; the first failing rule is the one counted."""
-    props = DeviceProperties(NUM_SM=device.sm_count, NUM_REGS=device.regs_per_block,
-                             SIZE_SMEM=device.max_shared_mem, WARP_SIZE=device.warp_size)
+    props = DeviceProperties.of(device)
     elt = _element_size(problem)
     rows = tma_row_elements(problem)
 
@@ -199,7 +198,7 @@ def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) ->
         *rules,
         Constraint("exceeds_smem", lambda c: not exceeds_smem(kernel_config(problem, c), props, elt)),
         Constraint("TMA needs capability >= 9.0",
-                   lambda c: device.capability >= (9, 0) or not uses_tma(kernel_config(problem, c))),
+                   lambda c: device.supports_tma or not uses_tma(kernel_config(problem, c))),
         Constraint("TMA rows not a multiple of 16 bytes", tma_aligned),
     )
 

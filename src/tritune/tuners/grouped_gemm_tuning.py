@@ -22,7 +22,7 @@ from tritune.kernels.grouped_gemm_config import (
     smem_bytes,
 )
 from tritune.store.atomic import atomic_write_text
-from tritune.tuning.device import current_device
+from tritune.tuning.device import DeviceInfo, current_device
 
 __all__ = [
     "BACKWARD_DW_RULES", "BACKWARD_DX_RULES", "FORWARD_RULES", "DeviceProperties", "KernelConfig",
@@ -38,22 +38,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DeviceProperties:
+    """Unsloth's name for a device's limits: a view of the engine's `DeviceInfo` (`of`), never read separately."""
+
     NUM_SM: int
     NUM_REGS: int
     SIZE_SMEM: int  # bytes of shared memory one block may use
     WARP_SIZE: int
 
+    @classmethod
+    def of(cls, device: DeviceInfo) -> DeviceProperties:
+        return cls(NUM_SM=device.sm_count, NUM_REGS=device.regs_per_block, SIZE_SMEM=device.max_shared_mem,
+                   WARP_SIZE=device.warp_size)
+
 
 @functools.cache
 def get_device_properties() -> DeviceProperties:
     """Limits of the current device (an H100 stand-in when there is no GPU), read once per process."""
-    device = current_device()
-    return DeviceProperties(NUM_SM=device.sm_count, NUM_REGS=device.regs_per_block,
-                            SIZE_SMEM=device.max_shared_mem, WARP_SIZE=device.warp_size)
+    return DeviceProperties.of(current_device())
 
 
 def _supports_tma(supports_tma: bool | None) -> bool:
-    return current_device().capability >= (9, 0) if supports_tma is None else bool(supports_tma)
+    return current_device().supports_tma if supports_tma is None else bool(supports_tma)
 
 
 # --- Pruning: each predicate returns True when the config must be DROPPED. -----------------------------------
@@ -279,9 +284,8 @@ def check_resources(config: KernelConfig, device_properties: DeviceProperties | 
     """Raise OutOfResources(required, limit, "shared memory") when the config cannot fit; call it before a launch
     (Triton's interpreter never runs out of resources by itself)."""
     props = device_properties or get_device_properties()
-    required = smem_bytes(config, element_size)
-    if required > props.SIZE_SMEM:
-        raise OutOfResources(required, props.SIZE_SMEM, "shared memory")
+    if exceeds_smem(config, props, element_size):
+        raise OutOfResources(smem_bytes(config, element_size), props.SIZE_SMEM, "shared memory")
 
 
 class TritonTuningContext:

@@ -50,6 +50,11 @@ class DeviceInfo:
         return f"cuda:{self.capability[0]}{self.capability[1]}"
 
     @property
+    def supports_tma(self) -> bool:
+        """Hopper's tensor memory accelerator (host descriptors, TMA loads and stores): capability >= 9.0."""
+        return self.capability >= (9, 0)
+
+    @property
     def cu_num(self) -> int:
         """The SM count outputs record and lookups key on: 0 under the interpreter (no GPU ran; its `sm_count` is the
         stand-in's, for pruning only), so an interpreted result can never match a GPU."""
