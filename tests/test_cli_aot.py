@@ -97,7 +97,7 @@ def test_build_refuses_a_file_as_output(tmp_path, capsys):
     out = tmp_path / "bundle"
     out.write_bytes(b"not a folder")
     assert run_cli(["aot", "build", *GEMM, "-o", str(out)]) == 2
-    assert "exists and is not empty" in one_error_line(capsys)
+    assert f"cannot write the output folder {out}: it is a file" in one_error_line(capsys)
     assert out.read_bytes() == b"not a folder"
 
 

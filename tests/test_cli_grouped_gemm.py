@@ -136,7 +136,7 @@ def test_output_folder_and_missing_config_dir_env_are_errors(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out").mkdir()
     assert run_cli(["grouped-gemm", *SHAPE, "-o", "out", *ENGINE]) == 2
-    assert "-o/--output 'out'" in one_error_line(capsys)
+    assert "cannot write the output file out: it is a folder" in one_error_line(capsys)
     monkeypatch.setenv("TRITUNE_CONFIG_DIR", str(tmp_path / "nowhere"))
     assert run_cli(["grouped-gemm", *SHAPE, *ENGINE]) == 2
     assert "TRITUNE_CONFIG_DIR" in one_error_line(capsys)

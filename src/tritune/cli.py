@@ -65,6 +65,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=_positive_int, default=None, help="candidates per problem (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--allow-slow-interpreter", action="store_true",
+                   help="without a GPU, tune shapes far beyond the tiny examples through Triton's interpreter anyway "
+                        "(refused by default: minutes to hours per candidate)")
     p.add_argument("--objective", default="eager", choices=("eager", "graph"),
                    help="what picks the winner among the finalists: eager (default; per-call time of back-to-back "
                         "eager calls, host launch cost included) or graph (GPU time of a CUDA-graph replay)")
@@ -106,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "relative L2 bound are always enforced)")
     m.add_argument("--skew", type=float, default=0.0,
                    help="routing while tuning: 0 uniform (default), > 0 Zipf over experts with this exponent")
+    m.add_argument("--search-space", type=Path,
+                   help="JSON {param: [values]}: each list replaces that parameter's in the stage and 1-stage spaces "
+                        "that have it (without a GPU: the interpreter's)")
     _add_engine_flags(m)
 
     e = sub.add_parser("example", help="the main job: tune the shipped example shapes (tiny, interpreted, on CPU)")
@@ -171,7 +177,13 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
 
 
 def _run_gemm(req, args: argparse.Namespace) -> int:
-    from tritune.tuners.gemm import build_tunable, check_existing_outputs, result_table, tune_gemm
+    from tritune.tuners.gemm import (
+        build_tunable,
+        check_existing_outputs,
+        check_interpreter_cost,
+        result_table,
+        tune_gemm,
+    )
     from tritune.tuning.device import current_device
 
     device = current_device()
@@ -179,6 +191,7 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
         tunable = build_tunable(req, device)
+        check_interpreter_cost(req, device)
         check_existing_outputs(req, device)
     except ValueError as exc:
         return _fail(str(exc))
@@ -190,8 +203,7 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
     if device.interpreter:
         print(f"({INTERPRETER_LABEL})")
     if report.failed_problems:
-        return _fail(f"no candidate passed the correctness gate for {len(report.failed_problems)} problem(s): "
-                     + ", ".join(p.key() for p in report.failed_problems))
+        return _fail(report.failure())
     return 0
 
 
@@ -208,7 +220,8 @@ def _gemm(args: argparse.Namespace) -> int:
                 return _fail("give --m, --n and --k (or --shapes FILE)")
             shapes = (GemmShape(parse_m_list(args.m), args.n, args.k),)
         req = GemmTuneRequest(args.kernel, shapes, args.output, args.dtype, args.atol, args.rtol, args.err_ratio,
-                              args.search_space, out_dtype=args.out_dtype)
+                              args.search_space, out_dtype=args.out_dtype,
+                              allow_slow_interpreter=args.allow_slow_interpreter)
     except ValueError as exc:
         return _fail(str(exc))
     return _run_gemm(req, args)
@@ -219,27 +232,27 @@ def _moe(args: argparse.Namespace) -> int:
 
     try:
         req = MoeTuneRequest(args.input, args.output, args.last, args.retune_all, args.profile_file, args.err_ratio,
-                             args.skew)
+                             args.skew, args.search_space, args.allow_slow_interpreter)
     except ValueError as exc:
         return _fail(str(exc))
     return _run_moe(req, args)
 
 
 def _run_moe(req, args: argparse.Namespace) -> int:
-    from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, tune_fmoe
+    from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, summary_lines, tune_fmoe
     from tritune.tuning.device import current_device
 
     device = current_device()
     if device.interpreter:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
+        tunable = build_tunable(req, device)
         plan = plan_rows(req, device)  # every input and output row is validated before any work starts
     except ValueError as exc:
         return _fail(str(exc))
-    report = tune_fmoe(req, device, _settings(args, req.output.parent, device), build_tunable(req, device), plan)
+    report = tune_fmoe(req, device, _settings(args, req.output.parent, device), tunable, plan)
     print("\n".join(result_table(report)))
-    for summary in report.summaries:
-        print("\n".join(summary.lines()))
+    print("\n".join(summary_lines(report)))
     if report.written:
         print(f"wrote {len(report.written)} row(s) to {req.output}")
     if req.profile_file is not None and report.results:
@@ -247,15 +260,19 @@ def _run_moe(req, args: argparse.Namespace) -> int:
     if device.interpreter:
         print(f"({INTERPRETER_LABEL})")
     if report.failed:
-        return _fail(f"{len(report.failed)} row(s) could not be tuned: " + "; ".join(
-            f"token={s.token} model_dim={s.model_dim} inter_dim={s.inter_dim}: {why}" for s, why in report.failed))
+        return _fail(report.failure())
     return 0
 
 
 def _example(args: argparse.Namespace, interpreted: bool) -> int:
+    from tritune.store.atomic import check_writable
     from tritune.tuners.fused_moe import MoeTuneRequest
     from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
 
+    try:
+        check_writable(args.output, folder=True)  # before the tiny input is written into it
+    except ValueError as exc:
+        return _fail(str(exc))
     if interpreted:
         # Tiny odd shapes in fp16 (the interpreter's tl.dot is wrong on bf16 operands); few timed runs, since
         # interpreted timings mean nothing.
@@ -297,8 +314,10 @@ def _grouped_gemm(args: argparse.Namespace) -> int:
             shape, ggt.parse_names(args.gemms, ggt.GEMMS, "--gemms"),
             ggt.parse_names(args.kernels, ggt.KERNELS, "--kernels"), args.top_n, args.output,
             args.config_dir or ggt.default_store_dir(),
-            ggt.space_from_file(args.search_space) if args.search_space else None, device.interpreter)
+            ggt.space_from_file(args.search_space) if args.search_space else None, device.interpreter,
+            args.allow_slow_interpreter)
         tunable = ggt.build_tunable(req)
+        ggt.check_interpreter_cost(req, device)
         ggt.check_existing_outputs(req, device)
     except ValueError as exc:
         return _fail(str(exc))
@@ -313,10 +332,8 @@ def _grouped_gemm(args: argparse.Namespace) -> int:
         print(f"wrote {ggt.store_path(req.store_dir, device.name)}")
     if device.interpreter:
         print(f"({INTERPRETER_LABEL})")
-    failed = [o.problem for o in outcomes if o.best is None]
-    if failed:
-        return _fail(f"no candidate passed the correctness gate for {len(failed)} kernel(s): "
-                     + ", ".join(f"{p.gemm} {p.kernel}" for p in failed))
+    if any(o.best is None for o in outcomes):
+        return _fail(ggt.failure(outcomes))
     return 0
 
 
@@ -335,11 +352,23 @@ def _configs(args: argparse.Namespace) -> int:
     return 1 if args.check and not found.ok else 0
 
 
+# The output flags of each `tritune aot` verb: (argument name, whether it names a folder).
+_AOT_OUTPUTS = {"build": (("output", True),), "run": (("output", False), ("plot", False)),
+                "import": (("output", True),)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "aot":  # compiles for a named target, never through the interpreter
         from tritune.aot.cli import run as run_aot
+        from tritune.store.atomic import check_writable
 
+        try:  # every output path the verb was given, before any work
+            for name, folder in _AOT_OUTPUTS[args.aot_command]:
+                if getattr(args, name) is not None:
+                    check_writable(getattr(args, name), folder=folder)
+        except ValueError as exc:
+            return _fail(str(exc))
         return run_aot(args)
     interpreted = _use_interpreter_without_gpu()
     if args.command == "device":

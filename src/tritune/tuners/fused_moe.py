@@ -12,15 +12,23 @@ import csv
 import dataclasses
 import io
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritune.kernels.fused_moe import MoeConfig
-from tritune.store.atomic import atomic_write_text, path_lock
+from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, read_untuned, write_tuned
-from tritune.tuners.fused_moe_tunable import FusedMoeTunable, MoeProblem, config_of
-from tritune.tuning.device import DeviceInfo
+from tritune.tuners.fused_moe_tunable import (
+    ONE_STAGE_RULES,
+    STAGE_RULES,
+    FusedMoeTunable,
+    MoeProblem,
+    config_of,
+)
+from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
+from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
 from tritune.tuning.types import Measurement, Objective
 
@@ -47,6 +55,8 @@ class MoeTuneRequest:
     profile_file: Path | None = None
     err_ratio: float = 0.5
     skew: float = 0.0  # Zipf exponent of the synthetic routing; 0 is uniform
+    space_file: Path | None = None  # JSON {param: [values]}: each list replaces that parameter's in every space with it
+    allow_slow_interpreter: bool = False  # without a GPU, tune rows beyond what the interpreter finishes quickly
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.err_ratio <= 1.0:
@@ -78,24 +88,71 @@ class MoeTuneReport:
     summaries: list[TuneSummary] = field(default_factory=list)
     results: list[ProblemResult] = field(default_factory=list)
 
+    def failure(self) -> str:
+        """'' when every row was tuned, else one line naming each failed row and its one cause (the table's words)."""
+        if not self.failed:
+            return ""
+        return f"{len(self.failed)} row(s) could not be tuned: " + "; ".join(
+            f"{row_name(s)}: {why}" for s, why in self.failed)
+
 
 def build_tunable(req: MoeTuneRequest, device: DeviceInfo) -> FusedMoeTunable:
-    if device.interpreter:
-        return FusedMoeTunable(err_ratio=req.err_ratio, stage_space=tuple(INTERPRETER_STAGE_SPACE.items()),
-                               one_stage_space=tuple(INTERPRETER_ONE_STAGE_SPACE.items()))
-    return FusedMoeTunable(err_ratio=req.err_ratio)
+    """The tunable with the request's spaces: under the interpreter its tiny spaces; a --search-space file's lists
+    replace those of every space that has the name (checked against STAGE_RULES/ONE_STAGE_RULES here, before any
+    work; a name in neither is an error)."""
+    stage = dict(INTERPRETER_STAGE_SPACE) if device.interpreter else {}
+    one_stage = dict(INTERPRETER_ONE_STAGE_SPACE) if device.interpreter else {}
+    if req.space_file is not None:
+        overrides = load_space_file(req.space_file, STAGE_RULES | ONE_STAGE_RULES)
+        stage.update({name: values for name, values in overrides.items() if name in STAGE_RULES})
+        one_stage.update({name: values for name, values in overrides.items() if name in ONE_STAGE_RULES})
+    return FusedMoeTunable(err_ratio=req.err_ratio, stage_space=tuple(stage.items()) or None,
+                           one_stage_space=tuple(one_stage.items()) or None)
+
+
+def row_name(shape: FmoeShape) -> str:
+    """'token=5 model_dim=96 inter_dim=80 expert=5 topk=2': how messages and summaries name a row."""
+    s = shape
+    return f"token={s.token} model_dim={s.model_dim} inter_dim={s.inter_dim} expert={s.expert} topk={s.topk}"
+
+
+def _interpreter_fault(shape: FmoeShape) -> str | None:
+    """`device.interpreter_cost_fault` of one row: the whole op's FLOPs, every expert's weights and the activations."""
+    s = shape
+    weights = s.expert * s.model_dim * s.inter_dim * (3 if s.use_g1u1 else 2)
+    return interpreter_cost_fault(FusedMoeTunable().flops(MoeProblem(s, "1stage")), weights + s.token * s.model_dim)
 
 
 def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
-    """(rows to tune, rows skipped as already tuned); reads and validates input and output, raising FmoeCsvError."""
+    """(rows to tune, rows skipped as already tuned): reads and validates input and output (FmoeCsvError), and
+    refuses (ValueError, one line) an input without rows, an output or profile path that cannot be written, and,
+    without a GPU, a row far beyond what the interpreter finishes unless `req.allow_slow_interpreter`."""
+    if req.input.is_file() and not req.input.read_text(encoding="utf-8-sig", errors="replace").strip():
+        raise ValueError(f"no rows to tune in {req.input} (the file is empty)")
     shapes = read_untuned(req.input)
+    if not shapes:
+        raise ValueError(f"no rows to tune in {req.input} (only a header)")
+    for path in (req.output, req.profile_file):  # the journal goes beside the output
+        if path is not None:
+            check_writable(path)
     existing = read_tuned(req.output) if req.output.exists() else []
+    numbered = list(enumerate(shapes, start=1))
     if req.last:
-        shapes = shapes[-1:]
+        numbered = numbered[-1:]
     done = {t.shape for t in existing if t.cu_num == device.cu_num}
+    first: dict[FmoeShape, int] = {}  # identical input rows are tuned once, named by their first row
+    for number, shape in numbered:
+        first.setdefault(shape, number)
     todo, skipped = [], []
-    for shape in dict.fromkeys(shapes):  # identical input rows are tuned once
-        (skipped if shape in done and not req.retune_all else todo).append(shape)
+    for shape, number in first.items():
+        if shape in done and not req.retune_all:
+            skipped.append(shape)
+            continue
+        fault = _interpreter_fault(shape) if device.interpreter and not req.allow_slow_interpreter else None
+        if fault is not None:
+            raise ValueError(f"{req.input}: row {number} ({row_name(shape)}) without a GPU: {fault}; run `tritune "
+                             "example` (a tiny interpreted row), tune on a GPU, or pass --allow-slow-interpreter")
+        todo.append(shape)
     return todo, skipped
 
 
@@ -123,6 +180,15 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
     if one is not None and one.best is not None:
         choices.append(Choice((_name(one.problem, one.best), ""), one.best.time_us, one.best.error))
     return sorted(choices, key=lambda c: c.us1 + c.us2)
+
+
+def why_nothing_chosen(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None) -> str:
+    """Why `choose` found nothing, in each kind's own words (`ProblemResult.why_failed`): 'no stage pair and no
+    1-stage winner (stage1: every candidate was pruned; ...)'."""
+    causes = [f"{r.problem.kind}: {r.why_failed()}" for r in (stage1, stage2, one) if r is not None and r.best is None]
+    if stage1.best is not None and stage2.best is not None:
+        causes.insert(0, "stage 1 and stage 2 passed at no common BLOCK_SIZE_M")
+    return f"no stage pair and no 1-stage winner ({'; '.join(causes)})"
 
 
 def _tuned_row(shape: FmoeShape, choice: Choice, e2e: Measurement, tunable: FusedMoeTunable, problem: MoeProblem,
@@ -184,9 +250,10 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
 
     e2e_problems, choices = [], {}
     for shape in todo:
-        cs = choose(by[(shape, "stage1")], by[(shape, "stage2")], by.get((shape, "1stage")))
+        kind_results = (by[(shape, "stage1")], by[(shape, "stage2")], by.get((shape, "1stage")))
+        cs = choose(*kind_results)
         if not cs:
-            report.failed.append((shape, "no stage pair and no 1-stage candidate passed the correctness gate"))
+            report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
         for c in cs:
             p = MoeProblem(shape, "e2e", req.skew, c.names)
@@ -201,7 +268,8 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
                      if r.problem.shape == shape and r.best is not None]
             if not timed:
                 if not any(s == shape for s, _ in report.failed):
-                    report.failed.append((shape, "the chosen kernels failed when re-timed end to end"))
+                    whys = "; ".join(r.why_failed() for r in e2e_results if r.problem.shape == shape)
+                    report.failed.append((shape, f"the chosen kernels failed when re-timed end to end ({whys})"))
                 continue
             objective = settings.objective
             e2e, choice, problem = min(timed, key=lambda t: (t[0].objective_time(objective), t[0].time_us))
@@ -232,6 +300,33 @@ def write_profile(path: Path, results: Sequence[ProblemResult]) -> None:
                              s.use_g1u1, s.doweight_stage1, p.kind, name, m.status.value, us, err, rel,
                              m.message.replace("\n", " ")[:300], _us(m.eager_us), _us(m.graph_us)])
     atomic_write_text(path, buf.getvalue())
+
+
+def summary_lines(report: MoeTuneReport) -> list[str]:
+    """One labelled block per row tuned (its candidates per kernel kind, then the end-to-end re-time of its stage
+    pair and 1-stage winners), then the run's totals once, both engine passes together."""
+    lines = []
+    shapes = list(dict.fromkeys(r.problem.shape for r in report.results))
+    for shape in shapes:
+        lines.append(f"== row {row_name(shape)} ({shape.act_type}, {shape.dtype}, quant {shape.q_type})")
+        lines += ["  " + _kind_line(r) for r in report.results if r.problem.shape == shape]
+    if report.summaries:
+        lines.append(f"== run: {len(shapes)} row(s), stage search and end-to-end re-time together")
+        lines += ["  " + line for line in TuneSummary.total(report.summaries).lines()]
+    return lines
+
+
+def _kind_line(r: ProblemResult) -> str:
+    """'stage1: 2 in the space, 0 pruned, 2 measured; best 12.3 us', 'e2e (stage pair): 1 measured; best ...'."""
+    p: MoeProblem = r.problem
+    failed = Counter(m.status.value for m in r.measurements if not m.ok)
+    failures = (" (" + ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items())) + ")") if failed else ""
+    outcome = f"best {r.best.time_us:.1f} us" if r.best is not None else r.why_failed()
+    if p.kind == "e2e":
+        which = "1-stage" if not p.names[1] else "stage pair"
+        return f"e2e ({which}): {len(r.measurements)} measured{failures}; {outcome}"
+    return (f"{p.kind}: {r.space_size} in the space, {sum(r.pruned.values())} pruned, {len(r.measurements)} "
+            f"measured{failures}; {outcome}")
 
 
 def result_table(report: MoeTuneReport) -> list[str]:

@@ -82,6 +82,15 @@ class MoeProblem:
         names = f":{self.names[0]}+{self.names[1]}" if self.kind == "e2e" else ""
         return f"fused_moe:{self.kind}:{self.shape.key()}:skew={self.skew:g}{names}"
 
+    def label(self) -> str:
+        """A short name for progress lines ('moe stage1 T5 D96 I80 E5 k2 silu fp16 none'); `key()` stays the
+        journal's."""
+        s = self.shape
+        which = {"e2e": " 1-stage" if not self.names[1] else " pair"}.get(self.kind, "")
+        skew = f" zipf{self.skew:g}" if self.skew else ""
+        return (f"moe {self.kind}{which} T{s.token} D{s.model_dim} I{s.inter_dim} E{s.expert} k{s.topk} {s.act_type} "
+                f"{s.dtype} {s.q_type}{skew}")
+
     @property
     def dims(self) -> MoeDims:
         s = self.shape

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritune.kernels.gemm import KERNELS, OUT_DTYPES
+from tritune.store.atomic import check_writable
 from tritune.store.gemm_json import (
     GemmEntry,
     default_file_name,
@@ -19,8 +20,8 @@ from tritune.store.gemm_json import (
     write_default_file,
     write_shape_file,
 )
-from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
-from tritune.tuning.device import DeviceInfo
+from tritune.tuners.gemm_tunable import SPACE_RULES, GemmProblem, GemmTunable
+from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
 
@@ -73,7 +74,9 @@ def read_shapes_file(path: str | Path) -> list[GemmShape]:
         if line.lstrip().startswith("#") or not line.strip():
             continue
         rows.append((lineno, next(csv.reader([line]))))
-    if not rows or [c.strip() for c in rows[0][1]] != ["M", "N", "K"]:
+    if not rows:
+        raise ValueError(f"no rows to tune in {path} (the file is empty)")
+    if [c.strip() for c in rows[0][1]] != ["M", "N", "K"]:
         where = rows[0][0] if rows else 1
         raise ValueError(f"{path}: row {where}: expected the header M,N,K")
     shapes = []
@@ -84,7 +87,7 @@ def read_shapes_file(path: str | Path) -> list[GemmShape]:
                                 _positive(row[1], f"{path}: row {i}, column N"),
                                 _positive(row[2], f"{path}: row {i}, column K")))
     if not shapes:
-        raise ValueError(f"{path}: no shapes after the header")
+        raise ValueError(f"no rows to tune in {path} (only a header)")
     return shapes
 
 
@@ -98,6 +101,7 @@ class GemmTuneRequest:
     rtol: float = 1e-2
     max_mismatch_ratio: float = 1e-3
     space_file: Path | None = None
+    allow_slow_interpreter: bool = False  # without a GPU, tune shapes beyond what the interpreter finishes quickly
     out_dtype: str = "bf16"  # C's dtype: "bf16" or "fp16"; it names the files ("-OUT_FP16") and the journal keys
 
     def __post_init__(self) -> None:
@@ -114,11 +118,22 @@ class GemmTuneReport:
     files: list[Path]
     failed_problems: list[GemmProblem]
 
+    def failure(self) -> str:
+        """'' when every problem has a winner, else one line with each failed problem and its one cause (the result
+        table's words): 'no config for 1 problem(s): gemm:bf16:...:K=48 (every candidate was pruned)'."""
+        failed = [r for r in self.results if r.best is None]
+        if not failed:
+            return ""
+        return (f"no config for {len(failed)} problem(s): "
+                + "; ".join(f"{r.problem.key()} ({r.why_failed()})" for r in failed))
+
 
 def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
-    overrides = load_space_file(req.space_file) if req.space_file else None
-    if device.interpreter and overrides is None:
-        overrides = INTERPRETER_SPACE
+    # Under the interpreter a --search-space file replaces lists of the interpreter's space (a partial file never brings
+    # back the full default lists); its names and values are checked against SPACE_RULES here, before any work.
+    overrides = dict(INTERPRETER_SPACE) if device.interpreter else {}
+    if req.space_file:
+        overrides.update(load_space_file(req.space_file, SPACE_RULES))
     space_params = tuple(sorted(overrides.items())) if overrides else None
     tunable = GemmTunable(space_params=space_params, atol=req.atol, rtol=req.rtol,
                           max_mismatch_ratio=req.max_mismatch_ratio)
@@ -130,8 +145,23 @@ def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
     return tunable
 
 
+def check_interpreter_cost(req: GemmTuneRequest, device: DeviceInfo) -> None:
+    """Without a GPU, refuse (ValueError naming the shape and what to run instead) a shape whose largest M is far
+    beyond what the interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`."""
+    if not device.interpreter or req.allow_slow_interpreter:
+        return
+    for s in req.shapes:
+        M = max(s.Ms)
+        fault = interpreter_cost_fault(2.0 * M * s.N * s.K, M * s.K + s.N * s.K + M * s.N)
+        if fault is not None:
+            raise ValueError(f"GEMM M={M} N={s.N} K={s.K} without a GPU: {fault}; run `tritune example` (tiny "
+                             "interpreted shapes), tune on a GPU, or pass --allow-slow-interpreter")
+
+
 def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:
-    """Refuse to start when a results file we would merge into is unreadable (before any tuning work)."""
+    """Refuse to start when the output folder cannot be written or a results file we would merge into is unreadable
+    (before any tuning work)."""
+    check_writable(req.out_dir, folder=True)
     tag = GemmProblem(req.kernel, 1, 1, 1, req.dtype).tag
     names = [shape_file_name(device.slug, tag, s.N, s.K, req.out_dtype) for s in req.shapes]
     names.append(default_file_name(device.slug, tag, req.out_dtype))
@@ -149,6 +179,7 @@ def tune_gemm(req: GemmTuneRequest, device: DeviceInfo, settings: TuneSettings,
     `tunable` is `build_tunable(req, device)` when a caller already made (and validated) it.
     """
     tunable = tunable or build_tunable(req, device)
+    check_interpreter_cost(req, device)
     check_existing_outputs(req, device)
     problems = [GemmProblem(req.kernel, M, s.N, s.K, req.dtype, req.out_dtype) for s in req.shapes for M in s.Ms]
     results, summary = tune(tunable, problems, device, settings)
@@ -182,8 +213,7 @@ def result_table(results: Sequence[ProblemResult], tunable_flops) -> list[str]:
     lines = [f"{'problem':<44} {'GPU us':>9} {'eager us':>9} {'graph us':>9} {'TFLOP/s':>8}  config"]
     for r in results:
         if r.best is None:
-            why = "every candidate was pruned" if not r.measurements else "no candidate passed"
-            lines.append(f"{r.problem.key():<44} {'FAILED':>9} {'-':>9} {'-':>9} {'-':>8}  {why}")
+            lines.append(f"{r.problem.key():<44} {'FAILED':>9} {'-':>9} {'-':>9} {'-':>8}  {r.why_failed()}")
             continue
         tflops = tunable_flops(r.problem) / (r.best.time_us * 1e-6) / 1e12
         eager, graph = (f"{t:9.1f}" if math.isfinite(t) else f"{'-':>9}" for t in (r.best.eager_us, r.best.graph_us))

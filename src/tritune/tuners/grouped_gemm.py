@@ -14,13 +14,15 @@ import torch
 
 from tritune import knobs
 from tritune.kernels.grouped_gemm_config import KernelConfig
-from tritune.store.atomic import atomic_write_text
+from tritune.store.atomic import atomic_write_text, check_writable
 from tritune.store.grouped_gemm_json import GroupedGemmEntry, read_entries, store_path, write_entries
 from tritune.tuners.grouped_gemm_tunable import (
     DEFAULT_SPACE,
+    DTYPES,
     GEMMS,
     INTERPRETER_SPACE,
     KERNELS,
+    SPACE_RULES,
     GroupedGemmProblem,
     GroupedGemmShape,
     GroupedGemmTunable,
@@ -29,7 +31,7 @@ from tritune.tuners.grouped_gemm_tunable import (
 )
 from tritune.tuners.grouped_gemm_tuning import KernelResult
 from tritune.tuning.bench import time_kernel
-from tritune.tuning.device import DeviceInfo
+from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import TuneSettings, tune
 from tritune.tuning.types import Measurement
@@ -60,6 +62,7 @@ class GroupedGemmRequest:
     store_dir: Path = Path("tritune-out/configs")
     space: tuple[tuple[str, tuple], ...] | None = None
     interpreter: bool = False
+    allow_slow_interpreter: bool = False  # without a GPU, tune shapes beyond what the interpreter finishes quickly
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("gemms", self.gemms, GEMMS), ("kernels", self.kernels, KERNELS)):
@@ -85,6 +88,7 @@ class GroupedGemmOutcome:
     baseline: str = ""
     failed: int = 0  # candidates measured or compiled that did not pass (not KernelResults)
     pruned: int = 0
+    why_failed: str = ""  # no winner: the one cause (ProblemResult.why_failed)
 
 
 def preset_shape(model: str | None, *, num_experts: int | None, hidden_size: int | None,
@@ -140,12 +144,9 @@ def default_store_dir() -> Path:
 
 
 def space_from_file(path: str | Path) -> tuple[tuple[str, tuple], ...]:
-    """A --search-space JSON file as space overrides; ValueError naming the file and the bad entry."""
-    overrides = load_space_file(path)
-    unknown = sorted(set(overrides) - set(DEFAULT_SPACE))
-    if unknown:
-        raise ValueError(f"{path}: unknown search-space parameter(s) {unknown}; known: {sorted(DEFAULT_SPACE)}")
-    return tuple(sorted(overrides.items()))
+    """A --search-space JSON file as space overrides; ValueError naming the file and the bad entry (every name and
+    value checked against SPACE_RULES)."""
+    return tuple(sorted(load_space_file(path, SPACE_RULES).items()))
 
 
 def build_tunable(req: GroupedGemmRequest) -> GroupedGemmTunable:
@@ -159,10 +160,26 @@ def build_tunable(req: GroupedGemmRequest) -> GroupedGemmTunable:
     return GroupedGemmTunable(space_params=tuple(sorted(overrides.items())) if overrides else None)
 
 
+def check_interpreter_cost(req: GroupedGemmRequest, device: DeviceInfo) -> None:
+    """Without a GPU, refuse (ValueError naming the kernel and what to run instead) a kernel far beyond what the
+    interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`."""
+    if not device.interpreter or req.allow_slow_interpreter:
+        return
+    tunable = GroupedGemmTunable()
+    for p in req.problems():
+        elements = tunable.bytes_moved(p) / DTYPES[p.shape.dtype].itemsize
+        fault = interpreter_cost_fault(tunable.flops(p), elements)
+        if fault is not None:
+            raise ValueError(f"grouped GEMM {p.gemm} {p.kernel} (N={p.n}, K={p.k}, {p.shape.pairs} pairs) without a "
+                             f"GPU: {fault}; pass a smaller --seqlen and explicit sizes, tune on a GPU, or pass "
+                             "--allow-slow-interpreter")
+
+
 def check_existing_outputs(req: GroupedGemmRequest, device: DeviceInfo) -> None:
-    """Refuse to start when the store file we would merge into is unreadable, or -o is a folder."""
-    if req.output.is_dir():
-        raise ValueError(f"-o/--output {str(req.output)!r} is a folder; give a CSV file path")
+    """Refuse to start when an output cannot be written (the CSV, the store folder) or the store file we would
+    merge into is unreadable."""
+    check_writable(req.output)
+    check_writable(req.store_dir, folder=True)
     path = store_path(req.store_dir, device.name)
     if path.exists():
         read_entries(path)  # raises ValueError naming the file and the field
@@ -225,13 +242,14 @@ def tune_grouped_gemm(request: GroupedGemmRequest, device: DeviceInfo, settings:
     order.
     """
     tunable = tunable or build_tunable(request)
+    check_interpreter_cost(request, device)
     check_existing_outputs(request, device)
     problems = request.problems()
     results, summary = tune(tunable, problems, device, settings)
     outcomes = []
     winners: list[tuple[GroupedGemmOutcome, Measurement]] = []
     for r in results:
-        o = GroupedGemmOutcome(r.problem, pruned=sum(r.pruned.values()))
+        o = GroupedGemmOutcome(r.problem, pruned=sum(r.pruned.values()), why_failed=r.why_failed())
         o.torch_us, o.baseline = _baseline(r.problem, device, settings)
         for m in r.measurements:
             if not m.ok:
@@ -260,12 +278,21 @@ def result_lines(outcomes: Sequence[GroupedGemmOutcome]) -> list[str]:
     for o in outcomes:
         name = f"{o.problem.gemm} {o.problem.kernel}"
         if o.best is None:
-            why = "every candidate was pruned" if not (o.failed or o.results) else "no candidate passed"
-            lines.append(f"{name:<16} FAILED: {why}")
+            lines.append(f"{name:<16} FAILED: {o.why_failed}")
             continue
         lines.append(f"{name:<16} {o.best.triton_time:10.2f} us  x{o.best.speedup:.2f} vs torch  "
                      f"{_label(o.best.kernel_config)}")
     return lines
+
+
+def failure(outcomes: Sequence[GroupedGemmOutcome]) -> str:
+    """'' when every kernel has a winner, else one line naming each failed kernel and its one cause (the result
+    lines' words)."""
+    failed = [o for o in outcomes if o.best is None]
+    if not failed:
+        return ""
+    return f"no config for {len(failed)} kernel(s): " + "; ".join(
+        f"{o.problem.gemm} {o.problem.kernel} ({o.why_failed})" for o in failed)
 
 
 def _label(config: KernelConfig) -> str:

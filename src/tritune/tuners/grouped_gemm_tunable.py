@@ -135,6 +135,11 @@ class GroupedGemmProblem:
         return (f"grouped_gemm:{self.gemm}:{self.kernel}:{s.dtype}:E={s.num_experts}:H={s.hidden_size}"
                 f":I={s.intermediate_size}:topk={s.topk}:seqlen={s.seqlen}:skew={s.skew:g}")
 
+    def label(self) -> str:
+        """A short name for progress lines ('gate_up forward T1024 E128 k8'); `key()` stays the journal's."""
+        s = self.shape
+        return f"{self.gemm} {self.kernel} T{s.seqlen} E{s.num_experts} k{s.topk}"
+
     @property
     def n(self) -> int:
         return 2 * self.shape.intermediate_size if self.gemm == "gate_up" else self.shape.hidden_size

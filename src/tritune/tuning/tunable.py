@@ -1,7 +1,8 @@
 """The one interface every tunable kernel implements, so the engine never names GEMM or MoE.
 
 A tunable is a small picklable object (it crosses into compile and GPU worker processes). Problems are
-frozen dataclasses with a `key()` that includes every dtype and shape that changes the answer.
+frozen dataclasses with a `key()` that includes every dtype and shape that changes the answer, and optionally a
+`label()`, a short name the progress lines show instead of a long key.
 """
 
 from __future__ import annotations

@@ -65,6 +65,16 @@ class ProblemResult:
     pruned: dict[str, int]
     gpu_best: Measurement | None = None  # the first pass's winner: least GPU time
 
+    def why_failed(self) -> str:
+        """Why there is no winner, the one message every report of it uses: 'every candidate was pruned' (nothing
+        was measured) or 'no candidate passed (2 wrong_answer, 1 compile_error)'; '' when there is a winner."""
+        if self.best is not None:
+            return ""
+        if not self.measurements:
+            return "every candidate was pruned"
+        kinds = Counter(m.status.value for m in self.measurements)
+        return "no candidate passed (" + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) + ")"
+
 
 @dataclass
 class TuneSummary:
@@ -84,6 +94,15 @@ class TuneSummary:
     compile_cpu_s: float = 0.0  # summed per-binary compile times: what one process would have spent
     bench_wall_s: float = 0.0
     wall_s: float = 0.0
+
+    @staticmethod
+    def total(summaries: Sequence[TuneSummary]) -> TuneSummary:
+        """Several runs' summaries as one: every count, counter and time added."""
+        out = TuneSummary()
+        for s in summaries:
+            for f in dataclasses.fields(TuneSummary):
+                setattr(out, f.name, getattr(out, f.name) + getattr(s, f.name))
+        return out
 
     @property
     def compile_speedup(self) -> float:
@@ -108,6 +127,20 @@ class TuneSummary:
             f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
             f"overlapped)",
         ]
+
+
+PROGRESS_LABEL_CHARS = 64
+
+
+def progress_label(problem: Any) -> str:
+    """What a progress line calls a problem: its `label()` if it has one, else its key; either cut to
+    PROGRESS_LABEL_CHARS with a middle ellipsis (the full key stays in the journal)."""
+    label = getattr(problem, "label", None)
+    text = label() if callable(label) else problem.key()
+    if len(text) <= PROGRESS_LABEL_CHARS:
+        return text
+    half = (PROGRESS_LABEL_CHARS - 1) // 2
+    return text[:half] + "…" + text[len(text) - (PROGRESS_LABEL_CHARS - 1 - half):]
 
 
 def journal_key(device: DeviceInfo, problem: Any, tunable: Tunable) -> str:
@@ -180,7 +213,8 @@ class _Pipeline:
             return None
         key = problem.key()
         if key not in self.bars:
-            self.bars[key] = tqdm(total=total, desc=key, unit="cfg", leave=True, dynamic_ncols=True)
+            self.bars[key] = tqdm(total=total, desc=progress_label(problem), unit="cfg", leave=True,
+                                  dynamic_ncols=True)
         return self.bars[key]
 
     def _record(self, jkey: str, m: Measurement) -> Measurement:
