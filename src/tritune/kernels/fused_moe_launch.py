@@ -35,7 +35,8 @@ from tritune.kernels.quant import QuantLaunch
 __all__ = ["MoeLaunch"]
 
 _F32 = torch.float32
-_TENSORS = ("hidden", "w1", "w2", "topk_weights", "w1_scale", "w2_scale", "out")  # a call's tensors, in order
+# A call's tensors, in order (topk_ids flattened): the head of the flat list every launch takes its pointers from.
+_TENSORS = ("hidden", "w1", "w2", "topk_weights", "w1_scale", "w2_scale", "out", "topk_ids")
 _SOURCE = {"t": 0, "p": 1, "d": 2}  # where a pointer argument comes from per call: tensors, pieces, descriptors
 
 
@@ -97,13 +98,16 @@ class MoeLaunch:
                          zero=tokens * model_dim if self.one_stage else 0)
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
+        self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
+        for bound, uses in self.align.steps():
+            self.calls.append((bound, tuple((_SOURCE["t"], _TENSORS.index("hidden" if kind == "x" else "topk_ids"))
+                                            if kind in ("x", "ids") else (_SOURCE["p"], i) for kind, i in uses)))
         self.q1 = self.align.q_piece
         self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
         # Weight descriptors: (launch index, weight, block shape, argument cache on a GPU, launch arguments each)
         self.tma: list[tuple[int, str, list[int], DescriptorCache | None, int]] = []
-        self.quant2, self.quant2_at = None, -1
-        self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call)
+        self.quant2 = None
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
         if self.one_stage:
             self._bind_1stage(hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces, stage1, numel, topk,
@@ -137,8 +141,9 @@ class MoeLaunch:
                            head))
 
     def _finish_binding(self, pieces: _Pieces) -> None:
-        """Per launch, one C-level getter of its pointers out of the call's flat list: the call's tensors (or
-        addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in launch order."""
+        """Per launch, its C launch and one C-level getter of its pointers out of the call's flat list: the call's
+        tensors (or addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in launch
+        order."""
         n_t, n_p = len(_TENSORS), len(pieces.items)
         offset = {0: 0, 1: n_t}
         desc_at, at = {}, n_t + n_p
@@ -150,6 +155,7 @@ class MoeLaunch:
             flat = [j for src, key in head for j in (desc_at[key] if src == 2 else (offset[src] + key,))]
             getter = operator.itemgetter(*flat) if len(flat) > 1 else (lambda xs, i=flat[0]: (xs[i],))
             self.getters.append((bound, getter))
+        self.steps = tuple((bound.launch, getter) for bound, getter in self.getters)
 
     def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
               n: int, k: int, n_w: int, numel: int, cfg: MoeConfig, split_target: bool, a_row_div: int, gated: bool,
@@ -208,11 +214,10 @@ class MoeLaunch:
         a2, s2, stride_asm2 = ("p", inter), dummy, 0
         if quantized:
             self.quant2 = QuantLaunch(hidden.dtype, numel, inter_dim, inter_dim, group)
-            self.q2 = pieces.extend(self.quant2.pieces)
-            self.inter = inter
-            a2, s2 = ("p", self.q2), ("p", self.q2 + 1)
+            q2 = pieces.extend(self.quant2.pieces)
+            a2, s2 = ("p", q2), ("p", q2 + 1)
             stride_asm2 = self.quant2.groups if quant == "per_1x128" else 0
-            self.quant2_at = len(self.calls)
+            self.calls.append((self.quant2.bound, ((_SOURCE["p"], inter), (_SOURCE["p"], q2), (_SOURCE["p"], q2 + 1))))
         direct = topk == 1 and cfg2.KSPLIT == 1
         split2 = cfg2.KSPLIT > 1
         if direct:
@@ -267,22 +272,19 @@ class MoeLaunch:
         """
         keep, p = self.workspace.allocate(hidden.device)  # noqa: F841 (alive until every launch is queued)
         if addresses is not None and self.ids_contiguous:
-            ids = addresses[7]
-            sources = addresses[:7]
+            head = addresses
         else:
             ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
-            sources = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out)
-        self.align(ids, p, sources[0])
+            head = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, ids)
         descs = ()
         for _, name, block, cache, _ in self.tma:
-            w = w1 if name == "w1" else w2
             if cache is not None:  # weights: the same few addresses call after call
-                descs += cache.get(w.data_ptr())
+                ptr = head[_TENSORS.index(name)]
+                descs += cache.get(ptr if isinstance(ptr, int) else ptr.data_ptr())
             else:
+                w = w1 if name == "w1" else w2
                 descs += (TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block),)
-        flat = (*sources, *p, *descs)
-        for i, (bound, getter) in enumerate(self.getters):
-            if i == self.quant2_at:  # stage 2's input is quantized between the two GEMM launches
-                self.quant2(p[self.inter], p[self.q2], p[self.q2 + 1])
-            bound.launch(*getter(flat))
+        flat = (*head, *p, *descs)
+        for launch, getter in self.steps:
+            launch(*getter(flat))
         return out

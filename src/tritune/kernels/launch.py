@@ -11,6 +11,7 @@ Under Triton's interpreter (no GPU) a bound kernel simply launches through Trito
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -255,10 +256,12 @@ class Workspace:
     (large batches, where the GPU time dwarfs an allocation) is allocated per call.
     """
 
-    __slots__ = ("pieces", "offsets", "nbytes")
+    __slots__ = ("pieces", "offsets", "nbytes", "_last")
 
     def __init__(self, pieces: tuple[tuple[torch.dtype, int], ...]) -> None:
         self.pieces = tuple(pieces)
+        # (a weak reference to the kept buffer last used, its pieces): weak, so a plan never keeps scratch alive
+        self._last: tuple[weakref.ref, list[int]] | None = None
         offs, at = [], 0
         for dtype, numel in self.pieces:
             offs.append(at)
@@ -276,8 +279,14 @@ class Workspace:
             index = device.index if device.index is not None else torch.cuda.current_device()
             key = (index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
             buffer = _SCRATCH.get(key)
+            last = self._last
+            if last is not None and buffer is not None and last[0]() is buffer:  # the pieces of last call
+                return buffer, last[1]
             if buffer is None or buffer.numel() < self.nbytes:
                 buffer = _SCRATCH[key] = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+            base = buffer.data_ptr()
+            self._last = (weakref.ref(buffer), [base + off for off in self.offsets])
+            return buffer, self._last[1]
         if buffer is None:
             buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         base = buffer.data_ptr()

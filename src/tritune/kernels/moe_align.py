@@ -369,6 +369,17 @@ class AlignLaunch:
         bound = BoundKernel(fn, grid, (*head, *tail), varying=len(head), num_warps=num_warps, num_stages=1)
         self.launches.append((bound, uses, ids is not None))
 
+    def steps(self) -> list[tuple[BoundKernel, tuple[tuple[str, int], ...]]]:
+        """The launches in order, each with where its pointers come from: ("ids", 0) the flat ids, ("x", 0) the
+        activation to quantize, ("p", i) piece i. A caller that runs several launches per call (the fused-MoE op)
+        resolves them all from one flat list instead of calling this object."""
+        u = self._first_uses
+        first = (("ids", 0), *(("p", i) for i in u[:4]), ("x", 0) if self.takes_x else ("ids", 0),
+                 *(("p", i) for i in u[4:]))
+        rest = [(bound, ((("ids", 0),) if takes_ids else ()) + tuple(("p", i) for i in uses))
+                for bound, uses, takes_ids in self.launches]
+        return [(self._first, first), *rest]
+
     def __call__(self, flat_ids, pieces: Sequence, x=None) -> None:
         """Sort `flat_ids` (a tensor or its address) into `pieces` (addresses or tensors, in the order of
         `self.pieces`); `x` is the activation to quantize (tensor or address) when this sort carries that work."""

@@ -118,6 +118,11 @@ class QuantLaunch:
         self._bound = BoundKernel(_quant_fp8_kernel, (rows, groups), (x, FP8, torch.float32, *self._tail),
                                   varying=3, num_warps=warps, num_stages=1)
 
+    @property
+    def bound(self) -> BoundKernel:
+        """The one launch, taking (x, q, scales)."""
+        return self._bound
+
     def __call__(self, x, q, scales) -> None:
         self._bound.launch(x, q, scales)
 

@@ -237,11 +237,15 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     addresses = (hidden_states.data_ptr(), w1.data_ptr(), w2.data_ptr(), topk_weights.data_ptr(),
                  0 if w1_scale is None else w1_scale.data_ptr(), 0 if w2_scale is None else w2_scale.data_ptr(),
                  out.data_ptr(), topk_ids.data_ptr())
+    a0, a1, a2, a3, a4, a5, a6, a7 = addresses
+    # Triton specializes each pointer on 16-byte alignment: one flag when all are aligned (the usual case), else each.
+    aligned = (a0 | a1 | a2 | a3 | a4 | a5 | a6 | a7) & 15 == 0 or tuple(a & 15 for a in addresses)
     key = (device, hidden_states.shape, hidden_states.stride(), hidden_states.dtype, w1.shape, w1.stride(), w1.dtype,
            w1.device, w2.shape, w2.stride(), w2.dtype, w2.device, topk_weights.shape, topk_weights.stride(),
            topk_weights.dtype, topk_weights.device, topk_ids.shape, topk_ids.stride(), topk_ids.dtype,
-           topk_ids.device, _signature(w1_scale), _signature(w2_scale), activation, quant, doweight_stage1,
-           tuple(a & 15 for a in addresses), out_key, choice)
+           topk_ids.device, None if w1_scale is None else _signature(w1_scale),
+           None if w2_scale is None else _signature(w2_scale), activation, quant, doweight_stage1, aligned, out_key,
+           choice)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, activation,
