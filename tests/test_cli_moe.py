@@ -89,6 +89,16 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     assert code == 0, captured.err
     assert f"wrote 1 row(s) to {out}" in captured.out and f"wrote every candidate to {profile}" in captured.out
     assert "interpreter" in captured.out
+    # One labelled summary for the row (each kind, then the end-to-end re-time of both winners) and the run's totals
+    # once, not one unlabelled block per engine pass.
+    summary = captured.out[captured.out.index("== row "):]
+    assert summary.count("== row ") == 1 and summary.startswith(
+        "== row token=3 model_dim=64 inter_dim=48 expert=3 topk=2 (silu, fp16, quant none)\n"
+        "  stage1: 1 in the space, 0 pruned, 1 measured; best ")
+    for line in ("\n  stage2: 1 in the space", "\n  1stage: 1 in the space", "\n  e2e (stage pair): 1 measured; best ",
+                 "\n  e2e (1-stage): 1 measured; best ", "\n== run: 1 row(s), stage search and end-to-end re-time"):
+        assert line in summary
+    assert captured.out.count("problems: ") == 1 and "\n  problems: 5\n" in summary  # 3 kinds + 2 re-times
 
     with out.open() as f:
         header, *rows = list(csv.reader(f))

@@ -129,7 +129,7 @@ class TuneSummary:
         ]
 
 
-PROGRESS_LABEL_CHARS = 64
+PROGRESS_LABEL_CHARS = 72
 
 
 def progress_label(problem: Any) -> str:
