@@ -43,8 +43,8 @@ def sh(cmd: list[str], env: dict | None = None, log: Path | None = None) -> floa
 def jit_times(shape, kind: str, repeat: int, iters: int, journal_dir: Path) -> list[dict[str, float]]:
     """Per run: artifact id -> JIT median (us), from the engine over the same space."""
     from tritune.aot.moe import MoeGemmTunable, artifact_id
+    from tritune.device import current_device
     from tritune.tuners.fused_moe_tunable import MoeProblem
-    from tritune.tuning.device import current_device
     from tritune.tuning.tuner import TuneSettings, tune
     from tritune.tuning.types import BenchSettings
 

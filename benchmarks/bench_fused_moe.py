@@ -17,13 +17,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from tritune.device import current_device
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.ops import fused_moe as fused_moe_op
 from tritune.ops.fused_moe import fused_moe_choice, heuristic_moe_choice
 from tritune.ops.routing import sample_routing
 from tritune.tuning.bench import time_kernel
-from tritune.tuning.device import current_device
 
 D, INTER, E, TOPK = 4096, 14336, 8, 2  # Mixtral-8x7B's MoE: the first row of examples/untuned_fmoe.csv
 TOKENS = (1, 8, 32, 128, 512, 1024, 4096, 8192)

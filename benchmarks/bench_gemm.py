@@ -44,8 +44,8 @@ def peaks() -> dict:
 
 
 def tune(kernel: str, shapes, out: Path, journal: Path):
+    from tritune.device import current_device, gpu_count
     from tritune.tuners.gemm import GemmShape, GemmTuneRequest, tune_gemm
-    from tritune.tuning.device import current_device, gpu_count
     from tritune.tuning.tuner import TuneSettings
     from tritune.tuning.types import BenchSettings
 

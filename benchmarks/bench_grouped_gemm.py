@@ -18,12 +18,12 @@ import json
 import torch
 import torch.nn.functional as F
 
+from tritune.device import current_device
 from tritune.kernels.grouped_gemm import group_by_expert
 from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dw, run_dx, run_forward, select_configs
 from tritune.ops.moe_mlp import moe_mlp
 from tritune.ops.routing import sample_routing
 from tritune.tuning.bench import time_kernel
-from tritune.tuning.device import current_device
 
 MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # E, topk, hidden, inter
 

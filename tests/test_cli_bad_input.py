@@ -12,11 +12,11 @@ import torch
 from cli_asserts import one_error_line
 
 from tritune.cli import main
+from tritune.device import DeviceInfo, versions
 from tritune.store.fmoe_csv import UNTUNED_COLUMNS, FmoeShape
 from tritune.tuners import fused_moe as fmoe_tuner
 from tritune.tuners import gemm as gemm_tuner
 from tritune.tuners import grouped_gemm as gg_tuner
-from tritune.tuning.device import DeviceInfo, versions
 
 ENGINE = ["--iters", "1", "--warmup", "0", "--no-progress", "--compile-workers", "1"]
 GEMM = ["gemm", "--kernel", "bf16", "--dtype", "fp16", "--n", "40", "--k", "48", "--m", "1,17"]

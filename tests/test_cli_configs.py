@@ -13,13 +13,13 @@ from cli_asserts import one_error_line
 
 from tritune import knobs
 from tritune.cli import main
+from tritune.device import current_device
 from tritune.kernels.grouped_gemm_config import KernelConfigForward
 from tritune.store import gemm_json as gj
 from tritune.store import grouped_gemm_json as ggj
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, write_tuned
 from tritune.store.provenance import triton_minor
 from tritune.store.user_json import UserEntry, UserKernelStore
-from tritune.tuning.device import current_device
 from tritune.tuning.types import Config
 
 SRC = Path(__file__).resolve().parent.parent / "src"

@@ -13,8 +13,8 @@ import triton
 from cli_asserts import one_error_line
 
 from tritune.cli import main
+from tritune.device import current_device
 from tritune.tuners.gemm import INTERPRETER_SPACE
-from tritune.tuning.device import current_device
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 SLUG = current_device().slug  # "cpu_interpreter" without a GPU

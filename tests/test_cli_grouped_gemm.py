@@ -13,9 +13,9 @@ import triton
 from cli_asserts import one_error_line
 
 from tritune.cli import main
+from tritune.device import current_device
 from tritune.store.grouped_gemm_json import GroupedGemmStore, read_entries, store_path
 from tritune.tuners.grouped_gemm import CSV_COLUMNS, MODEL_PRESETS, preset_shape
-from tritune.tuning.device import current_device
 
 DEV = current_device()
 # 5 experts (prime), 7 tokens top-2 (14 pairs); H=40, I=24 do not divide the 32-wide blocks (masked edges).

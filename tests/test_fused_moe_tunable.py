@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from tritune.device import current_device
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuners.fused_moe_tunable import (
@@ -23,7 +24,6 @@ from tritune.tuners.fused_moe_tunable import (
     stage_constraints,
 )
 from tritune.tuning.check import check_output, poison
-from tritune.tuning.device import current_device
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.types import Config
 

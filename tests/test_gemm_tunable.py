@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.ops.gemm import heuristic_config
 from tritune.tuners.gemm_tunable import DEFAULT_SPACE, GemmProblem, GemmTunable, gemm_constraints
 from tritune.tuning.check import check_output, poison
-from tritune.tuning.device import current_device
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.types import Config
 

@@ -12,6 +12,7 @@ import pickle
 import pytest
 import torch
 
+from tritune.device import DeviceInfo
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
 from tritune.tuners.grouped_gemm_tunable import (
     DEFAULT_SPACE,
@@ -26,7 +27,6 @@ from tritune.tuners.grouped_gemm_tunable import (
     torch_baseline,
 )
 from tritune.tuning.check import check_output, poison
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.types import Config
 

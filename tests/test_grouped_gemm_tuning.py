@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from triton.runtime.errors import OutOfResources
 
+from tritune.device import current_device
 from tritune.kernels.grouped_gemm_config import smem_bytes
 from tritune.tuners import grouped_gemm_tuning as ggt
 from tritune.tuners.grouped_gemm_tuning import (
@@ -36,7 +37,6 @@ from tritune.tuners.grouped_gemm_tuning import (
     tma_store_with_permute_y,
     uses_tma,
 )
-from tritune.tuning.device import current_device
 
 # H100 limits, fixed so these tests do not depend on the machine they run on.
 BIG = DeviceProperties(NUM_SM=132, NUM_REGS=65536, SIZE_SMEM=232448, WARP_SIZE=32)

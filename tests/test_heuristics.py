@@ -5,13 +5,13 @@ import itertools
 
 import pytest
 
+from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import check_config
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
 from tritune.tuners.gemm_tunable import GemmProblem, gemm_constraints
-from tritune.tuning.device import current_device
 from tritune.tuning.types import Config
 
 H100 = current_device()  # no GPU here: the interpreter stand-in with H100 limits (132 SMs, 232448 B)

@@ -7,9 +7,9 @@ import dataclasses
 
 import triton
 
+from tritune.device import DeviceInfo, versions
 from tritune.store.fmoe_csv import FmoeConfigTable, FmoeShape, FmoeTuned
 from tritune.store.provenance import INTERPRETER_NAME, Machine, Recorded, compare, machine_of
-from tritune.tuning.device import DeviceInfo, versions
 
 # The interpreter stand-in as current_device() makes it without a GPU (built here, so the test runs on a GPU too).
 INTERP = DeviceInfo(name=INTERPRETER_NAME, sm_count=132, capability=(9, 0), max_shared_mem=232448,

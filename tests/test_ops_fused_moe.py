@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tritune import knobs
+from tritune.device import current_device
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, quantize_weights
 from tritune.kernels.moe_reference import fused_moe_reference
@@ -25,7 +26,6 @@ from tritune.ops.fused_moe import (
 )
 from tritune.ops.routing import sample_routing
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, write_tuned
-from tritune.tuning.device import current_device
 
 # tritune.ops.fused_moe is the op function (the package re-exports it); the module is this.
 op = importlib.import_module("tritune.ops.fused_moe")

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from tritune import knobs
+from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.ops.gemm import gemm, heuristic_config, reload_configs, select_config
 from tritune.store import gemm_json
 from tritune.store.gemm_json import GemmEntry, write_default_file, write_shape_file
-from tritune.tuning.device import current_device
 from tritune.tuning.types import Config
 
 DEVICE = current_device()  # slug "cpu_interpreter" without a GPU

@@ -68,7 +68,7 @@ def test_statuses_and_versions():
 
 
 def test_running_machine_is_current_device():
-    from tritune.tuning.device import current_device
+    from tritune.device import current_device
 
     info = current_device()
     m = running_machine()

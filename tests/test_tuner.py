@@ -17,10 +17,10 @@ import pytest
 from fake_tunables import OpProblem, ScriptedOp, failing_graph_time, scripted_gpu_time, scripted_graph_time
 from test_journal import OLD_SCHEMA
 
+from tritune.device import current_device
 from tritune.tuners.gemm import INTERPRETER_SPACE, GemmShape, GemmTuneRequest, tune_gemm
 from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
 from tritune.tuning.bench import Timers
-from tritune.tuning.device import current_device
 from tritune.tuning.journal import Journal
 from tritune.tuning.tuner import TuneSettings, journal_key, tune
 from tritune.tuning.types import BenchSettings, Objective

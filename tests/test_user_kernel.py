@@ -19,9 +19,9 @@ import torch
 from user_kernels_for_tests import _axpy_kernel, axpy, axpy_inputs, axpy_reference
 
 import tritune
+from tritune.device import current_device
 from tritune.store.user_json import UserEntry, UserKernelStore, UserStoreError
 from tritune.tuning.check import check_output
-from tritune.tuning.device import current_device
 from tritune.tuning.journal import Journal
 from tritune.tuning.tuner import journal_key
 from tritune.tuning.types import Config, Status

@@ -12,10 +12,6 @@ _LAZY = {"tunable_kernel": "tritune.user", "UserKernel": "tritune.user", "UserTu
 
 __all__ = sorted(_LAZY)
 
-# The module whose TUNERS the ops' online-tuning seam (`tritune.ops.online`) imports on the first lookup miss with
-# TRITUNE_ONLINE_TUNE=1. It imports tuners, engine and store, which sit above the ops: only this top module names it.
-ONLINE_TUNERS = "tritune.online_tune"
-
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:

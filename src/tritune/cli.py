@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace, out_dir: Path, device):
-    from tritune.tuning.device import gpu_count
+    from tritune.device import gpu_count
     from tritune.tuning.tuner import TuneSettings
     from tritune.tuning.types import BenchSettings, Objective
 
@@ -177,6 +177,7 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
 
 
 def _run_gemm(req, args: argparse.Namespace) -> int:
+    from tritune.device import current_device
     from tritune.tuners.gemm import (
         build_tunable,
         check_existing_outputs,
@@ -184,7 +185,6 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
         result_table,
         tune_gemm,
     )
-    from tritune.tuning.device import current_device
 
     device = current_device()
     if device.interpreter:
@@ -239,8 +239,8 @@ def _moe(args: argparse.Namespace) -> int:
 
 
 def _run_moe(req, args: argparse.Namespace) -> int:
+    from tritune.device import current_device
     from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, summary_lines, tune_fmoe
-    from tritune.tuning.device import current_device
 
     device = current_device()
     if device.interpreter:
@@ -302,8 +302,8 @@ def _example(args: argparse.Namespace, interpreted: bool) -> int:
 
 
 def _grouped_gemm(args: argparse.Namespace) -> int:
+    from tritune.device import current_device
     from tritune.tuners import grouped_gemm as ggt
-    from tritune.tuning.device import current_device
 
     device = current_device()
     try:
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_aot(args)
     interpreted = _use_interpreter_without_gpu()
     if args.command == "device":
-        from tritune.tuning.device import current_device
+        from tritune.device import current_device
 
         for key, value in current_device().provenance().items():
             print(f"{key}: {value}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from tritune.device import DeviceInfo, current_device
 from tritune.kernels.gemm import TAGS
 from tritune.ops.online import GemmRequest, MoeRequest, Tuner
 from tritune.store.atomic import path_lock
@@ -15,7 +16,6 @@ from tritune.store.fmoe_csv import USER_FILE_NAME, read_tuned
 from tritune.store.gemm_json import read_gemm_file, shape_file_name
 from tritune.tuners.fused_moe import MoeTuneRequest, tune_fmoe
 from tritune.tuners.gemm import GemmShape, GemmTuneRequest, tune_gemm
-from tritune.tuning.device import DeviceInfo, current_device
 from tritune.tuning.tuner import ProblemResult, TuneSettings
 from tritune.tuning.types import BenchSettings
 

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def target_device(target):
     """The limits pruning reads, for a target rather than a present GPU (the data-centre part of each arch)."""
-    from tritune.tuning.device import DeviceInfo, versions
+    from tritune.device import DeviceInfo, versions
 
     sms = {90: 132, 80: 108, 89: 142, 86: 84, 100: 148}.get(target.arch, 108)
     return DeviceInfo(name=f"target {target.text}", sm_count=sms, capability=divmod(target.arch, 10),
@@ -182,8 +182,8 @@ def _build(args: argparse.Namespace) -> int:
 def write_device_file(bundle: Path) -> Path | None:
     """Record which GPU the statistics come from (import needs its name and SM count); None without a GPU."""
     from tritune.aot.importer import DEVICE_FILE
+    from tritune.device import current_device
     from tritune.store.atomic import atomic_write_json
-    from tritune.tuning.device import current_device
 
     device = current_device()
     if device.interpreter:

@@ -16,8 +16,8 @@ import torch
 from tritune.aot.plan import KernelPlan, aot_space, data_name, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
+from tritune.device import DeviceInfo
 from tritune.tuners.gemm_tunable import DEFAULT_SPACE, GemmProblem, GemmTunable
-from tritune.tuning.device import DeviceInfo
 
 _ENTRY = "from tritune.aot.entries import gemm_entry  # noqa: F401\n"
 _FIXED = {"NUM_KSPLIT": (1,), "PERSISTENT_TMA": (False,), "SCALE_PIPELINE": (False,)}

@@ -19,11 +19,11 @@ import torch
 from tritune.aot.plan import TRITON_DTYPE, KernelPlan, aot_space, data_name, param_names_of
 from tritune.aot.spec import RunSpec, SpecArg, SpecTolerance
 from tritune.aot.tdat import write_tensor
+from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.moe_align import moe_align_block_size_reference
 from tritune.store.fmoe_csv import FmoeShape
 from tritune.tuners.fused_moe_tunable import DTYPES, FusedMoeTunable, MoeProblem, config_of
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.types import Config
 
 MOE_KERNELS = ("stage1", "stage2")

@@ -67,7 +67,7 @@ def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: i
 @functools.cache
 def _device_facts(index: int) -> tuple[int, int, Machine]:
     """(SMs, shared memory per block, Machine) of GPU `index`, or of the interpreter stand-in (-1)."""
-    from tritune.tuning.device import current_device
+    from tritune.device import current_device
 
     info = current_device(index) if index >= 0 else current_device()
     return info.sm_count, info.max_shared_mem, running_machine(index if index >= 0 else None)

@@ -41,7 +41,7 @@ def heuristic_config(kernel: str, M: int, N: int, K: int, sm_count: int = 132) -
 @functools.cache
 def _device_facts(index: int) -> tuple[str, int, int, tuple[int, int], Machine]:
     """(slug, SMs, shared memory per block, capability, Machine) of GPU `index`, or of the interpreter (-1)."""
-    from tritune.tuning.device import current_device
+    from tritune.device import current_device
 
     info = current_device(index) if index >= 0 else current_device()
     return info.slug, info.sm_count, info.max_shared_mem, info.capability, running_machine(

@@ -92,9 +92,9 @@ def _select(device: torch.device, num_experts: int, n: int, k: int, topk: int, t
     role = gemm_role(permute_x, permute_y)
     if device.type != "cuda" or role == "plain":
         return heuristic
+    from tritune.device import current_device
     from tritune.store.grouped_gemm_json import default_store
     from tritune.store.provenance import running_machine
-    from tritune.tuning.device import current_device
 
     info = current_device(device.index)
     machine = running_machine(device.index)

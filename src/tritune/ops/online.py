@@ -1,6 +1,7 @@
 """Online tuning's seam (TRITUNE_ONLINE_TUNE=1): an op whose lookup found no tuned entry for a shape asks `maybe_tune`
 for a short tune of it. The tuners sit above the ops, so they are never imported here: they are registered with
-`set_tuner`, or taken from the module named by `tritune.ONLINE_TUNERS`, imported on the first miss with the knob on.
+`set_tuner`, or taken from the module named by `PROVIDER` (by name: no import statement points up), imported on the
+first miss with the knob on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from tritune.store.fmoe_csv import FmoeShape
 __all__ = ["GemmRequest", "MoeRequest", "Tuner", "maybe_tune", "reset", "set_tuner"]
 
 log = logging.getLogger("tritune")
+
+# The module whose TUNERS serve a miss no `set_tuner` registration covers. It imports tuners, engine and store, which
+# sit above the ops, so it is named, never imported by a statement: importlib loads it on the first miss with
+# TRITUNE_ONLINE_TUNE=1.
+PROVIDER = "tritune.online_tune"
 
 
 @dataclass(frozen=True)
@@ -125,11 +131,9 @@ def _attempt(kind: str, request: GemmRequest | MoeRequest, budget: float) -> boo
 
 
 def _tuner(kind: str) -> Tuner:
-    """The registered tuner of `kind`, else the provider module's (`TUNERS` of `tritune.ONLINE_TUNERS`)."""
+    """The registered tuner of `kind`, else the provider module's (`TUNERS` of `PROVIDER`)."""
     if kind not in _TUNERS:
-        import tritune
-
-        provided = importlib.import_module(tritune.ONLINE_TUNERS).TUNERS
+        provided = importlib.import_module(PROVIDER).TUNERS
         for name, fn in provided.items():
             _TUNERS.setdefault(name, fn)
     if kind not in _TUNERS:

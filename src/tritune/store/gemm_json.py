@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritune import knobs
+from tritune.device import slug_of
+from tritune.params import Config
 from tritune.store.atomic import atomic_write_json, json_safe, path_lock
 from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, check
-from tritune.tuning.types import Config
 
 META = "tritune"  # the one top-level key that is not an M bucket
 FORMAT = 2  # META["format"]; a file without META is in the nested layout (format 1)
@@ -42,11 +43,6 @@ def m_bucket(M: int) -> str:
     if M < 1:
         raise ValueError(f"M must be >= 1, got {M}")
     return next((name for name, top in _BUCKET_TOP if M <= top), "xlarge")
-
-
-def slug_of(device_name: str) -> str:
-    """File-name-safe device name, the same as DeviceInfo.slug: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
-    return re.sub(r"[^A-Za-z0-9.]+", "_", device_name).strip("_")
 
 
 def name_parts(file_name: str) -> tuple[str, str, bool] | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from tritune import knobs
+from tritune.device import slug_of
 from tritune.kernels.grouped_gemm_config import (
     KernelConfig,
     KernelConfigBackward_dW,
@@ -20,7 +21,6 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigForward,
 )
 from tritune.store.atomic import atomic_write_json, path_lock
-from tritune.store.gemm_json import slug_of
 from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, check, compare
 

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-INTERPRETER_NAME = "cpu-interpreter"  # DeviceInfo.name of the interpreter stand-in (tuning/device.py)
+from tritune.device import INTERPRETER_NAME, current_device
 
 
 def triton_minor(version: str) -> str:
@@ -40,7 +40,7 @@ class Machine:
 
 
 def machine_of(info) -> Machine:
-    """The Machine of a `tritune.tuning.device.DeviceInfo` (or anything with its attribute names): the interpreter's
+    """The Machine of a `tritune.device.DeviceInfo` (or anything with its attribute names): the interpreter's
     has 0 SMs, as its outputs record."""
     interpreter = bool(info.interpreter)
     return Machine(info.name, 0 if interpreter else info.sm_count, info.triton_version, interpreter)
@@ -49,11 +49,9 @@ def machine_of(info) -> Machine:
 def running_machine(device_index: int | None = None) -> Machine:
     """The Machine of GPU `device_index` (None: the current one), or of the interpreter stand-in without a GPU.
 
-    Built from `tuning.device.current_device`, which is cached, so calling this per lookup miss is cheap.
+    Built from `tritune.device.current_device`, which is cached, so calling this per lookup miss is cheap.
     """
     import torch
-
-    from tritune.tuning.device import current_device
 
     return machine_of(current_device(device_index) if torch.cuda.is_available() else current_device())
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, read_untuned, write_tuned
@@ -27,7 +28,6 @@ from tritune.tuners.fused_moe_tunable import (
     MoeProblem,
     config_of,
 )
-from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
 from tritune.tuning.types import Measurement, Objective

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 from tritune.kernels.moe_align import moe_align_block_size
@@ -22,7 +23,6 @@ from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.routing import sample_routing
 from tritune.store.fmoe_csv import FmoeShape
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.kernels.gemm import KERNELS, OUT_DTYPES
 from tritune.store.atomic import check_writable
 from tritune.store.gemm_json import (
@@ -21,7 +22,6 @@ from tritune.store.gemm_json import (
     write_shape_file,
 )
 from tritune.tuners.gemm_tunable import SPACE_RULES, GemmProblem, GemmTunable
-from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
 

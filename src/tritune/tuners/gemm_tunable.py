@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from tritune.device import DeviceInfo
 from tritune.kernels import gemm as gk
 from tritune.kernels.gemm import TAGS
 from tritune.kernels.quant import quantize_blocks, quantize_rows
 from tritune.knobs import interpreting
 from tritune.ops.gemm import gemm as op_gemm
 from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from tritune import knobs
+from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.kernels.grouped_gemm_config import KernelConfig
 from tritune.store.atomic import atomic_write_text, check_writable
 from tritune.store.grouped_gemm_json import GroupedGemmEntry, read_entries, store_path, write_entries
@@ -31,7 +32,6 @@ from tritune.tuners.grouped_gemm_tunable import (
 )
 from tritune.tuners.grouped_gemm_tuning import KernelResult
 from tritune.tuning.bench import time_kernel
-from tritune.tuning.device import DeviceInfo, interpreter_cost_fault
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import TuneSettings, tune
 from tritune.tuning.types import Measurement

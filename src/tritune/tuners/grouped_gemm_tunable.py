@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tritune.device import DeviceInfo
 from tritune.kernels import grouped_gemm as gg
 from tritune.kernels.grouped_gemm_compile import compile_only
 from tritune.kernels.grouped_gemm_config import (
@@ -34,7 +35,6 @@ from tritune.tuners.grouped_gemm_tuning import (
     exceeds_smem,
     uses_tma,
 )
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config

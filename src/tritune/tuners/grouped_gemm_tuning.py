@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 from triton.runtime.errors import OutOfResources
 
+from tritune.device import DeviceInfo, current_device
 from tritune.kernels.grouped_gemm_config import (
     KernelConfig,
     KernelConfigBackward_dW,
@@ -22,7 +23,6 @@ from tritune.kernels.grouped_gemm_config import (
     smem_bytes,
 )
 from tritune.store.atomic import atomic_write_text
-from tritune.tuning.device import DeviceInfo, current_device
 
 __all__ = [
     "BACKWARD_DW_RULES", "BACKWARD_DX_RULES", "FORWARD_RULES", "DeviceProperties", "KernelConfig",

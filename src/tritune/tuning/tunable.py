@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from tritune.tuning.device import DeviceInfo
+from tritune.device import DeviceInfo
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.types import Config
 

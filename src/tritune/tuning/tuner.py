@@ -22,8 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from tritune.device import DeviceInfo
 from tritune.tuning.compile import CompileOutcome, CompilePool
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.executor import LocalExecutor
 from tritune.tuning.journal import Journal
 from tritune.tuning.strategy import STRATEGIES, best, best_for, finalists

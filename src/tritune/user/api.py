@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from tritune.device import DeviceInfo, current_device
 from tritune.store.user_json import UserKernelStore
-from tritune.tuning.device import DeviceInfo, current_device
 from tritune.tuning.space import Constraint, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.tuner import TuneSettings, tune

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tritune import knobs
+from tritune.device import DeviceInfo
 from tritune.store.provenance import running_machine
 from tritune.store.user_json import UserEntry, UserKernelStore, UserStoreError, now_iso
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.types import Config, Measurement
 
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tritune.device import DeviceInfo
 from tritune.knobs import interpreting
-from tritune.tuning.device import DeviceInfo
 from tritune.tuning.journal import Journal
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.tunable import Tolerance

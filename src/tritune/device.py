@@ -1,5 +1,8 @@
-"""Device identity and limits: what pruning reads and what every output file records as provenance; and what
-Triton's CPU interpreter (the stand-in without a GPU) can be expected to finish."""
+"""Device identity and limits: what pruning reads, what the ops key their choices on and what every output file records
+as provenance; and what Triton's CPU interpreter (the stand-in without a GPU) can be expected to finish.
+
+A leaf every layer may import (the engine too): it imports nothing of tritune's, and torch and Triton only when asked
+about the running machine, so the stores stay light to import."""
 
 from __future__ import annotations
 
@@ -7,9 +10,6 @@ import functools
 import platform
 import re
 from dataclasses import asdict, dataclass
-
-import torch
-import triton
 
 # Used when there is no GPU (interpreter runs): H100 SXM limits, so pruning behaves as it would there. Outputs never
 # record them as the machine's (`DeviceInfo.cu_num`, `provenance()`): no GPU ran.
@@ -24,6 +24,12 @@ _H100_LIMITS = dict(sm_count=132, capability=(9, 0), max_shared_mem=232448, regs
 INTERPRETER_MAX_FLOPS = 2**27
 INTERPRETER_MAX_ELEMENTS = 2**24
 INTERPRETER_S_PER_FLOP = 5e-9
+INTERPRETER_NAME = "cpu-interpreter"  # DeviceInfo.name without a GPU
+
+
+def slug_of(device_name: str) -> str:
+    """File-name-safe device name, as output file names carry it: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", device_name).strip("_")
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class DeviceInfo:
     @property
     def slug(self) -> str:
         """File-name-safe device name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
-        return re.sub(r"[^A-Za-z0-9.]+", "_", self.name).strip("_")
+        return slug_of(self.name)
 
     @property
     def target(self) -> str:
@@ -71,6 +77,9 @@ class DeviceInfo:
 
 
 def versions() -> dict[str, str]:
+    import torch
+    import triton
+
     return {
         "triton_version": triton.__version__,
         "torch_version": torch.__version__,
@@ -81,8 +90,10 @@ def versions() -> dict[str, str]:
 @functools.cache
 def current_device(index: int | None = None) -> DeviceInfo:
     """The GPU this process runs on, or an interpreter stand-in with H100 limits when there is none."""
+    import torch
+
     if not torch.cuda.is_available():
-        return DeviceInfo(name="cpu-interpreter", interpreter=True, **_H100_LIMITS, **versions())
+        return DeviceInfo(name=INTERPRETER_NAME, interpreter=True, **_H100_LIMITS, **versions())
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or _H100_LIMITS["max_shared_mem"]
@@ -99,6 +110,8 @@ def current_device(index: int | None = None) -> DeviceInfo:
 
 
 def gpu_count() -> int:
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
