@@ -14,7 +14,7 @@ from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.launch import Workspace, launch_counts, reset_launch_counts
 from tritune.kernels.moe_reference import fused_moe_reference
-from tritune.ops.fused_moe import MoeChoice, fused_moe
+from tritune.ops.fused_moe import MoeChoice, fused_moe, reload_moe_configs
 from tritune.ops.gemm import gemm, gemm_a8w8
 from tritune.ops.routing import sample_routing
 
@@ -187,9 +187,16 @@ def counted(monkeypatch):
     # 2-stage, 200 pairs: count (first launch) + scatter that scans for itself
     ("none", MoeChoice(False, S, S, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
                                                 "_moe_gemm_kernel": 2, "_topk_sum_kernel": 1}),
-    # fp8: the activations are quantized in the sort's launch; the intermediate by its own launch
+    # fp8: the activations are quantized in the sort's launch; the intermediate inside the two GEMMs (stage 1
+    # records its amax into a buffer the sort's launch zeroes, stage 2 quantizes A as it loads it)
     ("per_1x128", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
-                                                   "_quant_fp8_kernel": 1, "_topk_sum_kernel": 1}),
+                                                   "_topk_sum_kernel": 1}),
+    ("per_token", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
+                                                   "_topk_sum_kernel": 1}),
+    # fp8 with a split-K stage 1 (no epilogue to record the amax): the intermediate by its own launch
+    ("per_1x128", MoeChoice(False, MoeConfig(16, 32, 32, 1, 4, 2, KSPLIT=2), S, ""), T,
+     {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2, "_stage1_finish_kernel": 1, "_quant_fp8_kernel": 1,
+      "_topk_sum_kernel": 1}),
     # 1-stage: the accumulator is zeroed in the sort's launch, then the kernel and the cast
     ("none", MoeChoice(True, MoeConfig(16, 32, 32, 1, 4, 2, BLOCK_SIZE_D=32), None, ""), T,
      {"_moe_align_first_kernel": 1, "_moe_1stage_kernel": 1, "_acc_to_out_kernel": 1}),
@@ -209,6 +216,43 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
     torch.testing.assert_close(again, first, rtol=0, atol=0 if not choice.run_1stage else 2e-3)
     err = float((again.float() - ref).norm() / ref.norm())
     assert err < 2e-2
+
+
+@pytest.mark.parametrize(("quant", "inter", "bn1"), [
+    ("per_token", INTER, 32),  # one amax per pair, several N tiles of stage 1 max-reduce into it
+    ("per_1x128", INTER, 32),  # one 1x128 group, masked past inter_dim
+    ("per_1x128", 136, 32),  # two groups, the second 8 columns wide; BLOCK_N 32 < 128: 4 tiles per group
+    ("per_1x128", 136, 256),  # BLOCK_N 256 > 128: each tile reduces two groups at once, the second masked
+])
+def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monkeypatch, request, quant, inter, bn1):
+    """Stage 1's amax and stage 2's quantize-on-load give the quantization launch's fp8 values and scales, so the
+    result is the same bit for bit."""
+    import dataclasses
+
+    request.addfinalizer(reload_moe_configs)  # no plan bound with the patched threshold outlives the test
+    from tritune.kernels import fused_moe_launch
+    from tritune.kernels.fused_moe import quantize_weights
+
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(T, D, generator=g).to(DEV, torch.float16)
+    (w1, s1) = quantize_weights((torch.randn(E, 2 * inter, D, generator=g) / D**0.5).to(DEV), quant)
+    (w2, s2) = quantize_weights((torch.randn(E, D, inter, generator=g) / inter**0.5).to(DEV), quant)
+    weights, ids = sample_routing(T, E, TOPK, seed=3, device=DEV)
+    x = {"hidden": hidden, "w1": w1, "w2": w2, "topk_weights": weights, "topk_ids": ids, "w1_scale": s1,
+         "w2_scale": s2}
+    choice = MoeChoice(False, dataclasses.replace(S, BLOCK_SIZE_N=bn1), S, "")
+    reset_launch_counts(counting=True)
+    fused = call(x, choice, quant)
+    assert "_quant_fp8_kernel" not in launch_counts()
+    monkeypatch.setattr(fused_moe_launch, "FUSE_INTERMEDIATE_QUANT", False)
+    reload_moe_configs()
+    reset_launch_counts(counting=True)
+    separate = call(x, choice, quant)
+    assert launch_counts()["_quant_fp8_kernel"] == 1
+    reset_launch_counts(counting=False)
+    torch.testing.assert_close(fused, separate, rtol=0, atol=0)
+    ref = fused_moe_reference(hidden, w1, w2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+    assert float((fused.float() - ref).norm() / ref.norm()) < 2e-2
 
 
 def test_gemm_launches_and_allocations_per_call(binds, counted):

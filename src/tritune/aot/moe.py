@@ -135,6 +135,7 @@ def moe_spec(kind: str, shape: FmoeShape, tolerance: SpecTolerance) -> RunSpec:
         SpecArg("expert_ids_ptr", "in", data_name("expert_ids", tag, bm)),
         SpecArg("num_post_ptr", "in", data_name("num_tokens_post_padded", tag, bm)),
         SpecArg("weights_ptr", "in", data_name("topk_weights", tag)),
+        SpecArg("amax_ptr", "scratch", "16"),
         SpecArg("numel", "i32", "numel(weights_ptr)"),
         SpecArg("N", "i32", str(n)),
         SpecArg("K", "i32", str(k)),
@@ -148,6 +149,7 @@ def moe_spec(kind: str, shape: FmoeShape, tolerance: SpecTolerance) -> RunSpec:
         SpecArg("stride_wsn", "i32", "0"),
         SpecArg("stride_om", "i32", "N"),
         SpecArg("stride_ok", "i32", "0"),
+        SpecArg("stride_amax", "i32", "0"),
     ]
     return RunSpec(kernel=f"moe_{kind}", values=(), args=tuple(args),
                    grid=("num_pid_m * cdiv(N, BLOCK_SIZE_N)", "1", "1"), tolerance=tolerance)
@@ -164,7 +166,7 @@ def _constexprs(kind: str, shape: FmoeShape) -> Callable[[Mapping[str, int]], di
                                                                  else not shape.doweight_stage1),
             "QUANT": 0, "BLOCK_SIZE_M": p["BLOCK_SIZE_M"], "BLOCK_SIZE_N": p["BLOCK_SIZE_N"],
             "BLOCK_SIZE_K": p["BLOCK_SIZE_K"], "GROUP_SIZE_M": p["GROUP_SIZE_M"], "KSPLIT": 1,
-            "EVEN_K": int(k % p["BLOCK_SIZE_K"] == 0), "USE_TMA": 0,
+            "EVEN_K": int(k % p["BLOCK_SIZE_K"] == 0), "USE_TMA": 0, "AMAX_OUT": 0, "A_QUANT_ON_LOAD": 0,
         }
     return constexprs
 
@@ -200,7 +202,8 @@ def moe_plans(bundle: Path, shape: FmoeShape, device: DeviceInfo, *, kinds: tupl
             configs=chosen[kind], constexprs=_constexprs(kind, shape),
             artifact_id=lambda p, kind=kind: artifact_id(kind, p),
             source="tritune.kernels.fused_moe:_moe_gemm_kernel",
-            pointer_dtypes={"a_scale_ptr": "fp32", "w_desc": TRITON_DTYPE[shape.dtype], "w_scale_ptr": "fp32"},
+            pointer_dtypes={"a_scale_ptr": "fp32", "w_desc": TRITON_DTYPE[shape.dtype], "w_scale_ptr": "fp32",
+                            "amax_ptr": "fp32"},
             problem={"kind": kind, "shape": shape.key(), "skew": skew, "seed": seed},
             store={"kind": "fmoe", "stage": kind, "shape": asdict(shape)}))
     return plans

@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.moe_align import MoeSorting
-from tritune.kernels.quant import FP8, quantize_blocks, quantize_fp8, quantize_rows
+from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 ACTIVATIONS = ("silu", "gelu")
 QUANT_TYPES = ("none", "per_token", "per_1x128")
@@ -26,6 +26,7 @@ KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
 _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2}
+FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's)
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,14 @@ def _pid_mn(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 @triton.jit
 def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
-               EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr):
+               EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
+               A_QUANT_ON_LOAD: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
     With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
-    past K, and rows past this expert's N are read but never stored).
+    past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
+    unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
+    `quant_group` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
     w_ptrs = w_base + offs_n[None, :] * stride_wn + (k + offs_k)[:, None]
     if USE_TMA:
@@ -120,6 +124,9 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
         wg = tl.load(w_ptrs, mask=(k + offs_k)[:, None] < K, other=0.0)
     if QUANT == 2:
         a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k // 128)
+        if A_QUANT_ON_LOAD:
+            a_s = tl.maximum(a_s, 1e-10) / 448.0
+            a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / a_s[:, None], -448.0, 448.0)).to(wg.dtype)
         wg_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + k // 128)
         acc_g += tl.dot(a, wg) * (a_s[:, None] * wg_s[None, :])
     else:
@@ -155,9 +162,16 @@ def _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, ROW_DIV: tl.const
 def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, stride_wn, a_scale_ptr, stride_asm,
                 ws_base, stride_wsn, w_desc, tma_row, GATED: tl.constexpr, QUANT: tl.constexpr,
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
-                BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
-    """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied."""
+                BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                A_QUANT_ON_LOAD: tl.constexpr = False):
+    """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
+
+    A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
+    (per_1x128); each tile is quantized to fp8 as it is loaded, as `quant_group` would have done it.
+    """
     offs_k = tl.arange(0, BLOCK_SIZE_K)
+    if QUANT == 1 and A_QUANT_ON_LOAD:
+        row_scale = tl.maximum(tl.load(a_scale_ptr + a_rows), 1e-10) / 448.0
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_start + offs_k)[None, :]
     acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -166,16 +180,35 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+        if QUANT == 1 and A_QUANT_ON_LOAD:
+            a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / row_scale[:, None], -448.0, 448.0)).to(FP8_TL)
         acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                                   a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w_desc, tma_row, USE_TMA)
+                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD)
         a_ptrs += BLOCK_SIZE_K
     if QUANT == 1:
-        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
+        if A_QUANT_ON_LOAD:
+            a_s = row_scale[:, None]
+        else:
+            a_s = tl.load(a_scale_ptr + a_rows)[:, None]
         acc_g = acc_g * a_s * tl.load(ws_base + offs_n)[None, :]
         if GATED:
             acc_u = acc_u * a_s * tl.load(ws_base + offs_n + N)[None, :]
     return acc_g, acc_u
+
+
+@triton.jit
+def _amax_out(x, amax_rows, row_ok, pid_n, N, AMAX_OUT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+              BLOCK_SIZE_N: tl.constexpr):
+    """Max-reduce |tile| `x` [BM, BN] (masked entries 0) into the amax of its rows (AMAX_OUT 1) or of their 1×128
+    groups (2); `amax_rows` [BM, 1] points at each row's first amax."""
+    if AMAX_OUT == 1 or BLOCK_SIZE_N <= 128:
+        group = 0 if AMAX_OUT == 1 else (pid_n * BLOCK_SIZE_N) // 128
+        tl.atomic_max(amax_rows + group, tl.max(x, axis=1)[:, None], mask=row_ok[:, None])
+    else:
+        per_group = tl.max(tl.reshape(x, (BLOCK_SIZE_M, BLOCK_SIZE_N // 128, 128)), axis=2)
+        groups = pid_n * (BLOCK_SIZE_N // 128) + tl.arange(0, BLOCK_SIZE_N // 128)
+        tl.atomic_max(amax_rows + groups[None, :], per_group, mask=row_ok[:, None] & (groups * 128 < N)[None, :])
 
 
 @triton.jit
@@ -188,14 +221,22 @@ def _moe_gemm_kernel(
     out_ptr,  # KSPLIT == 1: [numel, N]; else fp32 partials [KSPLIT, numel, N_W] (gate and up kept apart)
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # int32, from moe_align_block_size
     weights_ptr,  # fp32 [numel] routing weights in pair order
+    amax_ptr,  # AMAX_OUT: fp32 [numel, amax groups] zeroed, stage 1 max-reduces |output| into it; else unused
     numel, N, K, k_per_split, num_pid_m,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om, stride_ok,
+    stride_amax,  # AMAX_OUT: row stride of amax_ptr
     A_ROW_DIV: tl.constexpr,  # topk for stage 1 (rows of hidden), 1 for stage 2 (rows of the intermediate)
     GATED: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, KSPLIT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+    AMAX_OUT: tl.constexpr = 0,  # stage 1, KSPLIT 1: 1 = amax per output row, 2 = per 1×128 group; 0 = none
+    A_QUANT_ON_LOAD: tl.constexpr = False,  # stage 2: A unquantized, a_scale_ptr its amax (AMAX_OUT of stage 1)
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
+
+    The fp8 paths may skip the intermediate's own quantization launch: stage 1 records the amax of what it
+    stores (AMAX_OUT, atomic max: exact in any order) and stage 2 quantizes A tile by tile (A_QUANT_ON_LOAD),
+    giving the same fp8 values and scales as the quantization kernel.
 
     Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = blocks of the padded sort; blocks past the padded count exit.
     """
@@ -213,7 +254,8 @@ def _moe_gemm_kernel(
     k_start = pid_k * k_per_split
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
-                               tma_row, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                               tma_row, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                               A_QUANT_ON_LOAD)
     mask = row_ok[:, None] & (offs_n_out < N)[None, :]
     rows = pairs.to(tl.int64)[:, None]
     if KSPLIT == 1:
@@ -225,7 +267,11 @@ def _moe_gemm_kernel(
             res = _activation(acc_g, ACT)
         if MUL_WEIGHT:
             res = res * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
-        tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], res.to(out_ptr.dtype.element_ty), mask=mask)
+        stored = res.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], stored, mask=mask)
+        if AMAX_OUT != 0:
+            _amax_out(tl.where(mask, tl.abs(stored.to(tl.float32)), 0.0), amax_ptr + rows * stride_amax, row_ok,
+                      pid_n, N, AMAX_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N)
     else:
         base = out_ptr + pid_k * stride_ok + rows * stride_om + offs_n_out[None, :]
         if ACT == 2 and MUL_WEIGHT:
@@ -376,9 +422,9 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         w_desc = TensorDescriptor.from_tensor(w.view(-1, k), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
     _moe_gemm_kernel[grid](
         a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
-        weights, numel, n, k, k_per_split, num_pid_m,
+        weights, weights, numel, n, k, k_per_split, num_pid_m,
         a.stride(0), stride_asm, w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2),
-        target.stride(0) if cfg.KSPLIT > 1 else 0,
+        target.stride(0) if cfg.KSPLIT > 1 else 0, 0,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=_QUANT_ID[quant],
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),

@@ -80,9 +80,9 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
                                   [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     _moe_gemm_kernel.warmup(
-        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, numel, n, k, k_per_split, num_pid_m,
+        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
-        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0,
+        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0, 0,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),

@@ -32,7 +32,19 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong
 from tritune.kernels.quant import QuantLaunch
 
-__all__ = ["MoeLaunch"]
+__all__ = ["FUSE_INTERMEDIATE_QUANT", "MoeLaunch", "fuses_intermediate_quant"]
+
+# An fp8 2-stage call quantizes its intermediate inside the GEMMs (stage 1 records the amax of what it stores, stage 2
+# quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits. Stage 2
+# re-quantizes A for every N tile, which measured as free on the H100: 0.95-1.03x the GPU time of the separate launch
+# from 2 to 131072 pairs (benchmarks/bench_fused_quant.py). False restores the separate launch (tests compare both).
+FUSE_INTERMEDIATE_QUANT = True
+
+
+def fuses_intermediate_quant(quant: str, stage1: MoeConfig) -> bool:
+    """Whether a 2-stage fp8 call with this stage-1 config skips the intermediate's quantization launch (a split-K
+    stage 1 has no epilogue that sees whole outputs, so it keeps the launch)."""
+    return FUSE_INTERMEDIATE_QUANT and quant != "none" and stage1.KSPLIT == 1
 
 _F32 = torch.float32
 # A call's tensors, in order (topk_ids flattened): the head of the flat list every launch takes its pointers from.
@@ -95,7 +107,7 @@ class MoeLaunch:
         # The sort's first launch also quantizes the activations (fp8) and zeroes the 1-stage accumulator.
         ride = RideAlong(x=hidden if quant != "none" else None, rows=tokens if quant != "none" else 0,
                          cols=model_dim, stride=hidden.stride(0), group=group,
-                         zero=tokens * model_dim if self.one_stage else 0)
+                         zero=self._zeroed(quant, stage1, numel, tokens, model_dim, inter_dim))
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
@@ -117,6 +129,17 @@ class MoeLaunch:
                               tokens, topk, inter_dim, model_dim, activation, quant, doweight_stage1, group)
         self.workspace = Workspace(tuple(pieces.items))
         self._finish_binding(pieces)
+
+    def _zeroed(self, quant: str, stage1: MoeConfig, numel: int, tokens: int, model_dim: int, inter_dim: int) -> int:
+        """fp32 elements the sort's first launch zeroes: the 1-stage accumulator, or the intermediate's amax when
+        its quantization is fused into the GEMMs (one per pair, or per pair and 1×128 group)."""
+        self.fused_quant = not self.one_stage and fuses_intermediate_quant(quant, stage1)
+        if self.one_stage:
+            return tokens * model_dim
+        if self.fused_quant:
+            self.amax_groups = triton.cdiv(inter_dim, SCALE_BLOCK) if quant == "per_1x128" else 1
+            return numel * self.amax_groups
+        return 0
 
     # Argument recipes: each entry is ("t", name) a call tensor, ("p", i) workspace piece i, ("d", i) the TMA
     # descriptor of launch i, or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
@@ -158,6 +181,7 @@ class MoeLaunch:
         self.steps = tuple((bound.launch, getter) for bound, getter in self.getters)
 
     def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
+              amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool,
               n: int, k: int, n_w: int, numel: int, cfg: MoeConfig, split_target: bool, a_row_div: int, gated: bool,
               act: int, mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple) -> None:
         num_pid_m = self.align.num_blocks
@@ -172,12 +196,13 @@ class MoeLaunch:
             example = {**example, "desc": TensorDescriptor.from_tensor(w_t.view(-1, k), block)}
             desc = ("d", tma_at)
         stride_om, stride_ok = (n_w, numel * n_w) if split_target else (n, 0)
-        recipe = [a, a_scale, ("t", w), desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2), ("t", "topk_weights")]
+        recipe = [a, a_scale, ("t", w), desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2), ("t", "topk_weights"),
+                  amax]
         recipe += [("v", v) for v in (
             numel, n, k, k_per_split, num_pid_m, k, stride_asm, w_t.stride(0), w_t.stride(1), *scale_strides,
-            stride_om, stride_ok, a_row_div, gated, act, mul_weight, _QUANT_ID[quant], cfg.BLOCK_SIZE_M,
+            stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, _QUANT_ID[quant], cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
-            bool(cfg.USE_TMA))]
+            bool(cfg.USE_TMA), amax_out, quant_on_load)]
         grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
         self._bind(_moe_gemm_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
         if cfg.USE_TMA:
@@ -201,7 +226,11 @@ class MoeLaunch:
         split1 = cfg1.KSPLIT > 1
         target1 = pieces.add(_F32, cfg1.KSPLIT * numel * n_w1) if split1 else inter
         ws1 = ("t", "w1_scale") if quantized else dummy
+        fused = self.fused_quant  # stage 1 records the intermediate's amax, stage 2 quantizes as it loads
+        amax = ("p", self.align.zero_piece) if fused else dummy
+        amax_out = (2 if quant == "per_1x128" else 1) if fused else 0
         self._gemm(a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1), stride_asm=stride_asm1,
+                   amax=amax, stride_amax=self.amax_groups if fused else 0, amax_out=amax_out, quant_on_load=False,
                    n=inter_dim, k=model_dim, n_w=n_w1, numel=numel, cfg=cfg1, split_target=split1, a_row_div=topk,
                    gated=self.gated, act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant,
                    example=example, pieces=pieces, scale_strides=self._w_strides[0])
@@ -212,7 +241,9 @@ class MoeLaunch:
                            inter_dim, numel * n_w1, n_w1, cfg1.KSPLIT, self.gated, _ACT_ID[activation],
                            doweight_stage1, block)], example, pieces, 4, 1)
         a2, s2, stride_asm2 = ("p", inter), dummy, 0
-        if quantized:
+        if fused:
+            s2, stride_asm2 = amax, self.amax_groups if quant == "per_1x128" else 0
+        elif quantized:
             self.quant2 = QuantLaunch(hidden.dtype, numel, inter_dim, inter_dim, group)
             q2 = pieces.extend(self.quant2.pieces)
             a2, s2 = ("p", q2), ("p", q2 + 1)
@@ -225,7 +256,8 @@ class MoeLaunch:
         else:
             target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))
         ws2 = ("t", "w2_scale") if quantized else dummy
-        self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2, n=model_dim,
+        self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2,
+                   amax=dummy, stride_amax=0, amax_out=0, quant_on_load=fused, n=model_dim,
                    k=inter_dim, n_w=model_dim, numel=numel, cfg=cfg2, split_target=split2, a_row_div=1, gated=False,
                    act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant, example=example, pieces=pieces,
                    scale_strides=self._w_strides[1])
