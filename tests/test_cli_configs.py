@@ -63,7 +63,7 @@ def good_dir(tmp_path) -> Path:
     fwd = KernelConfigForward(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32, num_warps=4, num_stages=2)
     ggj.write_entries(ggj.store_path(folder, DEV.name), [ggj.GroupedGemmEntry(
         triton=DEV.triton_version, num_experts=8, n=256, k=128, topk=2, dtype="bf16", gemm="gate_up",
-        kernel="forward", tokens=64, config=fwd, us=1.0, torch_us=2.0, baseline="torch", provenance=PROV)])
+        kernel="forward", tokens=64, config=fwd.to_dict(), us=1.0, torch_us=2.0, baseline="torch", provenance=PROV)])
     UserKernelStore(folder / "user_kernels" / "axpy.json", "axpy").put([UserEntry(
         DEV.name, DEV.triton_version, {"n": 8}, "n=8", {"BLOCK": 64}, 1.0, "2025-01-01T00:00:00+00:00",
         provenance=PROV)])

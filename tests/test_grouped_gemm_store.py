@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
+from tritune.kernels.grouped_gemm_config import (
+    CONFIG_CLASSES,
+    KernelConfigBackward_dW,
+    KernelConfigBackward_dX,
+    KernelConfigForward,
+    launch_config,
+)
 from tritune.store import grouped_gemm_json as store
 from tritune.store.grouped_gemm_json import (
     GroupedGemmEntry,
@@ -29,16 +35,21 @@ DX = KernelConfigBackward_dX(BLOCK_SIZE_M=128, permute_y=True, use_tma_load_w=Tr
 
 
 def entry(**overrides) -> GroupedGemmEntry:
+    # The store holds a kernel's config as its fields (KernelConfig.to_dict()); the op builds it with launch_config.
     fields = dict(triton="3.6.0", num_experts=128, n=1536, k=2048, topk=8, dtype="bf16", gemm="gate_up",
                   kernel="forward", tokens=1024, config=FWD, us=100.0, torch_us=150.0,
                   baseline="torch._grouped_mm + torch permute", provenance=PROV)
-    return GroupedGemmEntry(**{**fields, **overrides})
+    fields.update(overrides)
+    return GroupedGemmEntry(**{**fields, "config": fields["config"].to_dict()})
 
 
 def lookup(s: GroupedGemmStore, tokens: int, **overrides):
+    """The store's answer with the config built as the op builds it: (KernelConfig, where), or None."""
     args = dict(device_name=DEVICE, triton_version="3.6.0", num_experts=128, n=1536, k=2048, topk=8, dtype="bf16",
                 gemm="gate_up", kernel="forward", tokens=tokens)
-    return s.lookup(**{**args, **overrides})
+    args.update(overrides)
+    found = s.lookup(**args)
+    return None if found is None else (launch_config(args["kernel"], found[0]), found[1])
 
 
 def test_file_name_and_round_trip(tmp_path):
@@ -53,7 +64,7 @@ def test_file_name_and_round_trip(tmp_path):
     assert first["provenance"] == PROV and first["triton"] == "3.6.0" and first["tokens"] == 1024
     assert doc["entries"][0]["us"] is None  # inf written as null
     back = read_entries(path)
-    assert back[1] == entries[0] and back[0].config == DX and back[0].us != back[0].us  # null reads as nan
+    assert back[1] == entries[0] and launch_config("dX", back[0].config) == DX and back[0].us != back[0].us  # nan
 
 
 def test_merge_replaces_the_same_key_and_keeps_the_rest(tmp_path):
@@ -93,8 +104,9 @@ def _doc(**entry_overrides) -> dict:
     (json.dumps(_doc(gemm="up")), "field 'gemm': 'up'"),
     (json.dumps(_doc(kernel="dx")), "field 'kernel': 'dx'"),
     (json.dumps(_doc(config_class="KernelConfigBackward_dW")), "field 'config_class'"),
-    (json.dumps(_doc(config={"BLOCK_M": 64})), "field 'config'"),  # unknown KernelConfig field
+    (json.dumps(_doc(config={})), "field 'config'"),
     (json.dumps(_doc(config={"BLOCK_SIZE_M": "64"})), "BLOCK_SIZE_M='64'"),
+    (json.dumps(_doc(config={"BLOCK_SIZE_M": 0})), "BLOCK_SIZE_M=0"),
     (json.dumps(_doc(us="fast")), "field 'us'"),
     (json.dumps({"device": DEVICE, "entries": [entry().to_dict(), entry().to_dict()]}), "entries[1] repeats"),
 ])
@@ -110,10 +122,17 @@ def test_malformed_file_names_the_file_and_the_field(tmp_path, content, expected
     assert path.read_text() == content
 
 
-def test_entry_checks_config_class_against_kernel():
-    with pytest.raises(ValueError, match="KernelConfigForward does not serve kernel 'dW'"):
-        entry(kernel="dW")
-    assert entry(kernel="dW", config=KernelConfigBackward_dW()).kernel == "dW"
+def test_entry_names_its_kernels_config_class_and_the_kernel_checks_the_fields():
+    # The file names each kernel's config class as the kernels define it; the fields are the kernel's to judge, where
+    # the op builds the config (an unknown field or a value of the wrong type is a ValueError naming it).
+    assert store.CONFIG_CLASS_NAMES == {kernel: cls.__name__ for kernel, cls in CONFIG_CLASSES.items()}
+    assert entry(kernel="dW", config=KernelConfigBackward_dW()).to_dict()["config_class"] == "KernelConfigBackward_dW"
+    with pytest.raises(ValueError, match=r"unknown KernelConfigBackward_dW field\(s\) \['use_tma_load_w'\]"):
+        launch_config("dW", entry(kernel="dW").config)  # a forward config's fields
+    with pytest.raises(ValueError, match=r"unknown KernelConfigForward field\(s\) \['BLOCK_M'\]"):
+        launch_config("forward", {"BLOCK_M": 64})
+    with pytest.raises(ValueError, match="KernelConfigForward: flatten=1 is not a bool"):
+        launch_config("forward", {"flatten": 1})
 
 
 def test_lookup_exact_match_on_everything_but_tokens(tmp_path):

@@ -195,8 +195,9 @@ FWD = KernelConfigForward(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, nu
 
 def grouped_entry(triton_version: str, tokens: int = 1024, **prov) -> ggj.GroupedGemmEntry:
     return ggj.GroupedGemmEntry(triton=triton_version, num_experts=8, n=256, k=128, topk=2, dtype="bf16",
-                                gemm="gate_up", kernel="forward", tokens=tokens, config=FWD, us=1.0, torch_us=2.0,
-                                baseline="torch", provenance={**PROV, "triton_version": triton_version, **prov})
+                                gemm="gate_up", kernel="forward", tokens=tokens, config=FWD.to_dict(), us=1.0,
+                                torch_us=2.0, baseline="torch",
+                                provenance={**PROV, "triton_version": triton_version, **prov})
 
 
 def grouped_lookup(store: ggj.GroupedGemmStore, machine: Machine | None, tokens: int = 1024):
@@ -210,7 +211,7 @@ def test_grouped_other_triton_served_with_a_warning_only_when_checked(tmp_path):
     with caught() as got:
         config, source = grouped_lookup(store, MACHINE)
         grouped_lookup(store, MACHINE, tokens=512)
-    assert config == FWD and source.endswith("tokens=1024 (stale: Triton 3.6 != 3.9)")
+    assert config == FWD.to_dict() and source.endswith("tokens=1024 (stale: Triton 3.6 != 3.9)")
     assert len(got) == 1 and got[0].startswith(f"tritune: {path} was tuned on {H100} (132 SMs, Triton 3.6)")
     # An entry of the running version wins over the stale one, silently.
     ggj.write_entries(path, [grouped_entry("3.9.0", tokens=1024)])

@@ -1,11 +1,13 @@
 """Launch configs of the grouped-GEMM kernels (forward, dX, dW), with the field names and defaults users know from
 Unsloth's manual tuning module, plus the shared-memory estimate the pruning rules use.
 
-A config is a frozen, hashable value: `dataclasses.asdict` is its JSON form and `from_dict` rebuilds it.
+A config is a frozen, hashable value: `dataclasses.asdict` is its JSON form and `from_dict` rebuilds it, checking
+every field; `launch_config(kernel, params)` is the one place a stored or searched config becomes a kernel's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
@@ -49,12 +51,18 @@ class KernelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls: type[C], params: dict[str, Any]) -> C:
-        """Rebuild from `to_dict()`; ValueError naming any unknown key."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
+    def from_dict(cls: type[C], params: Mapping[str, Any]) -> C:
+        """Rebuild from `to_dict()`; ValueError naming an unknown key, or a field whose value is not of its type
+        (tile sizes, warps and stages: integers >= 1; flags: booleans)."""
+        known = {f.name: type(f.default) for f in fields(cls)}
+        unknown = sorted(set(params) - set(known))
         if unknown:
             raise ValueError(f"unknown {cls.__name__} field(s) {unknown}")
+        for name, value in params.items():
+            want = known[name]
+            if type(value) is not want or (want is int and value < 1):
+                what = "positive int" if want is int else "bool"
+                raise ValueError(f"{cls.__name__}: {name}={value!r} is not a {what}")
         return cls(**params)
 
     @property
@@ -98,6 +106,20 @@ class KernelConfigBackward_dX(KernelConfig):  # noqa: N801 (the name users know)
     @property
     def tma_loads(self) -> tuple[bool, bool]:
         return self.use_tma_load_dy, self.use_tma_load_w
+
+
+# The launch config of each kernel: what `launch_config` builds and what the grouped-GEMM store's entries name
+# ("config_class").
+CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
+    "forward": KernelConfigForward, "dX": KernelConfigBackward_dX, "dW": KernelConfigBackward_dW}
+
+
+def launch_config(kernel: str, params: Mapping[str, Any]) -> KernelConfig:
+    """The config of `kernel` ("forward", "dX", "dW") from its fields, as `to_dict()` gives them and the store holds
+    them; ValueError naming an unknown kernel, an unknown field or a value of the wrong type."""
+    if kernel not in CONFIG_CLASSES:
+        raise ValueError(f"unknown grouped-GEMM kernel {kernel!r}; expected one of {', '.join(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[kernel].from_dict(params)
 
 
 def smem_bytes(config: KernelConfig, element_size: int = 2) -> int:

@@ -20,6 +20,7 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigBackward_dW,
     KernelConfigBackward_dX,
     KernelConfigForward,
+    launch_config,
 )
 
 KERNELS = ("forward", "dX", "dW")
@@ -94,7 +95,7 @@ def _select(device: torch.device, num_experts: int, n: int, k: int, topk: int, t
         return heuristic
     from tritune.device import current_device
     from tritune.store.grouped_gemm_json import default_store
-    from tritune.store.provenance import running_machine
+    from tritune.store.provenance import running_machine, warn_once
 
     info = current_device(device.index)
     machine = running_machine(device.index)
@@ -103,8 +104,14 @@ def _select(device: torch.device, num_experts: int, n: int, k: int, topk: int, t
     for kernel, fallback in zip(KERNELS, (heuristic.forward, heuristic.dX, heuristic.dW), strict=True):
         found = default_store().lookup(info.name, info.triton_version, num_experts, n, k, topk, dtype_name, role,
                                        kernel, tokens, machine=machine)
-        chosen.append(found[0] if found else fallback)
-        origins.append(found[1] if found else "heuristic")
+        config, origin = fallback, "heuristic"
+        if found is not None:
+            try:
+                config, origin = launch_config(kernel, found[0]), found[1]
+            except ValueError as err:  # the file's format was fine, the kernel cannot take these fields
+                warn_once(f"tritune: skipping tuned grouped-GEMM {found[1]}: {err}; using the heuristic")
+        chosen.append(config)
+        origins.append(origin)
     return GroupedGemmConfigs(*chosen, origins=tuple(origins))
 
 

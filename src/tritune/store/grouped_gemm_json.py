@@ -14,19 +14,15 @@ from pathlib import Path
 
 from tritune import knobs
 from tritune.device import slug_of
-from tritune.kernels.grouped_gemm_config import (
-    KernelConfig,
-    KernelConfigBackward_dW,
-    KernelConfigBackward_dX,
-    KernelConfigForward,
-)
 from tritune.store.atomic import atomic_write_json, path_lock
 from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, check, compare
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "configs" / "grouped_gemm"
-CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
-    "forward": KernelConfigForward, "dX": KernelConfigBackward_dX, "dW": KernelConfigBackward_dW}
+# The launch-config class each kernel's entries name in "config_class" (tritune.kernels.grouped_gemm_config's
+# CONFIG_CLASSES, which builds a config from an entry's fields; a test keeps the two equal).
+CONFIG_CLASS_NAMES = {"forward": "KernelConfigForward", "dX": "KernelConfigBackward_dX",
+                      "dW": "KernelConfigBackward_dW"}
 GEMMS = ("gate_up", "down")
 DTYPES = ("bf16", "fp16", "fp32")
 MAX_TOKEN_RATIO = 4  # a tuned token count serves a request at most two doublings away
@@ -56,7 +52,8 @@ class GroupedGemmEntry:
     gemm: str
     kernel: str
     tokens: int
-    config: KernelConfig
+    # The kernel's launch config as `KernelConfig.to_dict()` gives it (its field order kept in the file).
+    config: dict[str, int | bool] = field(hash=False)
     us: float
     torch_us: float
     baseline: str  # how torch_us was measured, e.g. "torch._grouped_mm" or "torch loop over experts"
@@ -64,6 +61,7 @@ class GroupedGemmEntry:
 
     def __post_init__(self) -> None:
         _validate(self)
+        object.__setattr__(self, "config", dict(self.config))
 
     def key(self) -> tuple:
         """What an entry is merged on: a new entry with the same key replaces the old one."""
@@ -77,7 +75,7 @@ class GroupedGemmEntry:
     def to_dict(self) -> dict:
         return {"triton": self.triton, "num_experts": self.num_experts, "n": self.n, "k": self.k, "topk": self.topk,
                 "dtype": self.dtype, "gemm": self.gemm, "kernel": self.kernel, "tokens": self.tokens,
-                "config": self.config.to_dict(), "config_class": type(self.config).__name__, "us": self.us,
+                "config": dict(self.config), "config_class": CONFIG_CLASS_NAMES[self.kernel], "us": self.us,
                 "torch_us": self.torch_us, "baseline": self.baseline, "provenance": self.provenance}
 
     @staticmethod
@@ -90,17 +88,16 @@ class GroupedGemmEntry:
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         kernel = d["kernel"]
-        if kernel not in CONFIG_CLASSES:
-            raise ValueError(f"field 'kernel': {kernel!r} is not one of {', '.join(CONFIG_CLASSES)}")
-        cls = CONFIG_CLASSES[kernel]
-        if d["config_class"] != cls.__name__:
+        if kernel not in CONFIG_CLASS_NAMES:
+            raise ValueError(f"field 'kernel': {kernel!r} is not one of {', '.join(CONFIG_CLASS_NAMES)}")
+        if d["config_class"] != CONFIG_CLASS_NAMES[kernel]:
             raise ValueError(f"field 'config_class': {d['config_class']!r} does not match kernel {kernel!r} "
-                             f"(expected {cls.__name__!r})")
-        values = {name: d[name] for name in names if name not in ("config", "config_class")}
+                             f"(expected {CONFIG_CLASS_NAMES[kernel]!r})")
+        values = {name: d[name] for name in names if name != "config_class"}
         for name in ("us", "torch_us"):
             if values[name] is None:  # JSON null stands for inf/nan (see atomic.json_safe)
                 values[name] = math.nan
-        return GroupedGemmEntry(config=_config(cls, d["config"]), **values)
+        return GroupedGemmEntry(**values)
 
 
 def _validate(e: GroupedGemmEntry) -> None:
@@ -108,7 +105,7 @@ def _validate(e: GroupedGemmEntry) -> None:
         value = getattr(e, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"field {name!r}: {value!r} is not a positive integer")
-    for name, allowed in (("gemm", GEMMS), ("dtype", DTYPES), ("kernel", tuple(CONFIG_CLASSES))):
+    for name, allowed in (("gemm", GEMMS), ("dtype", DTYPES), ("kernel", tuple(CONFIG_CLASS_NAMES))):
         if getattr(e, name) not in allowed:
             raise ValueError(f"field {name!r}: {getattr(e, name)!r} is not one of {', '.join(allowed)}")
     for name in ("triton", "baseline"):
@@ -120,22 +117,13 @@ def _validate(e: GroupedGemmEntry) -> None:
             raise ValueError(f"field {name!r}: {value!r} is not a number")
     if not isinstance(e.provenance, dict):
         raise ValueError(f"field 'provenance': {e.provenance!r} is not an object")
-    if type(e.config) is not CONFIG_CLASSES[e.kernel]:
-        raise ValueError(f"field 'config': a {type(e.config).__name__} does not serve kernel {e.kernel!r}")
-
-
-def _config(cls: type[KernelConfig], value: object) -> KernelConfig:
-    if not isinstance(value, dict):
-        raise ValueError(f"field 'config': {value!r} is not an object")
-    try:
-        config = cls.from_dict(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"field 'config': {err}") from None
-    for f in fields(cls):
-        got, want = getattr(config, f.name), type(f.default)
-        if type(got) is not want or (want is int and got < 1):
-            raise ValueError(f"field 'config': {f.name}={got!r} is not a {'positive int' if want is int else 'bool'}")
-    return config
+    # The fields themselves are the kernel's to judge (`launch_config`, where the op builds the config); here only
+    # what the file format says: an object of integers >= 1 and booleans.
+    if not isinstance(e.config, dict) or not e.config:
+        raise ValueError(f"field 'config': {e.config!r} is not a non-empty object")
+    for name, value in e.config.items():
+        if not isinstance(name, str) or not (isinstance(value, bool) or (isinstance(value, int) and value >= 1)):
+            raise ValueError(f"field 'config': {name}={value!r} is not a positive int or a bool")
 
 
 def _load(path: Path) -> tuple[str, list[GroupedGemmEntry]]:
@@ -228,7 +216,7 @@ class GroupedGemmStore:
         with self._lock:
             self._folders: list[Path] | None = None
             self._files: dict[Path, tuple[str, list[GroupedGemmEntry]] | None] = {}
-            self._lookups: dict[tuple, tuple[KernelConfig, str] | None] = {}
+            self._lookups: dict[tuple, tuple[dict, str] | None] = {}
 
     def folders(self) -> list[Path]:
         with self._lock:
@@ -246,8 +234,9 @@ class GroupedGemmStore:
 
     def lookup(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int, dtype: str,
                gemm: str, kernel: str, tokens: int, *,
-               machine: Machine | None = None) -> tuple[KernelConfig, str] | None:
-        """(config, "<file> entry ...") for one kernel of one MoE GEMM at `tokens` tokens, or None.
+               machine: Machine | None = None) -> tuple[dict, str] | None:
+        """(config fields, "<file> entry ...") for one kernel of one MoE GEMM at `tokens` tokens, or None
+        (`kernels.grouped_gemm_config.launch_config(kernel, fields)` is the kernel's config).
 
         `machine` (provenance.running_machine()) turns on the provenance check; None: exact Triton version only.
         """
@@ -264,7 +253,7 @@ class GroupedGemmStore:
 
     def _resolve(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int,
                  dtype: str, gemm: str, kernel: str, tokens: int,
-                 machine: Machine | None) -> tuple[KernelConfig, str] | None:
+                 machine: Machine | None) -> tuple[dict, str] | None:
         want = (num_experts, n, k, topk, dtype, gemm, kernel)
         found: list[tuple[int, Path, GroupedGemmEntry, Recorded]] = []  # every Triton version
         for rank, folder in enumerate(self.folders()):
@@ -288,7 +277,7 @@ class GroupedGemmStore:
         note = "" if e.tokens == tokens else f" (nearest tuned to {tokens})"
         stale = compare(recorded, machine).stale if machine is not None else ""
         note += f" (stale: {stale})" if stale else ""
-        return e.config, f"{path} entry {gemm}/{kernel} tokens={e.tokens}{note}"
+        return dict(e.config), f"{path} entry {gemm}/{kernel} tokens={e.tokens}{note}"
 
     def _files_entries(self, path: Path) -> tuple[str, list[GroupedGemmEntry]]:
         """(device, entries) of a store file, read once; ("", []) when absent or malformed (warned once)."""

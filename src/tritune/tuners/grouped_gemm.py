@@ -223,7 +223,7 @@ def _entry(o: GroupedGemmOutcome, m: Measurement, device: DeviceInfo) -> Grouped
     p, s = o.problem, o.problem.shape
     return GroupedGemmEntry(triton=device.triton_version, num_experts=s.num_experts, n=p.n, k=p.k, topk=s.topk,
                             dtype=s.dtype, gemm=p.gemm, kernel=p.kernel, tokens=s.seqlen,
-                            config=kernel_config(p, m.config), us=m.time_us, torch_us=o.torch_us,
+                            config=kernel_config(p, m.config).to_dict(), us=m.time_us, torch_us=o.torch_us,
                             baseline=o.baseline, provenance=device.provenance())
 
 

@@ -13,12 +13,7 @@ import torch
 from tritune.device import DeviceInfo
 from tritune.kernels import grouped_gemm as gg
 from tritune.kernels.grouped_gemm_compile import compile_only
-from tritune.kernels.grouped_gemm_config import (
-    KernelConfig,
-    KernelConfigBackward_dW,
-    KernelConfigBackward_dX,
-    KernelConfigForward,
-)
+from tritune.kernels.grouped_gemm_config import CONFIG_CLASSES, KernelConfig
 from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dw_reference,
     grouped_gemm_dx_reference,
@@ -42,8 +37,6 @@ from tritune.tuning.types import Config
 GEMMS = ("gate_up", "down")
 KERNELS = ("forward", "dX", "dW")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-CONFIG_CLASSES: dict[str, type[KernelConfig]] = {
-    "forward": KernelConfigForward, "dX": KernelConfigBackward_dX, "dW": KernelConfigBackward_dW}
 _RULES = {"forward": FORWARD_RULES, "dX": BACKWARD_DX_RULES, "dW": BACKWARD_DW_RULES}
 # Config fields of the first and second operand's TMA load: x·w forward, dy·w dX, dy·x dW.
 _TMA_FIELDS = {"forward": ("use_tma_load_x", "use_tma_load_w"), "dX": ("use_tma_load_dy", "use_tma_load_w"),
