@@ -1,15 +1,23 @@
 """The tuning journal: an SQLite file holding every measured candidate, committed as soon as it is measured.
 
-A rerun after a crash, kill -9 or Ctrl-C reads it back and skips what was already measured.
+A rerun after a crash, kill -9 or Ctrl-C reads it back and skips what was already measured. Tuners sharing one
+journal (two runs on one output folder) share the work: a candidate is claimed before it is measured (a claim row
+naming the owning process), others wait for its result instead of measuring it again, and the claims of a process
+that died are taken over.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -34,7 +42,65 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS claims (
+    problem_key TEXT NOT NULL,
+    config TEXT NOT NULL,          -- Config.key()
+    phase TEXT NOT NULL,           -- "measure" (first pass) or "retime" (a finalist timed as the op runs)
+    owner TEXT NOT NULL,           -- host:pid:token of the claiming journal connection
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started TEXT NOT NULL,         -- the owner's process start time (Linux /proc), '' where unknown
+    seen REAL NOT NULL,            -- unix time the owner last said it is alive
+    PRIMARY KEY (problem_key, config, phase)
+);
 """
+
+PHASES = ("measure", "retime")
+# A claim whose owner has not said it is alive for this long is taken over even when its process cannot be checked
+# (another host sharing the file); owners refresh theirs every HEARTBEAT_S while they work.
+STALE_AFTER_S = 300.0
+HEARTBEAT_S = 5.0
+# What "done" means per phase: measured at all, or (a finalist) re-timed as the op runs or failed doing so.
+_DONE = {
+    "measure": "SELECT 1 FROM measurements WHERE problem_key = ? AND config = ?",
+    "retime": "SELECT 1 FROM measurements WHERE problem_key = ? AND config = ? "
+              "AND (status != 'ok' OR eager_us IS NOT NULL)",
+}
+
+
+def _process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux /proc; '' elsewhere or when gone): with the pid it
+    names one process, so a reused pid is not mistaken for the claim's owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the parenthesised command name
+
+
+def _alive(pid: int, started: str) -> bool:
+    """Whether process `pid` (started at `started`, when known) still runs on this host; a zombie does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True  # no /proc: the signal check is all there is
+    return state not in ("Z", "X") and (not started or _process_start(pid) == started)
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What `Journal.claim` found for the keys asked: claimed now by this journal (`mine`), held by another live
+    owner (`others`), or already done in the journal (`done`)."""
+
+    mine: frozenset[tuple[str, str]]
+    others: frozenset[tuple[str, str]]
+    done: frozenset[tuple[str, str]]
 
 # Columns added after the first release: (name, SQL type). A journal written before them gains them on open.
 _ADDED_COLUMNS = (("eager_us", "REAL"), ("graph_us", "REAL"))
@@ -77,6 +143,10 @@ class Journal:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
         self._migrate()
+        self._host, self._pid = socket.gethostname(), os.getpid()
+        self._started = _process_start(self._pid)
+        self.owner = f"{self._host}:{self._pid}:{uuid.uuid4().hex[:8]}"
+        self._beat = time.time()
 
     def _migrate(self) -> None:
         """Add the columns an older journal lacks (NULL in its rows: not re-timed), so it opens and resumes."""
@@ -139,6 +209,66 @@ class Journal:
             )
         return out
 
+    def claim(self, keys: Iterable[tuple[str, str]], phase: str) -> Claims:
+        """Claim each (problem key, Config.key()) for `phase` unless it is done or a live owner holds it; one
+        transaction, so two journals asking at once never both get a key. A claim of a dead owner (its process gone
+        from this host, or silent for STALE_AFTER_S) is taken over."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown claim phase {phase!r}; expected one of {PHASES}")
+        mine, others, done = set(), set(), set()
+        now = time.time()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for key in keys:
+                    if self._conn.execute(_DONE[phase], key).fetchone():
+                        done.add(key)
+                        continue
+                    row = self._conn.execute(
+                        "SELECT owner, host, pid, started, seen FROM claims WHERE problem_key = ? AND config = ? "
+                        "AND phase = ?", (*key, phase)).fetchone()
+                    if row is not None and row[0] != self.owner and not self._stale(*row[1:], now):
+                        others.add(key)
+                        continue
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO claims (problem_key, config, phase, owner, host, pid, started, seen) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (*key, phase, self.owner, self._host, self._pid, self._started, now))
+                    mine.add(key)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return Claims(frozenset(mine), frozenset(others), frozenset(done))
+
+    def _stale(self, host: str, pid: int, started: str, seen: float, now: float) -> bool:
+        if now - seen > STALE_AFTER_S:
+            return True
+        return host == self._host and not _alive(pid, started)
+
+    def release(self, keys: Iterable[tuple[str, str]] | None = None, phase: str | None = None) -> None:
+        """Drop this journal's claims: of `keys` in `phase`, or (no keys) every one it holds."""
+        with self._lock:
+            if keys is None:
+                self._conn.execute("DELETE FROM claims WHERE owner = ?", (self.owner,))
+                return
+            self._conn.executemany("DELETE FROM claims WHERE problem_key = ? AND config = ? AND phase = ? "
+                                   "AND owner = ?", [(*key, phase, self.owner) for key in keys])
+
+    def heartbeat(self) -> None:
+        """Say this journal's owner is alive (at most every HEARTBEAT_S; cheap to call in a polling loop)."""
+        now = time.time()
+        if now - self._beat < HEARTBEAT_S:
+            return
+        self._beat = now
+        with self._lock:
+            self._conn.execute("UPDATE claims SET seen = ? WHERE owner = ?", (now, self.owner))
+
+    def is_done(self, key: tuple[str, str], phase: str) -> bool:
+        """Whether (problem key, Config.key()) is done for `phase` in the journal (by any process)."""
+        with self._lock:
+            return self._conn.execute(_DONE[phase], key).fetchone() is not None
+
     def problem_keys(self) -> list[str]:
         """Problems with at least one recorded candidate, sorted."""
         with self._lock:
@@ -164,7 +294,12 @@ class Journal:
         return None if row is None else str(row[0])
 
     def close(self) -> None:
+        """Release every claim this journal holds, then close."""
         with self._lock:
+            try:
+                self._conn.execute("DELETE FROM claims WHERE owner = ?", (self.owner,))
+            except sqlite3.Error:
+                pass  # a closed or broken connection: the claims go stale with this process
             self._conn.close()
 
     def __enter__(self) -> Journal:

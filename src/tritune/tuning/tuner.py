@@ -83,6 +83,7 @@ class TuneSummary:
     pruned: Counter = field(default_factory=Counter)  # rule -> configs removed
     candidates: int = 0
     reused: int = 0  # found in the journal, not measured again
+    shared: int = 0  # measured (or re-timed) by another tuner sharing the journal while this one waited for it
     compiled: int = 0  # distinct binaries built in this run
     compile_failed: Counter = field(default_factory=Counter)  # status -> count
     measured: int = 0
@@ -116,7 +117,8 @@ class TuneSummary:
         return [
             f"problems: {self.problems}",
             f"candidates: {self.space_size} in the spaces, {sum(self.pruned.values())} pruned, "
-            f"{self.candidates} kept, {self.reused} reused from the journal",
+            f"{self.candidates} kept, {self.reused} reused from the journal"
+            + (f", {self.shared} measured by another tuner sharing it" if self.shared else ""),
             f"pruned by rule: {kinds(self.pruned)}",
             f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
             f"{f'{self.compile_speedup:.1f}x' if self.compile_cpu_s >= 1.0 else 'n/a'}); "
@@ -130,6 +132,10 @@ class TuneSummary:
 
 
 PROGRESS_LABEL_CHARS = 72
+_LOOK_ELSEWHERE_S = 0.25  # how often a run waiting on another's claims reads the journal for their results
+# Pairs a run claims ahead of what it has finished: enough to keep a compile pool of every core and the GPU workers
+# busy, few enough that a second run sharing the journal finds work to take.
+CLAIM_WINDOW = 64
 
 
 def progress_label(problem: Any) -> str:
@@ -217,11 +223,55 @@ class _Pipeline:
                                   dynamic_ncols=True)
         return self.bars[key]
 
-    def _record(self, jkey: str, m: Measurement) -> Measurement:
+    def _record(self, jkey: str, m: Measurement, phase: str) -> Measurement:
+        """Journal `m` under `jkey` and drop this run's claim on it (for `phase`): it is done for every tuner."""
         self._start_clock()
         m = dataclasses.replace(m, problem_key=jkey)
         self.journal.record(m)
+        self.journal.release([(jkey, m.config.key())], phase)
         return m
+
+    def _compile(self, problem: Any, config: Config, jkey: str,
+                 waiting: dict[str, list[tuple[Any, Config, str]]]) -> None:
+        """Queue a pair behind its binary's compile (started now unless this pipeline already has it)."""
+        ckey = self._compile_key(problem, config)
+        if ckey not in self.compiled:
+            self.compiled[ckey] = self.pool.submit(problem, config)
+            self.summary.compiled += 1
+        waiting[ckey].append((problem, config, jkey))
+
+    def _claim(self, batch: list[tuple[Any, Config, str]], results: dict[tuple[str, str], Measurement],
+               per_problem: Counter, finalist: bool,
+               phase: str) -> tuple[list[tuple[Any, Config, str]], dict[tuple[str, str], tuple[Any, Config, str]]]:
+        """Claim `batch` in the journal: (the pairs this run measures, the pairs another run holds, by key). Pairs
+        another run finished since the journal was first read go straight into `results`."""
+        claims = self.journal.claim([(jkey, config.key()) for _, config, jkey in batch], phase)
+        pending = {(jkey, config.key()): (problem, config, jkey) for problem, config, jkey in batch}
+        self._take_shared({key: pending[key] for key in claims.done}, results, per_problem, finalist)
+        mine = [pair for key, pair in pending.items() if key in claims.mine]
+        return mine, {key: pair for key, pair in pending.items() if key in claims.others}
+
+    def _collect_elsewhere(self, elsewhere: dict[tuple[str, str], tuple[Any, Config, str]],
+                           results: dict[tuple[str, str], Measurement], per_problem: Counter, finalist: bool,
+                           phase: str, waiting: dict[str, list[tuple[Any, Config, str]]]) -> tuple[int, int]:
+        """Take what other runs have journaled since the last look; claim (and queue for compiling) what they gave
+        up or left behind by dying. Returns (pairs taken from the journal, pairs claimed)."""
+        claims = self.journal.claim(list(elsewhere), phase)
+        self._take_shared({key: elsewhere.pop(key) for key in claims.done}, results, per_problem, finalist)
+        for key in claims.mine:
+            self._compile(*elsewhere.pop(key), waiting)
+        return len(claims.done), len(claims.mine)
+
+    def _take_shared(self, done: dict[tuple[str, str], tuple[Any, Config, str]],
+                     results: dict[tuple[str, str], Measurement], per_problem: Counter, finalist: bool) -> None:
+        """Pairs another tuner sharing the journal measured: their journaled results (one read per problem), not
+        measured again here."""
+        journaled = {jkey: self.journal.measurements(jkey) for jkey, _ in done}
+        for key, (problem, config, jkey) in done.items():
+            results[key] = journaled[jkey][config]
+            self.summary.shared += 1
+            if not finalist and (bar := self._bar(problem, per_problem[problem.key()])) is not None:
+                bar.update(1)
 
     def _take_late(self, m: Measurement) -> bool:
         """Journal `m` if it is the result of a candidate left in flight when an earlier share ended; True if so."""
@@ -230,7 +280,7 @@ class _Pipeline:
             return False
         config, jkey, finalist, first = entry
         m = dataclasses.replace(m, config=config)
-        self._record(jkey, _with_op_times(first, m) if finalist else m)
+        self._record(jkey, _with_op_times(first, m) if finalist else m, "retime" if finalist else "measure")
         if finalist:
             self.summary.retimed += 1
         else:
@@ -274,17 +324,30 @@ class _Pipeline:
             return [results[(jkeys[p.key()], c.key())] for p, c in pairs]
 
         start = time.perf_counter()
+        phase = "retime" if finalist else "measure"
+        # Pairs are claimed in the journal CLAIM_WINDOW at a time, so another tuner sharing it takes the rest; pairs
+        # another run holds are waited for and taken from the journal, and a dead run's claims are taken over.
+        unclaimed: list[tuple[Any, Config, str]] = list(todo)
+        elsewhere: dict[tuple[str, str], tuple[Any, Config, str]] = {}
         waiting: dict[str, list[tuple[Any, Config, str]]] = defaultdict(list)
-        for problem, config, jkey in todo:
-            ckey = self._compile_key(problem, config)
-            if ckey not in self.compiled:
-                self.compiled[ckey] = self.pool.submit(problem, config)
-                self.summary.compiled += 1
-            waiting[ckey].append((problem, config, jkey))
         tasks: dict[int, tuple[Any, Config, str]] = {}
         first_task_at = last_compile_at = None
-        remaining = len(todo)
+        remaining, open_mine, next_look = len(todo), 0, time.monotonic()
         while remaining and not self._out_of_time():
+            self.journal.heartbeat()
+            if unclaimed and open_mine <= CLAIM_WINDOW // 2:
+                batch, unclaimed = unclaimed[:CLAIM_WINDOW - open_mine], unclaimed[CLAIM_WINDOW - open_mine:]
+                mine, others = self._claim(batch, results, per_problem, finalist, phase)
+                remaining -= len(batch) - len(mine) - len(others)
+                open_mine += len(mine)
+                elsewhere.update(others)
+                for pair in mine:
+                    self._compile(*pair, waiting)
+            if elsewhere and time.monotonic() >= next_look:
+                next_look = time.monotonic() + _LOOK_ELSEWHERE_S
+                taken, reclaimed = self._collect_elsewhere(elsewhere, results, per_problem, finalist, phase, waiting)
+                remaining -= taken
+                open_mine += reclaimed
             for ckey in [k for k in waiting if self.compiled[k].done()]:
                 outcome = self.compiled[ckey].result()
                 last_compile_at = time.perf_counter()
@@ -296,10 +359,11 @@ class _Pipeline:
                         first_task_at = first_task_at or time.perf_counter()
                         self.next_id += 1
                         continue
-                    m = self._record(jkey, Measurement(jkey, config, outcome.status, message=outcome.message))
+                    m = self._record(jkey, Measurement(jkey, config, outcome.status, message=outcome.message), phase)
                     self.summary.compile_failed[outcome.status.value] += 1
                     results[(jkey, config.key())] = m
                     remaining -= 1
+                    open_mine -= 1
                     if not finalist and (bar := self._bar(problem, per_problem[problem.key()])) is not None:
                         bar.update(1)
             for m in self.executor.poll(0.02 if waiting else 0.2):
@@ -309,9 +373,10 @@ class _Pipeline:
                 m = dataclasses.replace(m, config=config)
                 if finalist:
                     m = _with_op_times(journaled[jkey].get(config), m)
-                m = self._record(jkey, m)
+                m = self._record(jkey, m, phase)
                 results[(jkey, config.key())] = m
                 remaining -= 1
+                open_mine -= 1
                 if not m.ok:
                     self.summary.failed[m.status.value] += 1
                 if finalist:
@@ -322,10 +387,11 @@ class _Pipeline:
                     bar.update(1)
                     if m.ok:
                         bar.set_postfix_str(f"{m.time_us:.1f}us", refresh=False)
-        if remaining:  # the time limit passed first
+        if remaining:  # the time limit passed first: what this run claimed and will not measure is given back
             for task in self.executor.cancel():
                 tasks.pop(task.task_id)
             self.late.update({i: (c, j, finalist, journaled[j].get(c)) for i, (_, c, j) in tasks.items()})
+            self.journal.release([(j, c.key()) for _, c, j in todo if (j, c.key()) not in results], phase)
             for _, config, jkey in todo:
                 if (jkey, config.key()) not in results:
                     results[(jkey, config.key())] = self._unmeasured(jkey, config, journaled[jkey].get(config),
