@@ -99,6 +99,7 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
                  "\n  e2e (1-stage): 1 measured; best ", "\n== run: 1 row(s), stage search and end-to-end re-time"):
         assert line in summary
     assert captured.out.count("problems: ") == 1 and "\n  problems: 5\n" in summary  # 3 kinds + 2 re-times
+    assert not list(tmp_path.rglob("*.lock"))  # write locks live in the cache folder, never beside outputs
 
     with out.open() as f:
         header, *rows = list(csv.reader(f))
