@@ -20,6 +20,8 @@ from typing import TypeVar
 from tritune import knobs
 from tritune.store.atomic import atomic_write_text
 from tritune.store.csv_records import csv_records
+from tritune.store.files import ConfigFiles, user_folder
+from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, compare, mismatch_message, warn_once
 
 T = TypeVar("T")
@@ -519,12 +521,8 @@ USER_FILE_NAME = "tuned_fmoe.csv"  # the one fused-MoE file read from TRITUNE_CO
 
 def user_config_file() -> Path | None:
     """<TRITUNE_CONFIG_DIR>/tuned_fmoe.csv when the variable is set (the file need not exist), else None; a bad
-    TRITUNE_CONFIG_DIR is warned about and ignored, as the GEMM store does."""
-    try:
-        folder = knobs.config_dir()
-    except ValueError as err:
-        warnings.warn(f"tritune: ignoring {err}", stacklevel=3)
-        return None
+    TRITUNE_CONFIG_DIR is warned about and ignored, as every store does (`store.files.user_folder`)."""
+    folder = user_folder()
     return None if folder is None else folder / USER_FILE_NAME
 
 
@@ -536,15 +534,43 @@ def default_config_files() -> list[Path]:
                                                                       or package_config_files())
 
 
-@functools.cache
-def default_table() -> FmoeConfigTable:
-    """The process-wide table of default_config_files(), read once until reload_fmoe_configs().
+class FmoeFiles(ConfigFiles[list[tuple[FmoeTuned, str]]]):
+    """The fused-MoE CSVs the ops read (`default_config_files()`), each parsed once, and the one table of all their
+    rows, built on first use; both kept until `reload()`. A malformed file is skipped with one warning naming it and
+    the row, column and value at fault; a bad TRITUNE_CONFIG_FMOE raises (nothing is cached: the next call tries
+    again)."""
 
-    A failure (bad file, bad TRITUNE_CONFIG_FMOE) is not cached: the next call tries again.
-    """
-    return FmoeConfigTable.from_files(default_config_files())
+    KIND = "fused-MoE"
+
+    def read(self, path: Path) -> list[tuple[FmoeTuned, str]]:
+        return [(tuned, row.where()) for tuned, row in _read_tuned_rows(path)]
+
+    def reload(self) -> None:
+        with self._lock:
+            super().reload()
+            self._table: FmoeConfigTable | None = None
+
+    def table(self) -> FmoeConfigTable:
+        with self._lock:
+            if self._table is None:
+                rows, origins, files = [], [], []
+                for path in default_config_files():
+                    for tuned, where in self.parsed(path) or ():
+                        rows.append(tuned)
+                        origins.append(where)
+                        files.append(str(path))
+                self._table = FmoeConfigTable(rows, origins, files)
+            return self._table
+
+
+_DEFAULT = ProcessWide(FmoeFiles)
+
+
+def default_table() -> FmoeConfigTable:
+    """The process-wide table of default_config_files(), read once until reload_fmoe_configs()."""
+    return _DEFAULT.get().table()
 
 
 def reload_fmoe_configs() -> None:
-    """Drop the cached default table: the next default_table() re-reads TRITUNE_CONFIG_FMOE and the files."""
-    default_table.cache_clear()
+    """Drop the cached table and files: the next default_table() re-reads TRITUNE_CONFIG_FMOE and the files."""
+    _DEFAULT.get().reload()

@@ -13,16 +13,13 @@ import json
 import math
 import operator
 import re
-import threading
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritune import knobs
 from tritune.device import slug_of
 from tritune.params import Config
 from tritune.store.atomic import atomic_write_json, json_safe, path_lock
+from tritune.store.files import ConfigFiles
 from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, check
 
@@ -322,11 +319,9 @@ def write_default_file(folder: Path, provenance: dict, tag: str, device_slug: st
     return path
 
 
-_MISS = object()
-
-
-class GemmConfigStore:
-    """Run-time lookup of tuned GEMM configs, cached per process.
+class GemmConfigStore(ConfigFiles[GemmFile]):
+    """Run-time lookup of tuned GEMM configs over the files of `store.files.ConfigFiles` (each parsed once per
+    process, until `reload()`, which also re-reads TRITUNE_CONFIG_DIR).
 
     Folders, searched in order (the first holding a readable file wins): `folders` if given, else
     TRITUNE_CONFIG_DIR (when set) then the shipped `tritune/configs/gemm/`. For (device, tag, out_dtype, M, N, K):
@@ -337,34 +332,15 @@ class GemmConfigStore:
     Given the running `machine`, a file whose provenance does not fit it (provenance.compare) warns once per
     process: another device, SM count or interpreter-vs-GPU skips it (the search goes on), another Triton
     major.minor serves it anyway.
-    Parsed files and lookups stay cached until `reload()`, which also re-reads TRITUNE_CONFIG_DIR.
     """
 
-    def __init__(self, folders: Sequence[Path] | None = None) -> None:
-        self._given = None if folders is None else [Path(f) for f in folders]
-        self._lock = threading.RLock()
-        self.reload()
+    KIND = "GEMM"
 
-    def reload(self) -> None:
-        """Forget parsed files, lookups and the folder list; the next lookup reads the disk again."""
-        with self._lock:
-            self._folders: list[Path] | None = None
-            self._files: dict[Path, GemmFile | None] = {}
-            self._lookups: dict[tuple, tuple[Config, str] | None] = {}
+    def package_dir(self) -> Path:
+        return PACKAGE_DIR
 
-    def folders(self) -> list[Path]:
-        with self._lock:
-            if self._folders is None:
-                if self._given is not None:
-                    self._folders = list(self._given)
-                else:
-                    try:
-                        user = knobs.config_dir()
-                    except ValueError as err:
-                        warnings.warn(f"tritune: ignoring {err}", stacklevel=5)
-                        user = None
-                    self._folders = ([user] if user else []) + [PACKAGE_DIR]
-            return self._folders
+    def read(self, path: Path) -> GemmFile:
+        return _load(path)[1]
 
     def lookup(self, device_slug: str, tag: str, M: int, N: int, K: int, *, machine: Machine | None = None,
                out_dtype: str = OUT_DTYPE) -> tuple[Config, str] | None:
@@ -374,34 +350,15 @@ class GemmConfigStore:
         bucket xlarge", with " (stale: Triton 3.6 != 3.9)" added when the file's Triton differs. `machine`
         (provenance.running_machine()) turns on the provenance check; None checks nothing. M < 1 is a ValueError.
         """
-        key = (device_slug, tag, out_dtype, M, N, K, machine)
-        hit = self._lookups.get(key, _MISS)  # lock-free fast path: a dict read is atomic
-        if hit is not _MISS:
-            return hit
-        with self._lock:
-            result = self._resolve(device_slug, tag, out_dtype, M, N, K, machine)
-            self._lookups[key] = result
-            return result
-
-    def shape_entries(self, device_slug: str, tag: str, N: int, K: int, *, machine: Machine | None = None,
-                      out_dtype: str = OUT_DTYPE) -> tuple[Path, dict[int, GemmEntry]] | None:
-        """The shape file of (N, K) that `lookup` reads (same folders, order and provenance check) and its tuned
-        entries by M, for choosing between tuned M values; None when there is no such file."""
-        with self._lock:
-            found = self._first(shape_file_name(device_slug, tag, N, K, out_dtype), machine)
-        return None if found is None else (found[0], dict(found[1].by_M))
-
-    def _resolve(self, slug: str, tag: str, out_dtype: str, M: int, N: int, K: int,
-                 machine: Machine | None) -> tuple[Config, str] | None:
         buckets = (m_bucket(M), "any")
-        found = self._first(shape_file_name(slug, tag, N, K, out_dtype), machine)
+        found = self._first(shape_file_name(device_slug, tag, N, K, out_dtype), machine)
         if found:
             path, parsed, note = found
             if M in parsed.by_M:
                 return parsed.by_M[M].config, f"shape file {path} M={M}{note}"
             bucket = next(b for b in buckets if b in parsed.configs)  # "any" is always there
             return parsed.configs[bucket], f"shape file {path} bucket {bucket}{note}"
-        found = self._first(default_file_name(slug, tag, out_dtype), machine)
+        found = self._first(default_file_name(device_slug, tag, out_dtype), machine)
         if found:
             path, parsed, note = found
             for bucket in buckets:
@@ -409,13 +366,18 @@ class GemmConfigStore:
                     return parsed.configs[bucket], f"device default {path} bucket {bucket}{note}"
         return None
 
+    def shape_entries(self, device_slug: str, tag: str, N: int, K: int, *, machine: Machine | None = None,
+                      out_dtype: str = OUT_DTYPE) -> tuple[Path, dict[int, GemmEntry]] | None:
+        """The shape file of (N, K) that `lookup` reads (same folders, order and provenance check) and its tuned
+        entries by M, for choosing between tuned M values; None when there is no such file."""
+        found = self._first(shape_file_name(device_slug, tag, N, K, out_dtype), machine)
+        return None if found is None else (found[0], dict(found[1].by_M))
+
     def _first(self, name: str, machine: Machine | None) -> tuple[Path, GemmFile, str] | None:
         """The first readable file `name` in folder order that `machine` may use, and a note when it is stale."""
         for folder in self.folders():
             path = folder / name
-            if path not in self._files:
-                self._files[path] = self._parse(path)
-            parsed = self._files[path]
+            parsed = self.parsed(path)
             if parsed is None:
                 continue
             if machine is None:
@@ -424,16 +386,6 @@ class GemmConfigStore:
             if not verdict.skip:
                 return path, parsed, f" (stale: {verdict.stale})" if verdict.stale else ""
         return None
-
-    @staticmethod
-    def _parse(path: Path) -> GemmFile | None:
-        if not path.is_file():
-            return None
-        try:
-            return _load(path)[1]
-        except (OSError, ValueError) as err:
-            warnings.warn(f"tritune: skipping malformed GEMM config file: {err}", stacklevel=5)
-            return None
 
 
 _DEFAULT = ProcessWide(GemmConfigStore)

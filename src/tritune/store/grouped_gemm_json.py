@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tritune import knobs
 from tritune.device import slug_of
 from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.store.files import ConfigFiles
 from tritune.store.process_wide import ProcessWide
 from tritune.store.provenance import Machine, Recorded, check, compare
 
@@ -191,46 +189,27 @@ def write_entries(path: str | Path, entries: Sequence[GroupedGemmEntry], device:
     return path
 
 
-_MISS = object()
-
-
-class GroupedGemmStore:
-    """Run-time lookup of tuned grouped-GEMM configs, cached per process.
+class GroupedGemmStore(ConfigFiles[tuple[str, list[GroupedGemmEntry]]]):
+    """Run-time lookup of tuned grouped-GEMM configs over files read once per process.
 
     Folders, in order: `folders` if given, else TRITUNE_CONFIG_DIR (when set) then the shipped
     `tritune/configs/grouped_gemm/`. An entry of an earlier folder shadows one with the same key in a later
     one. Matching is exact on everything but tokens: the exact token count wins, else the nearest tuned count
     at most MAX_TOKEN_RATIO times larger or smaller (ties: the earlier folder, then the larger count), else
-    None. A malformed file warns once and is skipped, never raises. `reload()` forgets everything read.
+    None. A malformed file warns once and is skipped, never raises (`store.files.ConfigFiles`, which also reads each
+    file once until `reload()`).
     Given the running `machine`, entries it may not use (provenance.compare: the file's device, the entry's SM
     count, interpreter vs GPU) are passed over, with one warning per file when that leaves nothing; entries of
     the running Triton version come first, else those of other versions serve, with one warning per file.
     """
 
-    def __init__(self, folders: Sequence[str | Path] | None = None) -> None:
-        self._given = None if folders is None else [Path(f) for f in folders]
-        self._lock = threading.RLock()
-        self.reload()
+    KIND = "grouped-GEMM"
 
-    def reload(self) -> None:
-        with self._lock:
-            self._folders: list[Path] | None = None
-            self._files: dict[Path, tuple[str, list[GroupedGemmEntry]] | None] = {}
-            self._lookups: dict[tuple, tuple[dict, str] | None] = {}
+    def package_dir(self) -> Path:
+        return PACKAGE_DIR
 
-    def folders(self) -> list[Path]:
-        with self._lock:
-            if self._folders is None:
-                if self._given is not None:
-                    self._folders = list(self._given)
-                else:
-                    try:
-                        user = knobs.config_dir()
-                    except ValueError as err:
-                        warnings.warn(f"tritune: ignoring {err}", stacklevel=5)
-                        user = None
-                    self._folders = ([user] if user else []) + [PACKAGE_DIR]
-            return self._folders
+    def read(self, path: Path) -> tuple[str, list[GroupedGemmEntry]]:
+        return _load(path)
 
     def lookup(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int, dtype: str,
                gemm: str, kernel: str, tokens: int, *,
@@ -242,23 +221,11 @@ class GroupedGemmStore:
         """
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
-        key = (device_name, triton_version, num_experts, n, k, topk, dtype, gemm, kernel, tokens)
-        hit = self._lookups.get((*key, machine), _MISS)  # lock-free fast path: a dict read is atomic
-        if hit is not _MISS:
-            return hit
-        with self._lock:
-            result = self._resolve(*key, machine)
-            self._lookups[(*key, machine)] = result
-            return result
-
-    def _resolve(self, device_name: str, triton_version: str, num_experts: int, n: int, k: int, topk: int,
-                 dtype: str, gemm: str, kernel: str, tokens: int,
-                 machine: Machine | None) -> tuple[dict, str] | None:
         want = (num_experts, n, k, topk, dtype, gemm, kernel)
         found: list[tuple[int, Path, GroupedGemmEntry, Recorded]] = []  # every Triton version
         for rank, folder in enumerate(self.folders()):
             path = store_path(folder, device_name)
-            device, entries = self._files_entries(path)
+            device, entries = self.parsed(path) or ("", [])
             found += [(rank, path, e, e.recorded(device)) for e in entries if e.key()[1:-1] == want]
         same = [f for f in found if f[2].triton == triton_version]
         if machine is None:
@@ -278,17 +245,6 @@ class GroupedGemmStore:
         stale = compare(recorded, machine).stale if machine is not None else ""
         note += f" (stale: {stale})" if stale else ""
         return dict(e.config), f"{path} entry {gemm}/{kernel} tokens={e.tokens}{note}"
-
-    def _files_entries(self, path: Path) -> tuple[str, list[GroupedGemmEntry]]:
-        """(device, entries) of a store file, read once; ("", []) when absent or malformed (warned once)."""
-        if path not in self._files:
-            self._files[path] = None
-            if path.is_file():
-                try:
-                    self._files[path] = _load(path)
-                except ValueError as err:
-                    warnings.warn(f"tritune: skipping malformed grouped-GEMM config file: {err}", stacklevel=5)
-        return self._files[path] or ("", [])
 
 
 def _nearest_tokens(found: list[tuple], tokens: int) -> tuple | None:

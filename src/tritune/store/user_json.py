@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tritune.store.atomic import atomic_write_json, path_lock
+from tritune.store.files import ConfigFiles
 from tritune.store.provenance import Machine, Recorded, check
 
 FORMAT = "tritune-user-kernel"
@@ -98,6 +99,27 @@ def _entry(path: Path, index: int, raw: Any) -> UserEntry:
     return entry
 
 
+def pick(path: Path, entries: Sequence[UserEntry], device: str, key_text: str,
+         machine: Machine | None = None) -> UserEntry | None:
+    """The entry of `path` (its `entries`) for exactly this device name and key text (the latest `tuned_at` if
+    several), else None. With `machine`, one it may not use is None (see `UserKernelStore.lookup`)."""
+    found = [e for e in entries if e.device == device and e.key_text == key_text]
+    entry = max(found, key=_tuned_order) if found else None
+    if entry is None or machine is None:
+        return entry
+    return None if check(str(path), entry.recorded(), machine).skip else entry
+
+
+class UserKernelFiles(ConfigFiles[list[UserEntry]]):
+    """Results files as a kernel's calls read them (`tritune.user.store.StoredConfigs`): each file's entries parsed
+    once until `reload()`; a malformed file skipped with one warning naming it and the problem."""
+
+    KIND = "user-kernel"
+
+    def read(self, path: Path) -> list[UserEntry]:
+        return UserKernelStore(path).entries()
+
+
 class UserKernelStore:
     """One kernel's results file. Reads are fresh each call (callers cache); `put` merges under a file lock."""
 
@@ -143,11 +165,7 @@ class UserKernelStore:
         With `machine` (provenance.running_machine()), an entry it may not use (another SM count, interpreter vs
         GPU) is None and one of another Triton major.minor is served; either warns once per file and mismatch.
         """
-        found = [e for e in self.entries() if e.device == device and e.key_text == key_text]
-        entry = max(found, key=_tuned_order) if found else None
-        if entry is None or machine is None:
-            return entry
-        return None if check(str(self.path), entry.recorded(), machine).skip else entry
+        return pick(self.path, self.entries(), device, key_text, machine)
 
     def put(self, entries: Sequence[UserEntry]) -> None:
         """Merge `entries` into the file: one entry per (device, key_text), the latest `tuned_at` kept.

@@ -1,5 +1,6 @@
 """Where a user kernel's tuned configs live and how a call finds one: the results file's path, a lookup that warns
-(never raises) on a bad file or a stale entry, the per-process cache, and the entry a tune persists.
+(never raises) on a bad file or a stale entry (the stores' one policy, `tritune.store.files`), the per-process cache
+of each key's config, and the entry a tune persists.
 
 The file format itself is `tritune.store.user_json`.
 """
@@ -14,7 +15,7 @@ from typing import Any
 from tritune import knobs
 from tritune.device import DeviceInfo
 from tritune.store.provenance import running_machine
-from tritune.store.user_json import UserEntry, UserKernelStore, UserStoreError, now_iso
+from tritune.store.user_json import UserEntry, UserKernelFiles, now_iso, pick
 from tritune.tuning.types import Config, Measurement
 
 
@@ -30,7 +31,8 @@ class StoredConfigs:
     def __init__(self, name: str, space_names: frozenset[str], path: str | Path | None = None) -> None:
         self.name, self.space_names = name, space_names
         self._path = None if path is None else Path(path)
-        self._cache: dict[tuple[str, str], Config] = {}
+        self._cache: dict[tuple[str, str], Config] = {}  # the one cache of what a call chose
+        self._files = UserKernelFiles()  # the results file, parsed once until reload
 
     @property
     def path(self) -> Path:
@@ -42,12 +44,10 @@ class StoredConfigs:
         self._path = None if path is None else Path(path)
         self.reload()
 
-    def open(self) -> UserKernelStore:
-        return UserKernelStore(self.path, self.name)
-
     def reload(self) -> None:
-        """Forget the cached configs; the next call per key reads the file again."""
+        """Forget the cached configs and the file read; the next call per key reads the file again."""
         self._cache.clear()
+        self._files.reload()
 
     def config_for(self, device: str, key_text: str, fallback: Callable[[], Config]) -> Config:
         """The stored config for (device, key), else `fallback()`; either is cached for the process."""
@@ -61,10 +61,12 @@ class StoredConfigs:
     def _lookup(self, device: str, key_text: str) -> Config | None:
         # stacklevel 5: the warning points at the caller of UserKernel.run (run -> best_config -> here).
         try:
-            entry = self.open().lookup(device, key_text, machine=running_machine())
-        except (UserStoreError, ValueError) as exc:
+            path = self.path
+        except ValueError as exc:  # a bad TRITUNE_CONFIG_DIR, where the default path lives
             warnings.warn(f"{exc}; kernel {self.name} uses its default config", stacklevel=5)
             return None
+        entries = self._files.parsed(path)  # None: no file, or a malformed one (skipped with one warning)
+        entry = pick(path, entries or [], device, key_text, machine=running_machine())
         if entry is None:
             return None
         if set(entry.config) != set(self.space_names):
