@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tritune import knobs
+from tritune.kernels.fused_moe import MoeConfig
 from tritune.store import fmoe_csv as fc
 from tritune.store.fmoe_csv import FmoeConfigTable, FmoeCsvError, FmoeShape, FmoeTuned
 
@@ -361,6 +362,34 @@ def test_from_files_names_a_bad_file(tmp_path):
     write_rows(bad, [{**TUNED_BASE, "us": "fast"}])
     with pytest.raises(FmoeCsvError, match=f"{bad}, row 1 \\(line 2\\), column 'us'"):
         FmoeConfigTable.from_files([good, bad])
+
+
+@pytest.mark.parametrize("kind", ["stage1", "stage2", "1stage"])
+@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128"])
+def test_block_m_of_a_tritune_kernel_name(kind, quant):
+    # The store's reading of the names MoeConfig writes (the store may not import the kernels): every kind, quant and
+    # activation, the smallest and a three-digit BLOCK_SIZE_M, every field set.
+    for act in ("silu", "gelu"):
+        for bm in (16, 128):
+            config = MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=256, KSPLIT=2, BLOCK_SIZE_D=64, USE_TMA=1)
+            assert fc.name_block_m(config.name(kind, quant, act)) == bm
+    for other in ("stage1_a", "", "moe_ck2stages_gemm1_256x32x64x128_1x4_TypeCast_v3_Nswizzle0_Quant3_MulRoutedWeight1",
+                  "moe_stage1_none_silu_BN32", "moe_stage1_none_relu_BM16"):
+        assert fc.name_block_m(other) is None  # another tool's name (or none): nothing to check block_m against
+
+
+@pytest.mark.parametrize("column", ["kernelName1", "kernelName2"])
+def test_block_m_must_be_the_kernel_names_block_size_m(tmp_path, column):
+    names = {"kernelName1": MoeConfig(BLOCK_SIZE_M=64).name("stage1", "per_1x128"),
+             "kernelName2": MoeConfig(BLOCK_SIZE_M=64).name("stage2", "per_1x128")}
+    path = write_rows(tmp_path / "t.csv", [{**TUNED_BASE, **names}])
+    assert fc.read_tuned(path)[0].block_m == 64  # agrees
+    wrong = MoeConfig(BLOCK_SIZE_M=32).name("stage1" if column == "kernelName1" else "stage2", "per_1x128")
+    write_rows(path, [{**TUNED_BASE, **names}, {**TUNED_BASE, **names, column: wrong}])
+    with pytest.raises(FmoeCsvError) as err:
+        fc.read_tuned(path)
+    assert str(err.value) == (f"{path}, row 2 (line 3), column 'block_m': value '64' is not the BLOCK_SIZE_M of "
+                              f"{column} '{wrong}' (32)")
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tritune.tuners.fused_moe_tunable import (
     FusedMoeTunable,
     MoeProblem,
     one_stage_constraints,
+    plan_names,
     routed_experts,
     routing,
     stage_constraints,
@@ -158,20 +159,21 @@ def test_space_uses_the_rules_of_its_kind() -> None:
 
 # --- problems -------------------------------------------------------------------------------------------------------
 
-NAMES = (MoeConfig(16, 32, 32, 1, 4, 2).name("stage1"), MoeConfig(16, 32, 32, 1, 4, 2).name("stage2"))
+PAIR = (MoeConfig(16, 32, 32, 1, 4, 2), MoeConfig(16, 32, 32, 1, 4, 2))  # an e2e problem's plan: launch configs
+NAMES = (PAIR[0].name("stage1"), PAIR[1].name("stage2"))  # what its key, space and the CSV call it
 
 
 def test_problem_keys() -> None:
     s = shape()
     keys = {kind: MoeProblem(s, kind).key() for kind in ("stage1", "stage2", "1stage")}
-    keys["e2e"] = MoeProblem(s, "e2e", names=NAMES).key()
+    keys["e2e"] = MoeProblem(s, "e2e", plan=PAIR).key()
     assert len(set(keys.values())) == 4  # distinct for distinct kinds
     for kind, key in keys.items():
         assert key.startswith(f"fused_moe:{kind}:{s.key()}:skew=0")
     assert keys["e2e"].endswith(f":{NAMES[0]}+{NAMES[1]}")
     assert MoeProblem(s, "stage1", skew=1.2).key() != keys["stage1"] and "skew=1.2" in MoeProblem(
         s, "stage1", skew=1.2).key()
-    assert MoeProblem(s, "e2e", names=(NAMES[0], "")).key() != keys["e2e"]  # other names, other key
+    assert MoeProblem(s, "e2e", plan=(PAIR[0], None)).key() != keys["e2e"]  # another plan, another key
     assert MoeProblem(s.with_token(7), "stage1").key() != keys["stage1"]
     assert MoeProblem(shape("per_token"), "stage1").key() != keys["stage1"]  # q_type (and fp8 dtypes) in the key
     assert hash(MoeProblem(s, "stage1")) == hash(MoeProblem(s, "stage1"))
@@ -182,8 +184,23 @@ def test_unknown_kind_is_rejected() -> None:
         MoeProblem(shape(), "stage3")
 
 
+def test_e2e_problem_carries_launch_configs_and_names_them_once() -> None:
+    # The re-time gets the configs themselves; the names (key, space label, CSV) are derived from them, never parsed.
+    s = shape("per_token", act_type="gelu")
+    pair = MoeProblem(s, "e2e", plan=PAIR)
+    assert pair.plan == PAIR and pair.names == plan_names(PAIR, s) == (
+        PAIR[0].name("stage1", "per_token", "gelu"), PAIR[1].name("stage2", "per_token", "gelu"))
+    one = dataclasses.replace(PAIR[0], BLOCK_SIZE_D=32)
+    assert MoeProblem(s, "e2e", plan=(one, None)).names == (one.name("1stage", "per_token", "gelu"), "")
+    assert MoeProblem(s, "stage1").names == ("", "")
+    with pytest.raises(ValueError, match="without a plan has nothing to re-time"):
+        FusedMoeTunable().space(MoeProblem(s, "e2e"), DEV)
+    with pytest.raises(ValueError, match="stage1 problem takes no plan"):
+        MoeProblem(s, "stage1", plan=PAIR)
+
+
 def test_e2e_space_is_exactly_one_config() -> None:
-    space = FusedMoeTunable().space(MoeProblem(shape(), "e2e", names=NAMES), DEV)
+    space = FusedMoeTunable().space(MoeProblem(shape(), "e2e", plan=PAIR), DEV)
     assert space.size == 1
     assert list(space.configs()) == [Config.of(kernel1=NAMES[0], kernel2=NAMES[1])]
     assert space.prune().kept == [Config.of(kernel1=NAMES[0], kernel2=NAMES[1])]
@@ -197,7 +214,7 @@ def test_flops() -> None:
     first, second = 2.0 * 6 * 96 * 64, 2.0 * 6 * 64 * 48
     assert t.flops(MoeProblem(s, "stage1")) == first
     assert t.flops(MoeProblem(s, "stage2")) == second
-    assert t.flops(MoeProblem(s, "1stage")) == t.flops(MoeProblem(s, "e2e", names=NAMES)) == first + second
+    assert t.flops(MoeProblem(s, "1stage")) == t.flops(MoeProblem(s, "e2e", plan=PAIR)) == first + second
     plain = dataclasses.replace(s, use_g1u1=False)
     assert t.flops(MoeProblem(plain, "stage1")) == first / 2
 
@@ -256,20 +273,20 @@ ONE_STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k
 FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", doweight_stage1=True)
 
 
-@pytest.mark.parametrize(("fields", "kind", "config", "names"), [
+@pytest.mark.parametrize(("fields", "kind", "config", "plan"), [
     (TINY, "stage1", STAGE, None),
     (TINY, "stage1", STAGE.replace(KSPLIT=2), None),  # split-K: the finish kernel writes `out`
     (TINY, "stage2", STAGE, None),
     (TINY | dict(doweight_stage1=True), "stage2", STAGE.replace(KSPLIT=2), None),
     (TINY, "1stage", ONE_STAGE, None),
-    (TINY, "e2e", None, (SMALL.name("stage1", "none", "gelu"), SMALL.name("stage2", "none", "gelu"))),
-    (TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32).name("1stage", "none", "gelu"), "")),
+    (TINY, "e2e", None, (SMALL, SMALL)),
+    (TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None)),
     (FP8_TINY, "stage2", STAGE, None),  # fp8 1x128: the stage-2 input is the reference intermediate
-    (FP8_TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32).name("1stage", "per_1x128", "gelu"), "")),
+    (FP8_TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None)),
 ], ids=["stage1", "stage1-ksplit2", "stage2", "stage2-ksplit2-doweight", "1stage", "e2e-2stage", "e2e-1stage",
         "stage2-per_1x128", "e2e-1stage-per_1x128"])
-def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, names) -> None:
-    problem = MoeProblem(FmoeShape(**fields), kind, names=names or ("", ""))
+def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, plan) -> None:
+    problem = MoeProblem(FmoeShape(**fields), kind, plan=plan)
     tunable = FusedMoeTunable()
     config = config or next(tunable.space(problem, DEV).configs())
     inputs = tunable.make_inputs(problem, DEVICE, seed=0)

@@ -18,13 +18,12 @@ Only bf16-output misses are tuned online (TRITUNE_ONLINE_TUNE).
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from tritune.kernels import gemm as gk
 from tritune.ops.heuristics import gemm_heuristic
-from tritune.ops.offgrid import choose_gemm_offgrid
+from tritune.ops.offgrid import choose_gemm_offgrid, gemm_entries
 from tritune.ops.online import GemmRequest, maybe_tune
 from tritune.store.gemm_json import default_store
 from tritune.store.gemm_json import reload_configs as _reload_store
@@ -85,8 +84,7 @@ def _select(kernel: str, M: int, N: int, K: int, device: torch.device, out: str 
     found = default_store().shape_entries(slug, gk.TAGS[kernel], N, K, machine=machine, out_dtype=out)
     if found is not None:
         path, by_M = found
-        entries = {m: (gk.GemmConfig.from_params(e.config.as_dict()), e.time_us)
-                   for m, e in by_M.items() if math.isfinite(e.time_us) and e.time_us > 0}
+        entries = gemm_entries(by_M)
         if entries:
             config, why = choose_gemm_offgrid(kernel, M, N, K, entries, sms, heuristic=rule)
             return config, f"shape file {path}: {why}"

@@ -57,6 +57,19 @@ _INT_RE = re.compile(r"[0-9]+")
 _FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+# tritune writes its fused-MoE kernel names with their launch fields, BLOCK_SIZE_M first, e.g.
+# "moe_stage1_per_token_silu_BM64_BN128_BK128_GM8_W8_S3_KS1" (tritune.kernels.fused_moe.MoeConfig.name; a test keeps
+# this reading of it in step). Another tool's names (aiter's) carry no BLOCK_SIZE_M tritune can read.
+_OUR_KERNEL_NAME = re.compile(rf"moe_(?:stage1|stage2|1stage)_(?:{'|'.join(_QTYPE_OUT)})_"
+                              rf"(?:{'|'.join(_ACT_OUT)})_BM([0-9]+)(?:_[A-Z]+[0-9]+)*")
+
+
+def name_block_m(name: str) -> int | None:
+    """The BLOCK_SIZE_M of a kernel name tritune wrote; None for any other name (not checked against block_m)."""
+    match = _OUR_KERNEL_NAME.fullmatch(name)
+    return int(match[1]) if match else None
+
+
 class FmoeCsvError(ValueError):
     """A fused-MoE CSV file that cannot be read: one line naming the file, row, line, column and value."""
 
@@ -325,6 +338,11 @@ def _read_tuned_rows(path: Path) -> list[tuple[FmoeTuned, _Row]]:
             kernelName2=row.cells["kernelName2"], err2=take("err2", _err), us=take("us", _number),
             run_1stage=take("run_1stage", _BOOL_PARSE), tflops=take("tflops", _number), bw=take("bw", _number),
             extra=tuple((name, row.cells[name]) for name in extras if row.cells[name]))
+        for column in ("kernelName1", "kernelName2"):  # block_m must be the BLOCK_SIZE_M the kernels were built with
+            name = row.cells[column]
+            if (bm := name_block_m(name)) is not None and bm != tuned.block_m:
+                raise row.error("block_m", f"value {row.cells['block_m']!r} is not the BLOCK_SIZE_M of {column} "
+                                           f"{name!r} ({bm})")
         out.append((tuned, row))
     return out
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe import MoeConfig
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.tuners.fused_moe_tunable import (
@@ -26,7 +25,9 @@ from tritune.tuners.fused_moe_tunable import (
     STAGE_RULES,
     FusedMoeTunable,
     MoeProblem,
+    Plan,
     config_of,
+    plan_names,
 )
 from tritune.tuning.space import load_space_file
 from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
@@ -67,9 +68,9 @@ class MoeTuneRequest:
 
 @dataclass
 class Choice:
-    """The winner of one row before the end-to-end re-time."""
+    """The winner of one row before the end-to-end re-time: its launch configs and what the stages measured."""
 
-    names: tuple[str, str]
+    plan: Plan  # (stage 1, stage 2), or (1-stage, None)
     us1: float
     err1: float
     us2: float = 0.0
@@ -77,7 +78,7 @@ class Choice:
 
     @property
     def one_stage(self) -> bool:
-        return not self.names[1]
+        return self.plan[1] is None
 
 
 @dataclass
@@ -157,6 +158,7 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
 
 
 def _name(p: MoeProblem, m: Measurement) -> str:
+    """A stage or 1-stage candidate's kernel name (the profile file's kernelName)."""
     return config_of(m.config).name(p.kind, p.shape.q_type, p.shape.act_type)
 
 
@@ -175,10 +177,10 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
     pairs = [(b1[bm], b2[bm]) for bm in b1 if bm in b2]
     if pairs:
         m1, m2 = min(pairs, key=lambda p: p[0].time_us + p[1].time_us)
-        choices.append(Choice((_name(stage1.problem, m1), _name(stage2.problem, m2)), m1.time_us, m1.error,
-                              m2.time_us, m2.error))
+        choices.append(Choice((config_of(m1.config), config_of(m2.config)), m1.time_us, m1.error, m2.time_us,
+                              m2.error))
     if one is not None and one.best is not None:
-        choices.append(Choice((_name(one.problem, one.best), ""), one.best.time_us, one.best.error))
+        choices.append(Choice((config_of(one.best.config), None), one.best.time_us, one.best.error))
     return sorted(choices, key=lambda c: c.us1 + c.us2)
 
 
@@ -197,10 +199,9 @@ def _tuned_row(shape: FmoeShape, choice: Choice, e2e: Measurement, tunable: Fuse
     us_eager and us_graph (the op's per-call time as eager calls and as a CUDA-graph replay; empty when not
     measured) and `objective`, what chose between the stage pair and the 1-stage ("gpu" when neither had the
     objective's figure, so GPU time chose)."""
-    _, cfg1 = MoeConfig.parse_name(choice.names[0])
-    ksplit = cfg1.KSPLIT
-    if not choice.one_stage:
-        ksplit = max(ksplit, MoeConfig.parse_name(choice.names[1])[1].KSPLIT)
+    cfg1, cfg2 = choice.plan
+    ksplit = cfg1.KSPLIT if cfg2 is None else max(cfg1.KSPLIT, cfg2.KSPLIT)
+    name1, name2 = plan_names(choice.plan, shape)
     seconds = e2e.time_us * 1e-6
     extra = (("device", device.name), ("triton", device.triton_version), ("torch", device.torch_version),
              ("routing", "uniform" if problem.skew == 0 else f"zipf{problem.skew:g}"),
@@ -209,8 +210,8 @@ def _tuned_row(shape: FmoeShape, choice: Choice, e2e: Measurement, tunable: Fuse
              ("objective", objective.value if math.isfinite(e2e.objective_time(objective)) else "gpu"))
     return FmoeTuned(
         cu_num=device.cu_num, shape=shape, block_m=cfg1.BLOCK_SIZE_M, ksplit=ksplit,
-        us1=choice.us1, kernelName1=choice.names[0], err1=_finite(choice.err1),
-        us2=choice.us2, kernelName2=choice.names[1], err2=_finite(choice.err2),
+        us1=choice.us1, kernelName1=name1, err1=_finite(choice.err1),
+        us2=choice.us2, kernelName2=name2, err2=_finite(choice.err2),
         us=e2e.time_us, run_1stage=choice.one_stage,
         tflops=tunable.flops(problem) / seconds / 1e12, bw=tunable.bytes_moved(problem) / seconds / 1e9,
         extra=extra)
@@ -256,7 +257,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
         for c in cs:
-            p = MoeProblem(shape, "e2e", req.skew, c.names)
+            p = MoeProblem(shape, "e2e", req.skew, c.plan)
             choices[p.key()] = c
             e2e_problems.append(p)
     if e2e_problems:

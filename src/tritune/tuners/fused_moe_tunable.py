@@ -65,18 +65,32 @@ ONE_STAGE_RULES: dict[str, Param] = {
 }
 
 
+# What the e2e kind re-times: (stage-1 config, stage-2 config), or (1-stage config, None).
+Plan = tuple[fm.MoeConfig, fm.MoeConfig | None]
+
+
 @dataclass(frozen=True)
 class MoeProblem:
-    """One kernel kind of one CSV row; `skew` is the Zipf exponent of the synthetic routing (0: uniform)."""
+    """One kernel kind of one CSV row; `skew` is the Zipf exponent of the synthetic routing (0: uniform); `plan` the
+    launch configs an e2e problem re-times as the op (None for the other kinds; an e2e problem without one only
+    sizes the whole op: FLOPs and bytes)."""
 
     shape: FmoeShape
     kind: str
     skew: float = 0.0
-    names: tuple[str, str] = ("", "")  # e2e only: kernelName1 and kernelName2 ("" when 1-stage)
+    plan: Plan | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown fused-MoE problem kind {self.kind!r}; expected one of {KINDS}")
+        if self.plan is not None and self.kind != "e2e":
+            raise ValueError(f"a fused-MoE {self.kind} problem takes no plan (only e2e re-times one)")
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The kernel names of an e2e problem's plan, as the CSV's kernelName1 and kernelName2 write them ("" for a
+        1-stage plan's second); ("", "") for the other kinds."""
+        return plan_names(self.plan, self.shape) if self.plan is not None else ("", "")
 
     def key(self) -> str:
         names = f":{self.names[0]}+{self.names[1]}" if self.kind == "e2e" else ""
@@ -187,7 +201,17 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
 
 
 def config_of(config: Config) -> fm.MoeConfig:
+    """The launch config of a stage or 1-stage search-space point: the one place an engine Config becomes one."""
     return fm.MoeConfig.from_params(config.as_dict())
+
+
+def plan_names(plan: Plan, shape: FmoeShape) -> tuple[str, str]:
+    """(kernelName1, kernelName2) of a plan for a row of `shape`: its quant and activation in the names; a 1-stage
+    plan's second name is ""."""
+    first, second = plan
+    kind1 = "1stage" if second is None else "stage1"
+    return (first.name(kind1, shape.q_type, shape.act_type),
+            "" if second is None else second.name("stage2", shape.q_type, shape.act_type))
 
 
 @dataclass(frozen=True)
@@ -202,7 +226,9 @@ class FusedMoeTunable:
     one_stage_space: tuple[tuple[str, tuple], ...] | None = None
 
     def space(self, problem: MoeProblem, device: DeviceInfo) -> SearchSpace:
-        if problem.kind == "e2e":
+        if problem.kind == "e2e":  # one point: the plan, labelled by its kernel names (the journal's config key)
+            if problem.plan is None:
+                raise ValueError("an e2e fused-MoE problem without a plan has nothing to re-time")
             return SearchSpace({"kernel1": (problem.names[0],), "kernel2": (problem.names[1],)})
         if problem.kind == "1stage":
             params = dict(ONE_STAGE_SPACE) | dict(self.one_stage_space or ())
@@ -243,7 +269,7 @@ class FusedMoeTunable:
         if problem.kind == "stage2":
             return stage2_reference(x["inter"], x["w2"], x["topk_weights"], x["topk_ids"], quant=s.q_type,
                                     w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1)
-        one_stage = problem.kind == "1stage" or (problem.kind == "e2e" and not problem.names[1])
+        one_stage = problem.kind == "1stage" or (problem.kind == "e2e" and problem.plan[1] is None)
         return fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"],
                                    activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
                                    w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1,
@@ -262,8 +288,7 @@ class FusedMoeTunable:
         if problem.kind in ("e2e", "1stage"):
             # The whole op, exactly as users call it (its bound launches, host cost included).
             if problem.kind == "e2e":
-                _, cfg1 = fm.MoeConfig.parse_name(problem.names[0])
-                cfg2 = fm.MoeConfig.parse_name(problem.names[1])[1] if problem.names[1] else None
+                cfg1, cfg2 = problem.plan
             else:
                 cfg1, cfg2 = config_of(config), None
                 fm.check_config(cfg1, "1stage", s.q_type)

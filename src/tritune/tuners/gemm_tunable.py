@@ -139,6 +139,12 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     )
 
 
+def config_of(config: Config) -> gk.GemmConfig:
+    """The launch config of a search-space point: the one place an engine Config becomes a GemmConfig (the ops read
+    stored configs through `ops.offgrid.gemm_entries`, the same conversion of the same parameters)."""
+    return gk.GemmConfig.from_params(config.as_dict())
+
+
 @dataclass(frozen=True)
 class GemmTunable:
     """Engine binding for `tritune.kernels.gemm`; picklable (it crosses into compile and GPU workers)."""
@@ -177,7 +183,7 @@ class GemmTunable:
     def launcher(self, problem: GemmProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
         """The op call itself (`tritune.ops.gemm*` with this config): its bound launches, host cost included; C's
         dtype comes with `out`."""
-        cfg = gk.GemmConfig.from_params(config.as_dict())
+        cfg = config_of(config)
         a, b, a_scale, b_scale = inputs["a"], inputs["b"], inputs["a_scale"], inputs["b_scale"]
         if problem.kernel == "bf16":
             return lambda: op_gemm(a, b, out=out, config=cfg)
@@ -192,7 +198,7 @@ class GemmTunable:
     def compile(self, problem: GemmProblem, config: Config) -> None:
         if interpreting():
             return
-        cfg = gk.GemmConfig.from_params(config.as_dict())
+        cfg = config_of(config)
         gk.compile_only(problem.kernel, problem.M, problem.N, problem.K, cfg, _DTYPES[problem.dtype],
                         gk.OUT_DTYPES[problem.out_dtype])
 
