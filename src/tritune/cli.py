@@ -176,8 +176,9 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
     )
 
 
-def _run_gemm(req, args: argparse.Namespace) -> int:
+def _run_gemm(req, args: argparse.Namespace, example: bool = False) -> int:
     from tritune.device import current_device
+    from tritune.tuners.example import example_settings
     from tritune.tuners.gemm import (
         build_tunable,
         check_existing_outputs,
@@ -195,7 +196,8 @@ def _run_gemm(req, args: argparse.Namespace) -> int:
         check_existing_outputs(req, device)
     except ValueError as exc:
         return _fail(str(exc))
-    report = tune_gemm(req, device, _settings(args, req.out_dir, device), tunable)
+    settings = _settings(args, req.out_dir, device)
+    report = tune_gemm(req, device, example_settings(settings, device.interpreter) if example else settings, tunable)
     print("\n".join(result_table(report.results, tunable.flops)))
     print("\n".join(report.summary.lines()))
     for path in report.files:
@@ -238,8 +240,9 @@ def _moe(args: argparse.Namespace) -> int:
     return _run_moe(req, args)
 
 
-def _run_moe(req, args: argparse.Namespace) -> int:
+def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
     from tritune.device import current_device
+    from tritune.tuners.example import example_settings
     from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, summary_lines, tune_fmoe
 
     device = current_device()
@@ -250,7 +253,9 @@ def _run_moe(req, args: argparse.Namespace) -> int:
         plan = plan_rows(req, device)  # every input and output row is validated before any work starts
     except ValueError as exc:
         return _fail(str(exc))
-    report = tune_fmoe(req, device, _settings(args, req.output.parent, device), tunable, plan)
+    settings = _settings(args, req.output.parent, device)
+    settings = example_settings(settings, device.interpreter) if example else settings
+    report = tune_fmoe(req, device, settings, tunable, plan)
     print("\n".join(result_table(report)))
     print("\n".join(summary_lines(report)))
     if report.written:
@@ -265,40 +270,19 @@ def _run_moe(req, args: argparse.Namespace) -> int:
 
 
 def _example(args: argparse.Namespace, interpreted: bool) -> int:
-    from tritune.store.atomic import check_writable
-    from tritune.tuners.fused_moe import MoeTuneRequest
-    from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
+    from tritune.tuners.example import plan_example
 
     try:
-        check_writable(args.output, folder=True)  # before the tiny input is written into it
-    except ValueError as exc:
-        return _fail(str(exc))
-    if interpreted:
-        # Tiny odd shapes in fp16 (the interpreter's tl.dot is wrong on bf16 operands); few timed runs, since
-        # interpreted timings mean nothing.
-        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
-        code = _run_gemm(GemmTuneRequest("bf16", (GemmShape((1, 17), 96, 80),), args.output / "gemm",
-                                         dtype="fp16"), args)
-        tiny = args.output / "untuned_fmoe_tiny.csv"
-        tiny.parent.mkdir(parents=True, exist_ok=True)
-        tiny.write_text("token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-                        "doweight_stage1\n5,96,80,5,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp16,"
-                        "QuantType.No,True,False\n")
-        print("== fused MoE", flush=True)
-        req = MoeTuneRequest(tiny, args.output / "tuned_fmoe.csv", retune_all=True)
-        return max(code, _run_moe(req, args))
-    try:
-        shapes = tuple(read_shapes_file(args.shapes))
-        moe_req = MoeTuneRequest(args.moe_shapes, args.output / "tuned_fmoe.csv",
-                                 profile_file=args.output / "tuned_fmoe_profile.csv")
+        plan = plan_example(args.output, interpreted=interpreted, shapes=args.shapes, moe_shapes=args.moe_shapes)
     except ValueError as exc:
         return _fail(str(exc))
     code = 0
-    for kernel in ("bf16", "a8w8", "a8w8_blockscale"):
-        print(f"== {kernel}", flush=True)
-        code = max(code, _run_gemm(GemmTuneRequest(kernel, shapes, args.output / "gemm"), args))
+    for req in plan.gemm:
+        if not interpreted:  # one kernel without a GPU, as before: no heading
+            print(f"== {req.kernel}", flush=True)
+        code = max(code, _run_gemm(req, args, example=True))
     print("== fused MoE", flush=True)
-    return max(code, _run_moe(moe_req, args))
+    return max(code, _run_moe(plan.moe, args, example=True))
 
 
 def _grouped_gemm(args: argparse.Namespace) -> int:

@@ -353,14 +353,26 @@ def read_tuned(path: Path) -> list[FmoeTuned]:
     return [tuned for tuned, _ in _read_tuned_rows(path)]
 
 
+def _shape_cells(s: FmoeShape) -> list[str]:
+    """UNTUNED_COLUMNS of a shape, in their written forms."""
+    return [str(s.token), str(s.model_dim), str(s.inter_dim), str(s.expert), str(s.topk), _ACT_OUT[s.act_type],
+            _QDTYPE_OUT[s.dtype], _QDTYPE_OUT[s.q_dtype_a], _QDTYPE_OUT[s.q_dtype_w], _QTYPE_OUT[s.q_type],
+            _BOOL_OUT[s.use_g1u1], _BOOL_OUT[s.doweight_stage1]]
+
+
 def _cells(row: FmoeTuned) -> list[str]:
-    s = row.shape
-    return [str(row.cu_num), str(s.token), str(s.model_dim), str(s.inter_dim), str(s.expert), str(s.topk),
-            _ACT_OUT[s.act_type], _QDTYPE_OUT[s.dtype], _QDTYPE_OUT[s.q_dtype_a], _QDTYPE_OUT[s.q_dtype_w],
-            _QTYPE_OUT[s.q_type], _BOOL_OUT[s.use_g1u1], _BOOL_OUT[s.doweight_stage1], str(row.block_m),
-            str(row.ksplit), f"{row.us1:.2f}", row.kernelName1, format_err(row.err1), f"{row.us2:.2f}",
-            row.kernelName2, format_err(row.err2), f"{row.us:.2f}", _BOOL_OUT[row.run_1stage],
-            f"{row.tflops:.2f}", f"{row.bw:.2f}"]
+    return [str(row.cu_num), *_shape_cells(row.shape), str(row.block_m), str(row.ksplit), f"{row.us1:.2f}",
+            row.kernelName1, format_err(row.err1), f"{row.us2:.2f}", row.kernelName2, format_err(row.err2),
+            f"{row.us:.2f}", _BOOL_OUT[row.run_1stage], f"{row.tflops:.2f}", f"{row.bw:.2f}"]
+
+
+def write_untuned(path: Path, shapes: Sequence[FmoeShape]) -> None:
+    """Write an untuned CSV of `shapes` (UNTUNED_COLUMNS, the written forms `read_untuned` reads back) atomically."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(UNTUNED_COLUMNS)
+    writer.writerows(_shape_cells(s) for s in shapes)
+    atomic_write_text(Path(path), out.getvalue())
 
 
 def format_err(err: float) -> str:
