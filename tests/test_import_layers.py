@@ -7,8 +7,9 @@
 A layer may import its own modules and any layer below it (the picture's arrows, followed transitively). kernels/
 import only themselves and `knobs`; tuning/ only themselves, `knobs`, `device` (what the machine is) and `params`
 (`Config`, the value engine, tuners and stores share). The leaves `knobs`, `expr`, `device` and `params` import
-nothing of ours, and every other layer may import them. Imports inside functions and under TYPE_CHECKING count: they are dependencies all the same.
-Source is parsed with `ast`, nothing is imported, so the test takes well under a second.
+nothing of ours, and every other layer may import them. Imports inside functions and under TYPE_CHECKING count:
+they are dependencies all the same. Source is parsed with `ast`, nothing is imported, so the test takes well under a
+second.
 """
 
 from __future__ import annotations
