@@ -265,8 +265,19 @@ def test_gemm_launches_and_allocations_per_call(binds, counted):
     assert c.launches == {"_gemm_kernel": 1} and c.allocs == ["tritune.ops.gemm:empty"]
     with counted() as c:
         check(gemm(a, b, config=split), a, b)
-    assert c.launches == {"_gemm_kernel": 1, "_splitk_reduce_kernel": 1}
+    assert c.launches == {"_gemm_kernel": 1}  # split-K in one launch: the last split of a tile sums it
     assert sorted(c.allocs) == sorted(["tritune.ops.gemm:empty", *SCRATCH_ALLOC])
+
+
+def test_split_k_in_one_launch_is_repeatable_and_leaves_its_locks_at_zero(binds):
+    a, b = operands(5, 72, 200)  # 3 N tiles, 4 splits of K (the last one short)
+    split = gk.GemmConfig(16, 32, 32, 1, 4, 2, NUM_KSPLIT=4)
+    outs = [gemm(a, b, config=split) for _ in range(3)]
+    check(outs[0], a, b)
+    for again in outs[1:]:  # the locks were back at zero for each call: the same sums, in the same order
+        torch.testing.assert_close(again, outs[0], rtol=0, atol=0)
+    plan = next(p for p in ops_gemm._PLANS.values() if p.split == 4)
+    assert plan._locks and all(int(locks.abs().sum()) == 0 for locks in plan._locks.values())
 
 
 def test_moe_signature_change_rebinds(binds):

@@ -63,6 +63,8 @@ class GemmConfig:
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr,  # A [M, K], B [N, K], C [M, N] (or fp32 partials [KSPLIT, M, N] when split)
     a_scale_ptr, b_scale_ptr,  # fp32; shapes depend on QUANT (unused when QUANT_NONE)
+    out_ptr,  # SPLIT_FIXUP: C [M, N] (row stride stride_cm); else unused
+    lock_ptr,  # SPLIT_FIXUP: int32 [tiles], zero between calls: splits of each tile that are done
     M, N, K,
     k_per_split,  # K elements each split covers, a multiple of BLOCK_SIZE_K
     stride_am, stride_bn, stride_cm, stride_ck,
@@ -70,9 +72,13 @@ def _gemm_kernel(
     QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_KSPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    CACHE_MODIFIER: tl.constexpr,
+    CACHE_MODIFIER: tl.constexpr, SPLIT_FIXUP: tl.constexpr = False,
 ):
     """One BLOCK_M×BLOCK_N tile of one K split.
+
+    SPLIT_FIXUP (split-K in one launch): each split stores its fp32 partial and counts itself done on the tile's
+    lock; the last one sums the partials in split order (the reduce kernel's order, so the same bits), writes C and
+    sets the lock back to zero for the next call.
 
     Grid: (⌈M/BLOCK_M⌉·⌈N/BLOCK_N⌉, NUM_KSPLIT).
     """
@@ -135,6 +141,17 @@ def _gemm_kernel(
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     c_ptrs = c_ptr + pid_k * stride_ck + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    if SPLIT_FIXUP:
+        tl.debug_barrier()  # every thread's partial is stored before the release below publishes them
+        done = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if done == NUM_KSPLIT - 1:
+            total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            part_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+            for s in tl.static_range(NUM_KSPLIT):  # L2 loads (.cg): other SMs wrote them
+                total += tl.load(part_ptrs + s * stride_ck, mask=c_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], total.to(out_ptr.dtype.element_ty),
+                     mask=c_mask)
+            tl.atomic_xchg(lock_ptr + pid, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -209,24 +226,6 @@ def _gemm_tma_persistent_kernel(
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
-@triton.jit(do_not_specialize=["M", "stride_pk"])
-def _splitk_reduce_kernel(
-    p_ptr, c_ptr,  # partials fp32 [KSPLIT, M, N]; C [M, N]
-    M, N, stride_pk,
-    NUM_KSPLIT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-):
-    """Sum the split-K partials and cast to C's dtype.
-
-    Grid: (⌈M·N/BLOCK_SIZE⌉,).
-    """
-    offs = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offs < M * N
-    acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
-    for s in tl.static_range(NUM_KSPLIT):
-        acc += tl.load(p_ptr + s * stride_pk + offs, mask=mask, other=0.0)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
 def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """TMA needs 16-byte aligned bases and row strides."""
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (a, b, out))
@@ -291,8 +290,9 @@ class GemmLaunch:
     """The launches of one GEMM problem with one config, bound once: calling it only launches.
 
     Built from example tensors (validated here); a call must pass tensors of the same shapes, dtypes, strides and
-    16-byte alignment (the caller keys its cache on them). Pointer kernel: one launch, or two with split-K (the fp32
-    partials in a scratch allocation per call, or `workspace`). TMA kernel: one launch; on a GPU the encoded
+    16-byte alignment (the caller keys its cache on them). Pointer kernel: one launch, split-K included (fp32
+    partials in the kept scratch or `workspace`, the last split of each tile sums them; its per-tile locks are kept
+    per stream, zero between calls, and made afresh in each CUDA graph). TMA kernel: one launch; on a GPU the encoded
     descriptors of A, B and C are kept by address (a plan fixes everything else they hold).
     """
 
@@ -313,7 +313,6 @@ class GemmLaunch:
         scale_strides = (a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0)
         bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
         self.split = cfg.NUM_KSPLIT
-        self.reduce = None
         if cfg.PERSISTENT_TMA:
             _check_tma(a, b, out, quant, cfg)
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -336,14 +335,25 @@ class GemmLaunch:
         stride_c, stride_ck = (N, M * N) if self.split > 1 else (out.stride(0), 0)
         self._tail = (M, N, K, k_per_split(K, cfg), a.stride(0), b.stride(0), stride_c, stride_ck, *scale_strides,
                       quant, bm, bn, bk, cfg.GROUP_SIZE_M, cfg.NUM_KSPLIT, K % bk == 0, cfg.cache_modifier)
+        self._tail += (self.split > 1,)  # SPLIT_FIXUP
         target = torch.empty((cfg.NUM_KSPLIT, M, N), device=a.device, dtype=torch.float32) if self.split > 1 else out
-        self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *self._tail), varying=5,
+        self.tiles = grid[0]
+        self._locks: dict[int, torch.Tensor] = {}  # per stream (key: raw stream handle; 0 off the GPU)
+        # Unsplit launches pass A for the two pointers they never read (out, lock), as compile_only does.
+        fixup = (out, torch.zeros(self.tiles, device=a.device, dtype=torch.int32)) if self.split > 1 else (a, a)
+        self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *fixup, *self._tail), varying=7,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if self.split > 1:
-            block = 1024
-            self._reduce_tail = (M, N, M * N, cfg.NUM_KSPLIT, block)
-            self.reduce = BoundKernel(_splitk_reduce_kernel, (triton.cdiv(M * N, block),),
-                                      (target, out, *self._reduce_tail), varying=2, num_warps=4, num_stages=1)
+
+    def _lock(self):
+        """The per-tile locks of this call's stream (zero between calls: the last split of a tile resets its own)."""
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and torch.cuda.is_current_stream_capturing():  # a graph gets its own, zeroed when it is replayed
+            return torch.zeros(self.tiles, device=self.device, dtype=torch.int32)
+        stream = torch._C._cuda_getCurrentRawStream(self.device.index) if on_gpu else 0
+        locks = self._locks.get(stream)
+        if locks is None:
+            locks = self._locks[stream] = torch.zeros(self.tiles, device=self.device, dtype=torch.int32)
+        return locks.data_ptr() if on_gpu else locks
 
     def _descs(self, a, b, out) -> tuple:
         """The launch arguments of the three descriptors (addresses or tensors on a GPU; tensors otherwise)."""
@@ -363,15 +373,14 @@ class GemmLaunch:
         if self.cfg.PERSISTENT_TMA:
             self.main.launch(*self._descs(a, b, out), a_s, b_s)
             return
-        if self.reduce is None:
-            self.main.launch(a, b, out, a_s, b_s)
+        if self.split == 1:
+            self.main.launch(a, b, out, a_s, b_s, a, a)
             return
         if workspace is not None:
             part = workspace
         else:
-            keep, (part,) = self.scratch.allocate(self.device)  # noqa: F841 (alive until both launches are queued)
-        self.main.launch(a, b, part, a_s, b_s)
-        self.reduce.launch(part, out)
+            keep, (part,) = self.scratch.allocate(self.device)  # noqa: F841 (alive until the launch is queued)
+        self.main.launch(a, b, part, a_s, b_s, out, self._lock())
 
 
 def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, cfg: GemmConfig) -> None:
@@ -454,13 +463,13 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
         )
         return
     split = cfg.NUM_KSPLIT > 1
+    # Unsplit calls pass A for the two unused pointers (out, lock): its dtype is part of the binary's key.
     _gemm_kernel.warmup(
         in_dtype, in_dtype, f32 if split else out_dtype, scale_dtype, scale_dtype,
+        out_dtype if split else in_dtype, torch.int32 if split else in_dtype,
         M, N, K, k_per_split(K, cfg), K, K, N, M * N if split else 0, s_a, s_b,
         QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT, EVEN_K=K % bk == 0,
-        CACHE_MODIFIER=cfg.cache_modifier, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
+        CACHE_MODIFIER=cfg.cache_modifier, SPLIT_FIXUP=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        grid=(1,),
     )
-    if split:
-        _splitk_reduce_kernel.warmup(f32, out_dtype, M, N, M * N, NUM_KSPLIT=cfg.NUM_KSPLIT, BLOCK_SIZE=1024,
-                                     num_warps=4, grid=(1,))

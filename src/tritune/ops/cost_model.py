@@ -20,7 +20,7 @@ The model, per kernel launch (all times in µs):
   weight bytes in flight / latency (Little's law, ≤ 100 GB/s); weights are re-read once per group of row tiles
   (GROUP_SIZE_M, or the rows one wave spans) unless they fit in L2;
 - time = fixed cost + (compute⁴ + loads⁴ + HBM⁴)^¼ (a soft max: balanced kernels overlap imperfectly) + a slot
-  per launched program; split-K adds the reduce launch (fp32 partials written and read back).
+  per launched program; split-K adds its fp32 partials written and read back (in the same launch).
 
 Fused MoE follows the kernels: pairs per expert c ~ Binomial(tokens, topk/experts) (uniform routing), so touched
 experts are E·(1 - (1 - topk/E)^T), blocks E·𝔼⌈c/BM⌉ (padding waste included); only touched experts' weights are
@@ -75,7 +75,7 @@ class Hardware:
     fixed_us: float = 8.0  # GPU cost of a main kernel launch (ramp-up, first loads after a flush, tail)
     aux_us: float = 2.5  # GPU cost of a helper launch (split-K reduce, sort, quantize, top-k sum, zero, cast)
     host_launch_us: float = 5.0  # host cost per launch the run-time op pays; added, never scaled
-    host_tma_us: float = 6.0  # host cost of the TMA descriptors of one launch (built in Python, encoded at launch)
+    host_tma_us: float = 1.0  # host cost of one launch's TMA descriptors (encoded once per address, then looked up)
 
     def sm_peak(self, elt: int) -> float:
         return self.sm_peak_fp8 if elt == 1 else self.sm_peak_bf16
@@ -300,9 +300,8 @@ def estimate_gemm(config: Any, shape: GemmShape, hw: Hardware = H100) -> Estimat
         eff=tile_efficiency(bm, bn), boost=1.05 if tma else 1.0)
     gpu, bound = _launch_us(launch, hw)
     launches = 1
-    if split > 1:
-        gpu += _aux_us(hw, M * N * (4 * split + 2))
-        launches = 2
+    if split > 1:  # one launch: the last split of each tile reads the fp32 partials back and writes C
+        gpu += M * N * (4 * split + 2) / hw.hbm
     host = launches * hw.host_launch_us + (hw.host_tma_us if tma else 0.0)
     return Estimate(gpu, launches, host, bound)
 

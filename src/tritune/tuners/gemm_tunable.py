@@ -191,8 +191,8 @@ class GemmTunable:
         return lambda: op(a, b, a_scale, b_scale, out=out, config=cfg)
 
     def launch_class(self, problem: GemmProblem, config: Config) -> str:
-        """Candidates of one class pay the same host cost per call: split-K adds a launch and a scratch buffer, TMA
-        builds three descriptors per call. The tuner re-times the fastest of each class as the op runs."""
+        """Candidates of one class pay the same host cost per call: split-K takes a scratch buffer and its tile
+        locks, TMA looks up three descriptors. The tuner re-times the fastest of each class as the op runs."""
         return f"{'tma' if config.get('PERSISTENT_TMA') else 'pointer'}, split {config.get('NUM_KSPLIT', 1) > 1}"
 
     def compile(self, problem: GemmProblem, config: Config) -> None:
