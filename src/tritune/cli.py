@@ -71,6 +71,16 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", default="eager", choices=("eager", "graph"),
                    help="what picks the winner among the finalists: eager (default; per-call time of back-to-back "
                         "eager calls, host launch cost included) or graph (GPU time of a CUDA-graph replay)")
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="where candidates are benchmarked: local (this machine's GPUs; default) or ray (every GPU of a "
+                        "Ray cluster, one run per GPU model; pip install 'tritune[ray]')")
+    p.add_argument("--ray-address", help="Ray cluster to join, e.g. head-node:6379 (default: RAY_ADDRESS, else a Ray "
+                                         "started on this machine)")
+    p.add_argument("--ray-device", help="with --executor ray on a cluster of several GPU models: tune only this one "
+                                        "(default: each in turn)")
+    p.add_argument("--ray-resource", default="GPU",
+                   help="Ray resource each benchmark actor holds one unit of (default GPU; a custom resource stands in "
+                        "for GPUs on a cluster without them)")
     p.add_argument("--finalists", type=_non_negative_int, default=5,
                    help="fastest candidates by GPU time per problem re-timed as the op runs (default 5; 0: GPU time "
                         "alone picks)")
@@ -164,11 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace, out_dir: Path, device):
     from tritune.device import gpu_count
+    from tritune.tuning.ray_cluster import RaySettings
     from tritune.tuning.tuner import TuneSettings
     from tritune.tuning.types import BenchSettings, Objective
 
     bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
     return TuneSettings(
+        ray=RaySettings(args.ray_address, args.ray_resource) if args.executor == "ray" else None,
         journal_path=out_dir / f"journal-{device.slug}.sqlite", bench=bench,
         num_gpus=args.mp or max(1, gpu_count()), compile_workers=args.compile_workers,
         strategy=args.strategy, budget=args.budget, progress=not args.no_progress,
@@ -176,8 +188,46 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
     )
 
 
-def _run_gemm(req, args: argparse.Namespace, example: bool = False) -> int:
+def _device(args: argparse.Namespace):
+    """The device a tuning command tunes for: this machine's, or the cluster GPU model `_on_ray_cluster` is at."""
     from tritune.device import current_device
+
+    return getattr(args, "ray_target", None) or current_device()
+
+
+def _on_ray_cluster(args: argparse.Namespace) -> int:
+    """`--executor ray`: the command once per GPU model of the cluster (or the one --ray-device names), each run
+    with its own journal and results; the worst exit status."""
+    from tritune.tuning.ray_cluster import RaySettings, cluster_devices, ray_available
+
+    if not ray_available():
+        return _fail("--executor ray needs Ray: pip install 'tritune[ray]'")
+    try:
+        found = cluster_devices(RaySettings(args.ray_address, args.ray_resource))
+    except Exception as exc:  # no cluster at the address, no node with the resource, ...
+        return _fail(f"Ray cluster {args.ray_address or '(default)'}: {exc}")
+    models = [(d, n) for d, n in found if args.ray_device in (None, d.name)]
+    if not models:
+        have = ", ".join(f"{n} x {d.name}" for d, n in found)
+        return _fail(f"no GPU of the Ray cluster is a {args.ray_device!r}; it has {have}")
+    code = 0
+    for device, count in models:  # each with its own copy of the arguments, naming the device it tunes for
+        print(f"== {device.name}: {count} GPU(s) of the Ray cluster", flush=True)
+        code = max(code, _tune(argparse.Namespace(**{**vars(args), "ray_target": device}), device.interpreter))
+    return code
+
+
+def _tune(args: argparse.Namespace, interpreted: bool) -> int:
+    if args.command == "gemm":
+        return _gemm(args)
+    if args.command == "moe":
+        return _moe(args)
+    if args.command == "grouped-gemm":
+        return _grouped_gemm(args)
+    return _example(args, interpreted)
+
+
+def _run_gemm(req, args: argparse.Namespace, example: bool = False) -> int:
     from tritune.tuners.example import example_settings
     from tritune.tuners.gemm import (
         build_tunable,
@@ -187,7 +237,7 @@ def _run_gemm(req, args: argparse.Namespace, example: bool = False) -> int:
         tune_gemm,
     )
 
-    device = current_device()
+    device = _device(args)
     if device.interpreter:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
@@ -241,11 +291,10 @@ def _moe(args: argparse.Namespace) -> int:
 
 
 def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
-    from tritune.device import current_device
     from tritune.tuners.example import example_settings
     from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, summary_lines, tune_fmoe
 
-    device = current_device()
+    device = _device(args)
     if device.interpreter:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
@@ -286,10 +335,9 @@ def _example(args: argparse.Namespace, interpreted: bool) -> int:
 
 
 def _grouped_gemm(args: argparse.Namespace) -> int:
-    from tritune.device import current_device
     from tritune.tuners import grouped_gemm as ggt
 
-    device = current_device()
+    device = _device(args)
     try:
         shape = ggt.preset_shape(args.model, num_experts=args.num_experts, hidden_size=args.hidden_size,
                                  intermediate_size=args.intermediate_size, topk=args.topk, seqlen=args.seqlen,
@@ -354,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             return _fail(str(exc))
         return run_aot(args)
-    interpreted = _use_interpreter_without_gpu()
+    # On a Ray cluster the nodes decide (no CUDA there: the interpreter); the driver's own GPU does not matter.
+    on_ray = getattr(args, "executor", "local") == "ray"
+    interpreted = False if on_ray else _use_interpreter_without_gpu()
     if args.command == "device":
         from tritune.device import current_device
 
@@ -364,13 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "configs":
         return _configs(args)
     try:
-        if args.command == "gemm":
-            return _gemm(args)
-        if args.command == "moe":
-            return _moe(args)
-        if args.command == "grouped-gemm":
-            return _grouped_gemm(args)
-        return _example(args, interpreted)
+        return _on_ray_cluster(args) if on_ray else _tune(args, interpreted)
     except KeyboardInterrupt:
         return _fail("interrupted; everything measured so far is in the journal, rerun the command to resume")
 

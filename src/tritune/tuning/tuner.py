@@ -26,6 +26,8 @@ from tritune.device import DeviceInfo
 from tritune.tuning.compile import CompileOutcome, CompilePool
 from tritune.tuning.executor import LocalExecutor
 from tritune.tuning.journal import Journal
+from tritune.tuning.ray_cluster import RaySettings
+from tritune.tuning.ray_executor import DeferredCompiles, RayExecutor
 from tritune.tuning.strategy import STRATEGIES, best, best_for, finalists
 from tritune.tuning.tunable import Tunable
 from tritune.tuning.types import BenchSettings, Config, Measurement, Objective, Status, Task
@@ -47,6 +49,9 @@ class TuneSettings:
     # of workers and compile pool and the first compile are not); past it nothing more is measured
     # (see _Pipeline.evaluate). None: no limit.
     time_limit_s: float | None = None
+    # Benchmark on the GPUs of a Ray cluster (tuning/ray_executor.py; num_gpus and devices then unused); None: the
+    # GPUs of this machine.
+    ray: RaySettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objective", Objective(self.objective))  # "eager" / "graph" accepted too
@@ -95,6 +100,7 @@ class TuneSummary:
     compile_cpu_s: float = 0.0  # summed per-binary compile times: what one process would have spent
     bench_wall_s: float = 0.0
     wall_s: float = 0.0
+    executor_lines: list[str] = field(default_factory=list)  # what a Ray executor reports: nodes, GPUs, idle time
 
     @staticmethod
     def total(summaries: Sequence[TuneSummary]) -> TuneSummary:
@@ -128,6 +134,7 @@ class TuneSummary:
             f"finalists timed as the op runs: {self.retimed} ({self.retimed_reused} reused from the journal)",
             f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
             f"overlapped)",
+            *self.executor_lines,
         ]
 
 
@@ -163,9 +170,14 @@ class _Pipeline:
                  summary: TuneSummary):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        self.pool = CompilePool(tunable, settings.compile_workers)
-        devices = list(settings.devices) if settings.devices else None
-        self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
+        self.executor: LocalExecutor | RayExecutor
+        if settings.ray is not None:  # each candidate is compiled on the node whose GPU runs it, not here
+            self.pool: CompilePool | DeferredCompiles = DeferredCompiles()
+            self.executor = RayExecutor(tunable, settings.bench, settings.ray, device, settings.progress)
+        else:
+            self.pool = CompilePool(tunable, settings.compile_workers)
+            devices = list(settings.devices) if settings.devices else None
+            self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
         self.compiled: dict[str, Future[CompileOutcome]] = {}
         self.bars: dict[str, tqdm] = {}
         self.next_id = 0  # task ids are unique over the pipeline's life, so a late result is never mistaken
@@ -208,6 +220,7 @@ class _Pipeline:
         for bar in self.bars.values():
             bar.close()
         self.executor.close()
+        self.summary.executor_lines += getattr(self.executor, "summary_lines", list)()
         self.pool.shutdown(cancel=True)
 
     def _compile_key(self, problem: Any, config: Config) -> str:
@@ -377,8 +390,9 @@ class _Pipeline:
                 results[(jkey, config.key())] = m
                 remaining -= 1
                 open_mine -= 1
-                if not m.ok:
-                    self.summary.failed[m.status.value] += 1
+                if not m.ok:  # a Ray node's compile failure arrives here too, marked stage=compile
+                    compiling = m.extra.get("stage") == "compile"
+                    (self.summary.compile_failed if compiling else self.summary.failed)[m.status.value] += 1
                 if finalist:
                     self.summary.retimed += 1
                     continue
