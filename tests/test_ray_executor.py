@@ -13,10 +13,12 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -105,6 +107,8 @@ class LoopbackCluster:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        # Ray's sessions (logs, sockets) here, not in /tmp/ray; a short path, as unix socket paths are limited to 107.
+        self.temp_dir = tempfile.mkdtemp(prefix="tt-ray-")
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -114,7 +118,8 @@ class LoopbackCluster:
     def _start(self, name: str, *args: str) -> None:
         log = self.folder / f"{name}.log"
         self.procs[name] = subprocess.Popen(
-            ["ray", "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1", *args],
+            ["ray", "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+             f"--temp-dir={self.temp_dir}", *args],
             env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 60
         while "block forever" not in log.read_text():  # up and registered with the head
@@ -148,6 +153,7 @@ class LoopbackCluster:
         for name in self.procs:
             if self.procs[name].poll() is None:
                 self.kill(name)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
