@@ -1,7 +1,7 @@
 """fp8 fused MoE: the intermediate quantized inside the GEMMs (stage 1 records its amax, stage 2 quantizes A as it
 loads it) against its own quantization launch, on the GPU: the two results must be equal bit for bit; GPU time
-(the tuner's timer) and host cost per call of both, per shape, quant and token count. Decides
-`kernels.fused_moe_launch.FUSE_INTERMEDIATE_QUANT`.
+(the tuner's timer) and host cost per call of both, per shape, quant and token count, with the op's own choice of
+configs. Evidence for `kernels.fused_moe_launch.FUSE_INTERMEDIATE_QUANT` and `FUSE_QUANT_L2_SHARE`.
 
     PYTHONPATH=src python3 benchmarks/bench_fused_quant.py [--json FILE]
 """
@@ -58,6 +58,7 @@ def main() -> None:
                 outs = {}
                 for mode, fuse in (("fused", True), ("separate", False)):
                     fml.FUSE_INTERMEDIATE_QUANT = fuse
+                    fml.FUSE_QUANT_L2_SHARE = float("inf")  # compare at every size, past the op's own limit
                     reload_moe_configs()
                     outs[mode] = call().clone()
                     rec[f"gpu_{mode}_us"] = time_kernel(call, iters=30, warmup=3).median_us

@@ -255,6 +255,19 @@ def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monke
     assert float((fused.float() - ref).norm() / ref.norm()) < 2e-2
 
 
+def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe():
+    from tritune.kernels.fused_moe_launch import fuses_intermediate_quant
+
+    l2, smem = 50 * 2**20, 232448  # the H100's
+    big = MoeConfig(128, 256, 128, 8, 8, 4)  # stage 2 with 16-bit A: 4 x (128x128x2 + 256x128) = 256 KiB of tiles
+    assert fuses_intermediate_quant("per_1x128", S, S, 2**20, 2, l2, smem)
+    assert not fuses_intermediate_quant("none", S, S, 2**20, 2, l2, smem)  # nothing to quantize
+    assert not fuses_intermediate_quant("per_token", MoeConfig(16, 32, 32, 1, 4, 2, KSPLIT=2), S, 2**20, 2, l2, smem)
+    assert not fuses_intermediate_quant("per_token", S, S, l2 // 2, 2, l2, smem)  # the intermediate leaves L2
+    assert not fuses_intermediate_quant("per_1x128", S, big, 2**20, 2, l2, smem)  # its A tiles would not fit
+    assert fuses_intermediate_quant("per_1x128", S, big, l2, 2, None, None)  # the interpreter has no such limits
+
+
 def test_gemm_launches_and_allocations_per_call(binds, counted):
     a, b = operands(1, 40, 200)
     split = gk.GemmConfig(16, 32, 32, 1, 4, 2, NUM_KSPLIT=4)

@@ -32,19 +32,33 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong
 from tritune.kernels.quant import QuantLaunch
 
-__all__ = ["FUSE_INTERMEDIATE_QUANT", "MoeLaunch", "fuses_intermediate_quant"]
+__all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 
 # An fp8 2-stage call quantizes its intermediate inside the GEMMs (stage 1 records the amax of what it stores, stage 2
-# quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits. Stage 2
-# re-quantizes A for every N tile, which measured as free on the H100: 0.95-1.03x the GPU time of the separate launch
-# from 2 to 131072 pairs (benchmarks/bench_fused_quant.py). False restores the separate launch (tests compare both).
+# quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits.
+# Measured on the H100 (benchmarks/bench_fused_quant.py, rule-table configs): 0.95-1.03x the GPU time of the separate
+# launch from 2 to 131072 pairs. But stage 2 then reads A in 16 bits and re-quantizes it for every N tile, cheap while
+# the 16-bit intermediate stays in L2, and its configs were tuned on fp8 A: tuned rows whose intermediate is 2-8x L2
+# (4096 tokens) ran 29-52% above their stage sum end to end, not yet told apart from other causes. So the fusion is
+# kept to intermediates of at most FUSE_QUANT_L2_SHARE of L2, and to stage-2 configs whose 16-bit A tiles fit shared
+# memory. FUSE_INTERMEDIATE_QUANT False restores the separate launch everywhere (tests compare both).
 FUSE_INTERMEDIATE_QUANT = True
+FUSE_QUANT_L2_SHARE = 1 / 3
 
 
-def fuses_intermediate_quant(quant: str, stage1: MoeConfig) -> bool:
-    """Whether a 2-stage fp8 call with this stage-1 config skips the intermediate's quantization launch (a split-K
-    stage 1 has no epilogue that sees whole outputs, so it keeps the launch)."""
-    return FUSE_INTERMEDIATE_QUANT and quant != "none" and stage1.KSPLIT == 1
+def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, intermediate_bytes: int,
+                             a_bytes: int, l2_bytes: int | None, max_shared: int | None) -> bool:
+    """Whether a 2-stage fp8 call skips the intermediate's quantization launch: not behind a split-K stage 1 (no
+    epilogue sees whole outputs), only while the 16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`,
+    and only when stage 2's pipeline of `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no
+    such limit, the interpreter)."""
+    if not FUSE_INTERMEDIATE_QUANT or quant == "none" or stage1.KSPLIT != 1:
+        return False
+    if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
+        return False
+    tiles = stage2.num_stages * (stage2.BLOCK_SIZE_M * a_bytes + stage2.BLOCK_SIZE_N) * stage2.BLOCK_SIZE_K
+    return max_shared is None or tiles <= max_shared
+
 
 _F32 = torch.float32
 # A call's tensors, in order (topk_ids flattened): the head of the flat list every launch takes its pointers from.
@@ -107,7 +121,8 @@ class MoeLaunch:
         # The sort's first launch also quantizes the activations (fp8) and zeroes the 1-stage accumulator.
         ride = RideAlong(x=hidden if quant != "none" else None, rows=tokens if quant != "none" else 0,
                          cols=model_dim, stride=hidden.stride(0), group=group,
-                         zero=self._zeroed(quant, stage1, numel, tokens, model_dim, inter_dim))
+                         zero=self._zeroed(quant, stage1, stage2, numel, tokens, model_dim, inter_dim,
+                                           hidden))
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
@@ -130,10 +145,14 @@ class MoeLaunch:
         self.workspace = Workspace(tuple(pieces.items))
         self._finish_binding(pieces)
 
-    def _zeroed(self, quant: str, stage1: MoeConfig, numel: int, tokens: int, model_dim: int, inter_dim: int) -> int:
+    def _zeroed(self, quant: str, stage1: MoeConfig, stage2: MoeConfig | None, numel: int, tokens: int, model_dim: int,
+                inter_dim: int, hidden: torch.Tensor) -> int:
         """fp32 elements the sort's first launch zeroes: the 1-stage accumulator, or the intermediate's amax when
         its quantization is fused into the GEMMs (one per pair, or per pair and 1×128 group)."""
-        self.fused_quant = not self.one_stage and fuses_intermediate_quant(quant, stage1)
+        props = torch.cuda.get_device_properties(hidden.device) if hidden.is_cuda else None
+        self.fused_quant = not self.one_stage and fuses_intermediate_quant(
+            quant, stage1, stage2, numel * inter_dim * hidden.element_size(), hidden.element_size(),
+            props.L2_cache_size if props else None, props.shared_memory_per_block_optin if props else None)
         if self.one_stage:
             return tokens * model_dim
         if self.fused_quant:
