@@ -220,3 +220,24 @@ def test_corrupt_output_fails_before_tuning(content, expected, tmp_path, capsys)
     assert str(out) in line and expected in line
     assert out.read_bytes() == before
     assert no_tuning_started(tmp_path)
+
+
+def test_e2e_retimes_the_best_stage_pair_of_each_block_m():
+    """The stages are timed alone; the best pair of each BLOCK_SIZE_M (up to E2E_PAIRS, fastest stage sum first) is
+    re-timed end to end, so a pair the stage sums rank second can still win as the whole op."""
+    from tritune.params import Config
+    from tritune.tuning.tuner import ProblemResult
+    from tritune.tuning.types import Measurement, Status
+
+    def result(kind: str, times: dict[tuple[int, int], float]) -> ProblemResult:
+        ms = [Measurement(kind, Config.of(**{**MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn).__dict__}),
+                          Status.OK, t, 0.0) for (bm, bn), t in times.items()]
+        return ProblemResult(kind, min(ms, key=lambda m: m.time_us), ms, len(ms), {})
+
+    stage1 = result("stage1", {(16, 64): 9.5, (32, 64): 7.0, (64, 64): 5.0, (64, 128): 4.0, (128, 64): 8.0})
+    stage2 = result("stage2", {(16, 64): 1.0, (32, 64): 6.0, (64, 64): 5.0, (128, 128): 2.0})
+    choices = fmoe_tuner.choose(stage1, stage2, None)
+    # BM 64: 4 + 5 = 9; BM 128: 8 + 2 = 10; BM 16: 9.5 + 1 = 10.5; BM 32: 13 (the fourth: dropped)
+    assert fmoe_tuner.E2E_PAIRS == 3
+    assert [(c.plan[0].BLOCK_SIZE_M, c.us1 + c.us2) for c in choices] == [(64, 9.0), (128, 10.0), (16, 10.5)]
+    assert choices[0].plan[0].BLOCK_SIZE_N == 128  # each BLOCK_SIZE_M's own fastest stage-1 config
