@@ -4,7 +4,9 @@ custom resource `fake_gpu` standing in for GPUs, kernels scripted (ray_tunables)
 Same answer as the local executor on the same seeded problems; a rerun of a finished run measures (and starts)
 nothing; a candidate that kills or hangs two actors is recorded, not retried forever; the CLI's `--executor ray`
 tunes a real GEMM through the interpreter on the nodes; killing a worker node mid-run loses nothing and re-measures
-only what was in flight there. The module's cluster is shared by its tests and always stopped by the fixture.
+only what was in flight there; a driver killed mid-run leaves no actor behind and its rerun measures only what the
+journal lacks. The progress and summary text per node are checked on synthetic numbers. The module's cluster is
+shared by its tests and always stopped by the fixture.
 """
 
 from __future__ import annotations
@@ -12,26 +14,32 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ray_tunables import CountProblem, ScriptedCounts, eager_time, gpu_time, graph_time
 
 from tritune.device import current_device
+from tritune.tuning import ray_executor
 from tritune.tuning.bench import Timers
 from tritune.tuning.journal import Journal
 from tritune.tuning.ray_cluster import RaySettings
+from tritune.tuning.ray_executor import RayExecutor, _Actor, _Item, _Node
 from tritune.tuning.tuner import TuneSettings, journal_key, tune
-from tritune.tuning.types import BenchSettings, Status
+from tritune.tuning.types import BenchSettings, Config, Status
 
 try:
     import ray
@@ -186,6 +194,63 @@ def test_everything_else_works_without_ray():
     assert proc.stderr == "tritune: error: --executor ray needs Ray: pip install 'tritune[ray]'\n"
 
 
+class _Postfix:
+    def __init__(self) -> None:
+        self.text: list[str] = []
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.text.append(text)
+
+    def close(self) -> None:
+        pass
+
+
+def test_progress_shows_each_nodes_rate_and_the_summary_each_gpu(monkeypatch):
+    """Synthetic executor state, no Ray: node a (2 GPUs, one actor replaced after a crash), node b lost at 5 s, node c
+    with no usable GPU; the bar's text and the summary as of 10 s after the start, and idle time after close()."""
+    t0 = time.monotonic() - 10.0
+    ex = RayExecutor(ScriptedCounts(), BENCH, RaySettings(None, RESOURCE), DEVICE)
+    a = _Node("a" * 32, "127.0.0.1/aaaaaaaa", cpus=4, gpus=2, compiled=20, compile_s=12.34)
+    b = _Node("b" * 32, "127.0.0.1/bbbbbbbb", cpus=4, gpus=2, compiled=6, compile_s=3.0, alive=False, lost_at=t0 + 5,
+              struck=1)
+    c = _Node("c" * 32, "127.0.0.1/cccccccc", cpus=1, gpus=1, note="NVIDIA H200 (Triton 3.3.0) not used")
+
+    def actor(slot: int, node: _Node, ready: float, done: int, busy: float, ended: float | None = None) -> _Actor:
+        return _Actor(slot, node, None, None, t0, ready_at=t0 + ready, done=done, busy_s=busy,
+                      ended_at=None if ended is None else t0 + ended)
+
+    a.retired = [actor(1, a, ready=1.0, done=1, busy=1.5, ended=3.0)]  # crashed; its successor holds slot 1
+    b.retired = [actor(2, b, ready=1.0, done=3, busy=3.0, ended=5.0),
+                 actor(3, b, ready=2.0, done=1, busy=1.0, ended=5.0)]
+    ex._actors = [actor(0, a, ready=1.0, done=12, busy=7.0), actor(1, a, ready=4.0, done=5, busy=4.0)]
+    ex._nodes = {n.node_id: n for n in (a, b, c)}
+    ex._started, ex._began, ex.requeued = True, t0, [(7, "actor died")]
+
+    ex._bar = _Postfix()
+    ex._show_progress()
+    assert ex._bar.text == ["aaaaaaaa 2.0/s, bbbbbbbb 1.0/s lost"]  # 18 in 9 s since ready; 4 in the 4 s b lived
+    assert ex.summary_lines(now=t0 + 10.0) == [
+        f"ray: 3 node(s), 4 GPU(s) of {DEVICE.name}; 22 measurement(s) in 10.0s; 1 re-queued after losing their "
+        "actor, 0 recorded after taking down 2 actors",
+        "  node 127.0.0.1/aaaaaaaa: 2 GPU(s); candidates per GPU 12, 6; idle s per GPU 2.0, 2.5; "
+        "20 compile(s), 12.3 CPU-s",
+        "  node 127.0.0.1/bbbbbbbb: 2 GPU(s); candidates per GPU 3, 1; idle s per GPU 1.0, 2.0; 6 compile(s), "
+        "3.0 CPU-s; LOST after 5.0s; 1 candidate(s) in flight on lost actors",
+        "  node 127.0.0.1/cccccccc: 0 GPU(s); candidates per GPU -; idle s per GPU -; 0 compile(s), 0.0 CPU-s; "
+        "NVIDIA H200 (Triton 3.3.0) not used"]
+    # Closed with a candidate in flight (a time limit passed): its 0.5 s on the GPU so far count as busy, not idle.
+    running = ex._actors[0]
+    running.item, running.handed_at = _Item(None, "k"), t0 + 9.5
+    killed: list[int] = []  # no Ray here: ray.kill would start a local Ray instance
+    fake_ray = SimpleNamespace(kill=lambda handle, no_restart: killed.append(handle))
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: fake_ray)
+    for i, live in enumerate(ex._actors):
+        live.handle = i
+    ex.close()
+    assert not ex._actors and killed == [0, 1]
+    assert running.idle_s(time.monotonic()) == pytest.approx(10.0 - 1.0 - 7.0 - 0.5)
+
+
 def settings(journal: Path, cluster: LoopbackCluster | None, finalists: int = 2) -> TuneSettings:
     where = RaySettings(cluster.address, RESOURCE) if cluster is not None else None
     return TuneSettings(journal_path=journal, bench=BENCH, num_gpus=2, compile_workers=1, progress=False,
@@ -260,6 +325,87 @@ def test_cli_refuses_an_unknown_device_model(cluster, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1
     assert f"no GPU of the Ray cluster is a 'NVIDIA H200'; it has {2 * GPUS_PER_NODE} x {DEVICE.name}" in err
+
+
+# The driver of test_a_rerun_after_the_driver_is_killed_resumes: tune() on a pickled (tunable, problems, settings).
+DRIVER = ("import pickle, sys\n"
+          "from tritune.device import current_device\n"
+          "from tritune.tuning.tuner import tune\n"
+          "with open(sys.argv[1], 'rb') as f:\n"
+          "    tunable, problems, settings = pickle.load(f)\n"
+          "tune(tunable, problems, current_device(), settings)\n")
+
+
+def _journaled(journal: Path) -> int:
+    """Rows in the journal, read without writing to it (0 until the driver has made it)."""
+    try:
+        with closing(sqlite3.connect(f"file:{journal}?mode=ro", uri=True)) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _node_processes(cluster: LoopbackCluster) -> set[int]:
+    """Every running process of the cluster's nodes: raylets, agents, workers, actors."""
+    return {pid for name in cluster.procs for pid in cluster.pids(name) if _running(pid)}
+
+
+def test_a_rerun_after_the_driver_is_killed_resumes(cluster, tmp_path):
+    """The driver, a process of its own, SIGKILLed mid-run: its actors die with it, and the same run again measures
+    only what the journal lacks; the journal and the winners equal an uninterrupted run's."""
+    problems = [CountProblem("driver", 18)]
+    journal, killed_log, rerun_log = tmp_path / "driver.sqlite", tmp_path / "killed.log", tmp_path / "rerun.log"
+    run = tmp_path / "run.pickle"
+    run.write_bytes(pickle.dumps((ScriptedCounts(run_s=0.3, log=str(killed_log)), problems,
+                                  settings(journal, cluster))))
+    out = tmp_path / "driver.out"
+    before = _node_processes(cluster)
+    with out.open("w") as sink:
+        driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(run)], env=cluster.env, stdout=sink,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # The uninterrupted run (the local executor) while the driver starts: it takes seconds to journal anything.
+        whole, _ = tune(ScriptedCounts(), problems, DEVICE, settings(tmp_path / "whole.sqlite", None))
+        end = time.monotonic() + 60
+        while _journaled(journal) < 5:  # a few of the 18 measured: kill it mid-run
+            assert driver.poll() is None and time.monotonic() < end, out.read_text()[-3000:]
+            time.sleep(0.02)
+        driver_pids = _descendants(driver.pid)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)
+    assert driver.returncode == -signal.SIGKILL
+    # Ray ends a dead driver's job: its actors and workers go, the nodes are back to what they ran before it started.
+    killed_actors = {int(line.split()[0]) for line in killed_log.read_text().splitlines()}
+    assert killed_actors and killed_actors.isdisjoint(before)
+    end = time.monotonic() + 30
+    while left := {p for p in driver_pids if _running(p)} | (_node_processes(cluster) - before):
+        assert time.monotonic() < end, f"processes of the killed driver still run: {sorted(left)}"
+        time.sleep(0.1)
+    committed = {int(Config.from_key(c)["i"]) for _, c in rows(journal, ScriptedCounts(), problems)}
+    assert 5 <= len(committed) < 18  # nothing more is journaled once the driver is gone
+
+    rerun, summary = tune(ScriptedCounts(log=str(rerun_log)), problems, DEVICE, settings(journal, cluster))
+
+    assert (summary.reused, summary.measured) == (len(committed), 18 - len(committed))
+    retimed = [int(m.config["i"]) for m in rerun[0].measurements if m.retimed]
+    assert len(retimed) == 2
+    attempts = Counter(int(line.split()[2]) for line in rerun_log.read_text().splitlines())
+    assert attempts == Counter(set(range(18)) - committed) + Counter(retimed)  # the missing, then the 2 finalists
+    assert rows(journal, ScriptedCounts(), problems) == rows(tmp_path / "whole.sqlite", ScriptedCounts(), problems)
+    assert (rerun[0].best.config, rerun[0].gpu_best.config) == (whole[0].best.config, whole[0].gpu_best.config)
+    print(f"journaled before the kill: {len(committed)}; driver {driver.pid} and actors {sorted(killed_actors)} gone")
 
 
 def test_losing_a_node_mid_run_loses_nothing(cluster, tmp_path):

@@ -199,17 +199,8 @@ class RayExecutor:
         if self._closed:
             return
         self._closed = True
-        now = time.monotonic()
-        if self._started:
-            ray = import_ray()
-            for actor in self._actors:
-                actor.ended_at = now
-                actor.node.retired.append(actor)
-                try:
-                    ray.kill(actor.handle, no_restart=True)
-                except Exception:  # already dead with its node
-                    pass
-            self._actors = []
+        for actor in list(self._actors):  # a candidate still in flight counts as busy time, not idle
+            self._retire(actor, kill=True)
         if self._bar is not None:
             self._bar.close()
         self._queues.clear()
@@ -221,12 +212,12 @@ class RayExecutor:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
 
-    def summary_lines(self) -> list[str]:
-        """Nodes, GPUs, candidates and idle seconds per GPU, compiles per node, and what faults cost; [] if nothing
-        was started."""
+    def summary_lines(self, now: float | None = None) -> list[str]:
+        """Nodes, GPUs, candidates and idle seconds per GPU, compiles per node, and what faults cost, as of `now`
+        (time.monotonic(); default: now); [] if nothing was started."""
         if not self._started:
             return []
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         per_node = {n: self._gpus(n) for n in self._nodes.values()}
         measured = sum(a.done for gpus in per_node.values() for lives in gpus.values() for a in lives)
         lines = [f"ray: {len(per_node)} node(s), {sum(map(len, per_node.values()))} GPU(s) of {self._device.name}; "
@@ -522,7 +513,13 @@ class RayExecutor:
     def _show_progress(self) -> None:
         if self._bar is None or time.monotonic() - self._bar_at < _PROGRESS_EVERY_S:
             return
-        now = self._bar_at = time.monotonic()
+        self._bar_at = time.monotonic()
+        self._bar.set_postfix_str(self.node_rates(self._bar_at), refresh=True)
+
+    def node_rates(self, now: float | None = None) -> str:
+        """The progress bar's text: each node's candidates per second since its first actor was ready (until it was
+        lost), "a1b2c3d4 2.0/s, e5f6a7b8 1.0/s lost"; nodes with no ready actor yet are left out."""
+        now = time.monotonic() if now is None else now
         parts = []
         for node in self._nodes.values():
             lives = [a for actors in self._gpus(node).values() for a in actors]
@@ -531,7 +528,7 @@ class RayExecutor:
             since = min(a.ready_at or now for a in lives)
             rate = sum(a.done for a in lives) / max(1e-9, (node.lost_at or now) - since)
             parts.append(f"{node.label.split('/')[-1]} {rate:.1f}/s" + ("" if node.alive else " lost"))
-        self._bar.set_postfix_str(", ".join(parts), refresh=True)
+        return ", ".join(parts)
 
 
 def _first_line(exc: BaseException) -> str:
