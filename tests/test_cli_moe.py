@@ -7,6 +7,7 @@ Runs in-process through Triton's interpreter with one config per kernel kind, so
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     for line in ("\n  stage2: 1 in the space", "\n  1stage: 1 in the space", "\n  e2e (stage pair): 1 measured; best ",
                  "\n  e2e (1-stage): 1 measured; best ", "\n== run: 1 row(s), stage search and end-to-end re-time"):
         assert line in summary
-    assert captured.out.count("problems: ") == 1 and "\n  problems: 5\n" in summary  # 3 kinds + 2 re-times
+    assert captured.out.count("problems: ") == 1 and "\n  problems: 6\n" in summary  # 3 kinds + 3 re-times
     assert not list(tmp_path.rglob("*.lock"))  # write locks live in the cache folder, never beside outputs
 
     with out.open() as f:
@@ -125,9 +126,15 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     assert {k: len(v) for k, v in by_kind.items()} == {"stage1": 1, "stage2": 1, "1stage": 1}
     for kind, names in by_kind.items():
         assert MoeConfig.parse_name(names[0])[0] == kind
-    # Both winners are re-timed end to end: the stage pair (joined by "+") and the 1-stage kernel.
+    # The winners are re-timed end to end: the stage pair (joined by "+"), its variant with the plan-level levers on
+    # (the interpreter stands for an H100: A through TMA, inter_dim 48 giving 96-byte rows) and the 1-stage kernel.
     e2e = sorted(r["kernelName"] for r in prof if r["kind"] == "e2e")
-    assert e2e == sorted([f"{by_kind['stage1'][0]}+{by_kind['stage2'][0]}", by_kind["1stage"][0]])
+    pair = tuple(MoeConfig.parse_name(by_kind[kind][0])[1] for kind in ("stage1", "stage2"))
+    lever1, lever2 = fmoe_tuner.lever_variant(pair, SHAPE_A, DEV)
+    assert lever2 == dataclasses.replace(pair[1], SORTED_INTER=2, TOPK_ATOMIC=1)
+    assert (lever1.SORTED_INTER, lever1.TOPK_ATOMIC) == (2, 1)
+    assert e2e == sorted([f"{by_kind['stage1'][0]}+{by_kind['stage2'][0]}", by_kind["1stage"][0],
+                          f"{lever1.name('stage1')}+{lever2.name('stage2')}"])
     assert (new.kernelName1 if new.run_1stage else f"{new.kernelName1}+{new.kernelName2}") in e2e
 
 
@@ -241,3 +248,54 @@ def test_e2e_retimes_the_best_stage_pair_of_each_block_m():
     assert fmoe_tuner.E2E_PAIRS == 3
     assert [(c.plan[0].BLOCK_SIZE_M, c.us1 + c.us2) for c in choices] == [(64, 9.0), (128, 10.0), (16, 10.5)]
     assert choices[0].plan[0].BLOCK_SIZE_N == 128  # each BLOCK_SIZE_M's own fastest stage-1 config
+
+
+def test_lever_variant_of_the_fastest_pair_only_and_only_when_switched_on(monkeypatch):
+    """The variant (SORTED_INTER, TOPK_ATOMIC on in both stages) joins the end-to-end candidates once, for the pair
+    the stage sums rank first, after it (a tie keeps the plain pair); TMA for A only where the device and the rows
+    allow it; E2E_LEVER_VARIANT False leaves the candidates as they were."""
+    one = fmoe_tuner.Choice((dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None), 1.0, 0.0)
+    fast = fmoe_tuner.Choice((SMALL, SMALL), 2.0, 0.0, 3.0, 0.0)
+    slow = fmoe_tuner.Choice((dataclasses.replace(SMALL, BLOCK_SIZE_M=32),) * 2, 4.0, 0.0, 4.0, 0.0)
+    chosen = fmoe_tuner.with_lever_variant([one, fast, slow], SHAPE_A, DEV)
+    assert chosen[:3] == [one, fast, slow] and len(chosen) == 4
+    variant = chosen[3]
+    assert variant.plan == tuple(dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1) for _ in range(2))
+    assert (variant.us1, variant.us2) == (fast.us1, fast.us2)  # the stages were measured without the levers
+    assert fmoe_tuner.with_lever_variant([one], SHAPE_A, DEV) == [one]  # no stage pair: nothing to vary
+    fp8 = dataclasses.replace(SHAPE_A, inter_dim=40, q_type="per_token", q_dtype_a="fp8", q_dtype_w="fp8")
+    assert fmoe_tuner.lever_variant(fast.plan, fp8, DEV)[0].SORTED_INTER == 1  # fp8 rows of 40 bytes: pointer loads
+    no_tma = dataclasses.replace(DEV, capability=(8, 0))
+    assert fmoe_tuner.lever_variant(fast.plan, SHAPE_A, no_tma)[1].SORTED_INTER == 1
+    monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_VARIANT", False)
+    assert fmoe_tuner.with_lever_variant([one, fast, slow], SHAPE_A, DEV) == [one, fast, slow]
+
+
+@pytest.mark.parametrize(("lever_us", "levers_written"), [(50.0, True), (150.0, False), (100.0, False)],
+                         ids=["variant-faster", "variant-slower", "tie"])
+def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, lever_us, levers_written):
+    """Through the engine with scripted timers: every candidate runs through the interpreter (the variant passes the
+    correctness gate on real kernels), and the end-to-end times, scripted per plan, decide."""
+    from fake_tunables import scripted_gpu_time, scripted_graph_time
+    from scripted_moe import ScriptedMoeTunable
+
+    from tritune.tuning.bench import Timers
+    from tritune.tuning.tuner import TuneSettings
+    from tritune.tuning.types import BenchSettings
+
+    timers = Timers(gpu=scripted_gpu_time, eager=scripted_graph_time, graph=scripted_graph_time)
+    settings = TuneSettings(tmp_path / "journal.sqlite", compile_workers=1, progress=False,
+                            bench=BenchSettings(iters=1, warmup=0, timeout_s=120.0, seed=0, flush_l2=False,
+                                                timers=timers))
+    tunable = ScriptedMoeTunable(
+        stage_space=tuple({**fmoe_tuner.INTERPRETER_STAGE_SPACE, "KSPLIT": (1,)}.items()),
+        one_stage_space=tuple(fmoe_tuner.INTERPRETER_ONE_STAGE_SPACE.items()), lever_us=lever_us)
+    req = fmoe_tuner.MoeTuneRequest(write_input(tmp_path / "untuned.csv", ROW_A), tmp_path / "tuned.csv")
+    report = fmoe_tuner.tune_fmoe(req, DEV, settings, tunable=tunable)
+    e2e = [r for r in report.results if r.problem.kind == "e2e"]
+    assert len(e2e) == 3 and all(r.best is not None and r.best.ok for r in e2e)  # pair, its variant, 1-stage
+    (row,) = report.written
+    assert row.us == (50.0 if levers_written else 100.0)
+    for name in (row.kernelName1, row.kernelName2):
+        assert name.endswith("_SI2_TA1") == levers_written
+    assert [(t.kernelName1, t.kernelName2) for t in read_tuned(req.output)] == [(row.kernelName1, row.kernelName2)]

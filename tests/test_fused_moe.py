@@ -1,6 +1,7 @@
 """Fused-MoE kernels against moe_reference: stage 1, stage 2, the 2-stage and 1-stage ops over activation × quant ×
-doweight_stage1, the edges (gate-up off, split-K, TMA, top-1, idle experts, masked M/N/K), names, config checks,
-argument validation, and the Triton fp8 quantizer against the torch one.
+doweight_stage1, the edges (gate-up off, split-K, TMA, top-1, idle experts, masked M/N/K), the plan-level levers
+(SORTED_INTER, TOPK_ATOMIC) on the same edges, names, config checks, argument validation, and the Triton fp8
+quantizer against the torch one.
 
 Without a GPU these run in Triton's interpreter (tests/conftest.py): fp16 activations only (tl.dot on bf16 is wrong
 there), fp8 weights for the quant types, tiny odd shapes and 16/32 blocks.
@@ -251,6 +252,74 @@ def test_default_outputs_have_hidden_dtype_and_shape() -> None:
         assert out.shape == (BASE.tokens, BASE.model_dim) and out.dtype == torch.float16
 
 
+# --- plan-level levers: a sorted intermediate (SORTED_INTER) and the top-k sum in stage 2's epilogue (TOPK_ATOMIC) --
+
+def levers(cfg: MoeConfig, sorted_inter: int, topk_atomic: int = 1, **more) -> MoeConfig:
+    return dataclasses.replace(cfg, SORTED_INTER=sorted_inter, TOPK_ATOMIC=topk_atomic, **more)
+
+
+FP8_ROWS = Dims(tokens=5, model_dim=136, inter_dim=80, experts=4, topk=2)  # D crosses a 128 block; fp8 rows of I: 80 B
+
+# (dims, stage-1 config, stage-2 config, quant, activation, doweight_stage1); BASE: 10 pairs (not a multiple of
+# BLOCK_SIZE_M), I=24 under BLOCK_SIZE_N, K=40 not a multiple of BLOCK_SIZE_K
+LEVER_CASES = [
+    pytest.param(BASE, levers(SMALL, 1), levers(SMALL, 1), "none", "silu", False, id="sorted-atomic"),
+    pytest.param(BASE, levers(SMALL, 2, 0), levers(SMALL, 2, 0), "none", "gelu", True,
+                 id="sorted-tma-doweight"),  # A through TMA: fp16 rows of 48 bytes; pairs summed by the top-k kernel
+    pytest.param(Dims(tokens=3, experts=16), levers(SMALL, 2), levers(SMALL, 2), "none", "silu", False,
+                 id="experts-with-zero-tokens"),  # 6 pairs over 16 experts
+    pytest.param(dataclasses.replace(BASE, topk=1), levers(SMALL, 2), levers(SMALL, 2), "none", "silu", False,
+                 id="topk1"),  # stage 2 writes `out` itself: TOPK_ATOMIC has nothing to sum
+    pytest.param(dataclasses.replace(BASE, topk=1), levers(SMALL, 1), levers(KS2, 1), "none", "gelu", False,
+                 id="topk1-ksplit2"),  # top-1, but two K splits add into each row
+    pytest.param(Dims(tokens=7, topk=3), levers(SMALL, 2), levers(SMALL, 2), "none", "gelu", False,
+                 id="topk3"),  # 21 pairs, three slots per token add into one row
+    pytest.param(Dims(inter_dim=40), levers(SMALL, 1, 0), levers(SMALL, 1, 0), "none", "silu", False,
+                 id="i-not-multiple-of-bn"),  # a full and a masked N tile of stage 1, K=40 of stage 2
+    pytest.param(Dims(tokens=21, experts=2), levers(SMALL, 2, GROUP_SIZE_M=2), levers(SMALL, 2, GROUP_SIZE_M=2),
+                 "none", "silu", False, id="two-blocks-per-expert"),  # 42 pairs: full and partial blocks
+    pytest.param(BASE, levers(KS2, 2), levers(KS3, 2), "none", "silu", True,
+                 id="ksplit-both"),  # stage 1's finish in the sort's order; stage 2's splits add atomically
+    pytest.param(BASE, levers(KS2, 1, 0), levers(KS2, 1, 0), "none", "gelu", False,
+                 id="ksplit-both-sorted-only"),  # stage 2's partials by pair, summed by the top-k kernel
+    pytest.param(dataclasses.replace(BASE, gated=False), levers(SMALL, 1), levers(SMALL, 1), "per_token", "gelu",
+                 True, id="gate-up-off-per_token"),
+    pytest.param(BASE, levers(SMALL, 2), levers(SMALL, 2), "per_token", "silu", False,
+                 id="per_token-fused-quant-tma"),  # amax by sorted row; 16-bit A through TMA, quantized on load
+    pytest.param(FP8_ROWS, levers(KS2, 2), levers(SMALL, 2), "per_1x128", "silu", False,
+                 id="per_1x128-separate-quant-tma"),  # split stage 1: the quantization launch over the sorted rows
+    pytest.param(CROSSING, levers(SMALL, 1), levers(KS2, 1), "per_1x128", "gelu", True,
+                 id="per_1x128-crossing-ksplit2"),  # scale blocks 0 and 1 of D and of I=72
+]
+
+
+@pytest.mark.parametrize(("dims", "cfg1", "cfg2", "quant", "activation", "doweight"), LEVER_CASES)
+def test_2stage_levers(dims: Dims, cfg1: MoeConfig, cfg2: MoeConfig, quant: str, activation: str,
+                       doweight: bool) -> None:
+    x = make_moe(dims, quant, seed=8)
+    kw = x.kw(activation, doweight)
+    out = fm.fused_moe_2stage(*x.args, cfg1, cfg2, **kw)
+    assert_close(out, fused_moe_reference(*x.args, **kw), quant)
+    plain = fm.fused_moe_2stage(*x.args, levers(cfg1, 0, 0), levers(cfg2, 0, 0), **kw)
+    if cfg2.TOPK_ATOMIC and not (dims.topk == 1 and cfg2.KSPLIT == 1):
+        # fp32 sums of unrounded rows, in any order, against 16-bit rows summed in order: close, not equal
+        torch.testing.assert_close(out, plain, rtol=1e-2, atol=1e-2)
+    else:  # the same arithmetic with the rows placed elsewhere: the same bits
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+
+
+def test_levers_refused_where_they_cannot_run() -> None:
+    x = make_moe(Dims(inter_dim=20))  # fp16 rows of 40 bytes: no TMA
+    with pytest.raises(ValueError, match=r"SORTED_INTER 2 \(A through TMA\) needs rows of 16-byte multiples; K=20"):
+        fm.fused_moe_2stage(*x.args, levers(SMALL, 2), levers(SMALL, 2))
+    q = make_moe(BASE, "per_token")  # behind a split stage 1, stage 2 reads fp8 rows of I=24 bytes
+    with pytest.raises(ValueError, match="K=24 of torch.float8_e4m3fn is not"):
+        fm.fused_moe_2stage(*q.args, levers(KS2, 2), levers(SMALL, 2), **q.kw("silu", False))
+    sorting = moe_align_block_size(x.ids, 16, x.dims.experts)
+    with pytest.raises(ValueError, match="SORTED_INTER and TOPK_ATOMIC shape the whole 2-stage call"):
+        fm.moe_stage1(x.hidden, x.w1, x.weights, sorting, levers(SMALL, 1), inter_dim=20)
+
+
 # --- names and config checks -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("kernel", "cfg", "quant", "activation", "name"), [
@@ -259,10 +328,31 @@ def test_default_outputs_have_hidden_dtype_and_shape() -> None:
     ("stage2", MoeConfig(), "none", "silu", "moe_stage2_none_silu_BM64_BN64_BK64_GM8_W4_S3_KS1_TMA0"),
     ("1stage", dataclasses.replace(ONE, BLOCK_SIZE_D=128), "per_1x128", "silu",
      "moe_1stage_per_1x128_silu_BM16_BN32_BK32_GM1_W4_S2_KS1_BD128"),  # BD, and no TMA field
+    ("stage2", dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1), "none", "silu",
+     "moe_stage2_none_silu_BM16_BN32_BK32_GM1_W4_S2_KS1_TMA0_SI2_TA1"),  # plan-level options: named only when on
+    ("stage1", dataclasses.replace(SMALL, SORTED_INTER=1), "per_token", "gelu",
+     "moe_stage1_per_token_gelu_BM16_BN32_BK32_GM1_W4_S2_KS1_TMA0_SI1"),
 ])
 def test_name_round_trip(kernel: str, cfg: MoeConfig, quant: str, activation: str, name: str) -> None:
+    from tritune.store.fmoe_csv import name_block_m
+
     assert cfg.name(kernel, quant, activation) == name
     assert MoeConfig.parse_name(name) == (kernel, cfg)
+    assert name_block_m(name) == cfg.BLOCK_SIZE_M  # the CSV reader's check of block_m reads it too
+
+
+def test_shipped_names_parse_unchanged_with_the_levers_off() -> None:
+    from pathlib import Path
+
+    from tritune.store.fmoe_csv import read_tuned
+
+    names = [(row, name) for path in sorted((Path(fm.__file__).parent.parent / "configs").rglob("*fmoe*.csv"))
+             for row in read_tuned(path) for name in (row.kernelName1, row.kernelName2) if name.startswith("moe_")]
+    assert names
+    for row, name in names:
+        kind, cfg = MoeConfig.parse_name(name)
+        assert cfg.name(kind, row.shape.q_type, row.shape.act_type) == name
+        assert (cfg.SORTED_INTER, cfg.TOPK_ATOMIC) == (0, 0)
 
 
 def test_name_rejects_unknown_kernel() -> None:
@@ -303,6 +393,7 @@ def test_from_params_rejects_unknown_names() -> None:
     (dataclasses.replace(SMALL, BLOCK_SIZE_K=256), "stage1", "per_token"),  # 256 is fine without 1×128 scales
     (dataclasses.replace(SMALL, KSPLIT=4, USE_TMA=1), "stage2", "none"),
     (dataclasses.replace(ONE, BLOCK_SIZE_N=128), "1stage", "per_1x128"),
+    (dataclasses.replace(SMALL, KSPLIT=2, SORTED_INTER=2, TOPK_ATOMIC=1), "stage2", "per_1x128"),  # with split-K
 ])
 def test_check_config_accepts(cfg: MoeConfig, kernel: str, quant: str) -> None:
     check_config(cfg, kernel, quant)
@@ -318,6 +409,10 @@ def test_check_config_accepts(cfg: MoeConfig, kernel: str, quant: str) -> None:
     (dataclasses.replace(SMALL, BLOCK_SIZE_N=24), "stage1", "none", "BLOCK_SIZE_N=24 must be a power of two"),
     (dataclasses.replace(SMALL, BLOCK_SIZE_M=8), "stage2", "none", "BLOCK_SIZE_M=8 must be a power of two >= 16"),
     (dataclasses.replace(SMALL, KSPLIT=0), "stage2", "none", "must be >= 1"),
+    (dataclasses.replace(SMALL, SORTED_INTER=3), "stage2", "none", "SORTED_INTER must be 0, 1 or 2 and TOPK_ATOMIC"),
+    (dataclasses.replace(SMALL, TOPK_ATOMIC=2), "stage1", "none", "TOPK_ATOMIC 0 or 1"),
+    (dataclasses.replace(ONE, SORTED_INTER=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
+    (dataclasses.replace(ONE, TOPK_ATOMIC=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
 ])
 def test_check_config_rejects(cfg: MoeConfig, kernel: str, quant: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err:
@@ -347,6 +442,10 @@ def _validation_cases() -> list:
                      id="w2-scale-shape"),
         pytest.param(_bad_call(x, stage2=dataclasses.replace(SMALL, BLOCK_SIZE_M=32)),
                      "must share BLOCK_SIZE_M, got 16 and 32", id="block-m-mismatch"),
+        pytest.param(_bad_call(x, stage2=dataclasses.replace(SMALL, SORTED_INTER=1)),
+                     "must share SORTED_INTER .*, got 0 and 1", id="sorted-inter-mismatch"),
+        pytest.param(_bad_call(x, stage1=dataclasses.replace(SMALL, TOPK_ATOMIC=1)),
+                     "must share TOPK_ATOMIC .*, got 1 and 0", id="topk-atomic-mismatch"),
         pytest.param(_bad_call(x, activation="relu"), "activation 'relu'", id="activation"),
         pytest.param(_bad_call(x, quant="fp4"), "quant 'fp4'", id="quant"),
         pytest.param(_bad_call(x, hidden=x.hidden.float()), "hidden_states must be 2-D bf16/fp16", id="hidden-fp32"),

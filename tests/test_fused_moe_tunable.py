@@ -271,6 +271,7 @@ STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k != 
 ONE_STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k not in ("KSPLIT", "USE_TMA")}
                       | {"BLOCK_SIZE_D": 32})
 FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", doweight_stage1=True)
+LEVERS = dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1)
 
 
 @pytest.mark.parametrize(("fields", "kind", "config", "plan"), [
@@ -283,8 +284,10 @@ FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", dow
     (TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None)),
     (FP8_TINY, "stage2", STAGE, None),  # fp8 1x128: the stage-2 input is the reference intermediate
     (FP8_TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None)),
+    (TINY, "e2e", None, (LEVERS, LEVERS)),  # the tuner's lever variant: sorted intermediate via TMA, atomic top-k
+    (FP8_TINY, "e2e", None, (dataclasses.replace(LEVERS, SORTED_INTER=1),) * 2),
 ], ids=["stage1", "stage1-ksplit2", "stage2", "stage2-ksplit2-doweight", "1stage", "e2e-2stage", "e2e-1stage",
-        "stage2-per_1x128", "e2e-1stage-per_1x128"])
+        "stage2-per_1x128", "e2e-1stage-per_1x128", "e2e-levers", "e2e-levers-per_1x128"])
 def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, plan) -> None:
     problem = MoeProblem(FmoeShape(**fields), kind, plan=plan)
     tunable = FusedMoeTunable()

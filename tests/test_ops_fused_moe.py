@@ -98,6 +98,22 @@ def test_tuned_2stage_matches_reference(use_rows, monkeypatch):
     assert rel_l2(out, fused_moe_reference(hidden, w1, w2, weights, ids)) < 1e-2
 
 
+@pytest.mark.parametrize("quant", ["none", "per_1x128"])
+def test_tuned_row_with_the_plan_levers_runs_them(use_rows, monkeypatch, quant):
+    """A row whose kernel names carry SORTED_INTER / TOPK_ATOMIC (what the tuner writes when that variant is faster
+    end to end) binds them, and the op still matches the reference."""
+    levers = dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1)
+    use_rows([two_stage(shape(quant), levers, levers)])
+    ran = []
+    real = op.MoeLaunch
+    monkeypatch.setattr(op, "MoeLaunch", lambda *a, **kw: ran.append((kw["stage1"], kw["stage2"])) or real(*a, **kw))
+    hidden, w1, w2, weights, ids, s1, s2 = problem(quant, seed=4)
+    out = fused_moe(hidden, w1, w2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+    assert ran == [(levers, levers)]
+    ref = fused_moe_reference(hidden, w1, w2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+    assert rel_l2(out, ref) < (1e-2 if quant == "none" else 2e-2)
+
+
 def test_tuned_1stage_matches_reference(use_rows, monkeypatch):
     use_rows([row(shape(), ONE.name("1stage", "none", "silu"), run_1stage=True)])
     ran = []
@@ -185,6 +201,7 @@ def test_choice_is_cached_until_reload(use_rows, monkeypatch):
     row(shape(), SMALL.name("stage2"), SMALL.name("stage2")),  # a stage-2 kernel where stage 1 belongs
     row(shape(), SMALL.name("stage1", "per_token"), SMALL.name("stage2")),  # kernel of another quant type
     two_stage(shape(), SMALL, dataclasses.replace(SMALL, BLOCK_SIZE_M=32)),  # stages disagree on BLOCK_SIZE_M
+    two_stage(shape(), SMALL, dataclasses.replace(SMALL, SORTED_INTER=1)),  # ... on a plan-level option
     row(shape(), "moe_stage1_none_silu_BM16_BN24_BK32", SMALL.name("stage2")),  # BLOCK_SIZE_N not a power of 2
     row(shape(), SMALL.name("1stage"), run_1stage=True),  # 1-stage config without BLOCK_SIZE_D
 ])

@@ -4,7 +4,8 @@ expected output), the run spec, and the configs; plus `MoeGemmTunable`, the same
 through Triton's JIT, so AOT and JIT numbers compare like for like.
 
 An artifact runs exactly one `_moe_gemm_kernel` launch on a ready sort, without split-K (its reduction is a
-second kernel) or TMA descriptors (the generic main passes plain pointers). The grid is computed from the
+second kernel), TMA descriptors (the generic main passes plain pointers) or the op-level SORTED_INTER / TOPK_ATOMIC
+(the default, pair-order variant only). The grid is computed from the
 padded token count of the data set for the artifact's BLOCK_SIZE_M.
 """
 
@@ -126,6 +127,7 @@ def moe_spec(kind: str, shape: FmoeShape, tolerance: SpecTolerance) -> RunSpec:
     n_w = 2 * n if stage1 else n
     args = [
         SpecArg("a_ptr", "in", data_name("hidden" if stage1 else "inter", tag)),
+        SpecArg("a_desc", "scratch", "16"),
         SpecArg("a_scale_ptr", "scratch", "16"),
         SpecArg("w_ptr", "in", data_name("w1" if stage1 else "w2", tag)),
         SpecArg("w_desc", "scratch", "16"),
@@ -167,6 +169,7 @@ def _constexprs(kind: str, shape: FmoeShape) -> Callable[[Mapping[str, int]], di
             "QUANT": 0, "BLOCK_SIZE_M": p["BLOCK_SIZE_M"], "BLOCK_SIZE_N": p["BLOCK_SIZE_N"],
             "BLOCK_SIZE_K": p["BLOCK_SIZE_K"], "GROUP_SIZE_M": p["GROUP_SIZE_M"], "KSPLIT": 1,
             "EVEN_K": int(k % p["BLOCK_SIZE_K"] == 0), "USE_TMA": 0, "AMAX_OUT": 0, "A_QUANT_ON_LOAD": 0,
+            "OUT_SORTED": 0, "A_SORTED": 0, "ATOMIC_TOPK": 0,
         }
     return constexprs
 
@@ -202,8 +205,8 @@ def moe_plans(bundle: Path, shape: FmoeShape, device: DeviceInfo, *, kinds: tupl
             configs=chosen[kind], constexprs=_constexprs(kind, shape),
             artifact_id=lambda p, kind=kind: artifact_id(kind, p),
             source="tritune.kernels.fused_moe:_moe_gemm_kernel",
-            pointer_dtypes={"a_scale_ptr": "fp32", "w_desc": TRITON_DTYPE[shape.dtype], "w_scale_ptr": "fp32",
-                            "amax_ptr": "fp32"},
+            pointer_dtypes={"a_desc": TRITON_DTYPE[shape.dtype], "a_scale_ptr": "fp32",
+                            "w_desc": TRITON_DTYPE[shape.dtype], "w_scale_ptr": "fp32", "amax_ptr": "fp32"},
             problem={"kind": kind, "shape": shape.key(), "skew": skew, "seed": seed},
             store={"kind": "fmoe", "stage": kind, "shape": asdict(shape)}))
     return plans
@@ -214,6 +217,9 @@ def _full_config(params: Mapping[str, int]) -> dict:
     cfg = fm.MoeConfig.from_params(dict(params))
     if cfg.KSPLIT != 1 or cfg.USE_TMA:
         raise ValueError(f"aot: {cfg.name('stage1')}: split-K and TMA configs are not supported ahead of time")
+    if any(getattr(cfg, name) for name in fm.PLAN_FIELDS):
+        raise ValueError(f"aot: {cfg.name('stage1')}: {' and '.join(fm.PLAN_FIELDS)} are options of the whole op, "
+                         "not of one stage's artifact")
     return {k: getattr(cfg, k) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
                                          "num_warps", "num_stages", "KSPLIT", "USE_TMA")}
 

@@ -4,90 +4,35 @@
 
 Layout: hidden [T, D]; w1 [E, 2I, D] (gate rows then up rows; [E, I, D] without gate-up fusion); w2 [E, D, I];
 topk_weights fp32 [T, topk]; topk_ids [T, topk]. A "pair" is p = t·topk + s; the intermediate is [T·topk, I]
-in pair order, so it does not depend on BLOCK_SIZE_M. Kernels take a config and launch; they never tune.
+in pair order, so it does not depend on BLOCK_SIZE_M, or with the plan-level SORTED_INTER [padded length, I] in the
+sort's order (`MoeLaunch` only). Configs, names and checks live in `fused_moe_config`, the epilogue kernels in
+`fused_moe_epilogue`; both are re-exported here. Kernels take a config and launch; they never tune.
 """
 
 from __future__ import annotations
-
-import re
-from dataclasses import dataclass, fields
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, check_config, check_plan: re-exported)
+    ACTIVATIONS,
+    KERNELS,
+    PLAN_FIELDS,
+    QUANT_TYPES,
+    SCALE_BLOCK,
+    MoeConfig,
+    check_config,
+    check_plan,
+)
+from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
-ACTIVATIONS = ("silu", "gelu")
-QUANT_TYPES = ("none", "per_token", "per_1x128")
-KERNELS = ("stage1", "stage2", "1stage")
-SCALE_BLOCK = 128
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
 _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2}
 FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's)
-
-
-@dataclass(frozen=True)
-class MoeConfig:
-    """Launch parameters of one fused-MoE kernel candidate (stage 1, stage 2 or 1-stage).
-
-    For 1-stage, BLOCK_SIZE_N tiles the intermediate dimension and BLOCK_SIZE_D the output columns.
-    """
-
-    BLOCK_SIZE_M: int = 64
-    BLOCK_SIZE_N: int = 64
-    BLOCK_SIZE_K: int = 64
-    GROUP_SIZE_M: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-    KSPLIT: int = 1
-    BLOCK_SIZE_D: int = 0  # 1-stage only
-    USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
-
-    _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-              "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA"}
-
-    @staticmethod
-    def from_params(params: dict) -> MoeConfig:
-        known = {f.name for f in fields(MoeConfig)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"unknown fused-MoE config parameter(s) {unknown}")
-        return MoeConfig(**params)
-
-    def name(self, kernel: str, quant: str = "none", activation: str = "silu") -> str:
-        """The kernel and its whole config, e.g. `moe_stage1_per_token_silu_BM64_BN128_BK128_GM8_W8_S3_KS1`."""
-        if kernel not in KERNELS:
-            raise ValueError(f"unknown fused-MoE kernel {kernel!r}; expected one of {KERNELS}")
-        parts = [f"{short}{getattr(self, long)}" for long, short in self._SHORT.items()
-                 if (long != "BLOCK_SIZE_D" or kernel == "1stage") and (long != "USE_TMA" or kernel != "1stage")]
-        return f"moe_{kernel}_{quant}_{activation}_" + "_".join(parts)
-
-    @staticmethod
-    def parse_name(name: str) -> tuple[str, MoeConfig]:
-        """Inverse of `name`: (kernel, config). ValueError naming the text when it is not one of ours."""
-        fields_re = r"[A-Z]+\d+(?:_[A-Z]+\d+)*"  # one or more FIELD<int>, joined by single underscores
-        m = re.fullmatch(rf"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_({fields_re})", name)
-        if not m:
-            raise ValueError(f"not a tritune fused-MoE kernel name: {name!r}")
-        by_short = {short: long for long, short in MoeConfig._SHORT.items()}
-        params = {}
-        for part in m.group(4).split("_"):
-            short, value = re.fullmatch(r"([A-Z]+)(\d+)", part).groups()
-            if short not in by_short:
-                raise ValueError(f"kernel name {name!r}: unknown field {short!r}")
-            params[by_short[short]] = int(value)
-        return m.group(1), MoeConfig(**params)
-
-
-@triton.jit
-def _activation(x, ACT: tl.constexpr):
-    if ACT == 0:
-        return x * tl.sigmoid(x)
-    else:
-        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
 
 
 @triton.jit
@@ -147,27 +92,34 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 
 @triton.jit
-def _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, ROW_DIV: tl.constexpr, BLOCK_SIZE_M: tl.constexpr):
+def _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, ROW_DIV: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                 A_SORTED: tl.constexpr = False):
     """The sorted pairs of block `pid_m`: (pairs, real-pair mask, rows of A they read, expert as int64).
 
-    Padding pairs read row 0 (in bounds, no mask) and are never stored.
+    Padding pairs read row 0 (in bounds, no mask) and are never stored. With A_SORTED, A is in the sort's order
+    (a sorted intermediate): the block reads its own BLOCK_SIZE_M rows, padding rows included (stage 1 wrote zeros).
     """
     pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
     row_ok = pairs < numel
-    a_rows = tl.where(row_ok, pairs // ROW_DIV, 0).to(tl.int64)
+    if A_SORTED:
+        a_rows = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)).to(tl.int64)
+    else:
+        a_rows = tl.where(row_ok, pairs // ROW_DIV, 0).to(tl.int64)
     return pairs, row_ok, a_rows, tl.load(expert_ids_ptr + pid_m).to(tl.int64)
 
 
 @triton.jit
 def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, stride_wn, a_scale_ptr, stride_asm,
-                ws_base, stride_wsn, w_desc, tma_row, GATED: tl.constexpr, QUANT: tl.constexpr,
+                ws_base, stride_wsn, w_desc, tma_row, a_desc, a_row0, GATED: tl.constexpr, QUANT: tl.constexpr,
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                A_QUANT_ON_LOAD: tl.constexpr = False):
+                A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False):
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
     (per_1x128); each tile is quantized to fp8 as it is loaded, as `quant_group` would have done it.
+    A_TMA: the rows are a_row0.. (a_rows = a_row0 + arange, a sorted intermediate) and each A tile comes through
+    `a_desc` (TMA zero-fills past K).
     """
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     if QUANT == 1 and A_QUANT_ON_LOAD:
@@ -176,7 +128,9 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
     acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_SIZE_K):
-        if EVEN_K:
+        if A_TMA:
+            a = a_desc.load([a_row0, k])
+        elif EVEN_K:
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
@@ -198,30 +152,18 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
 
 
 @triton.jit
-def _amax_out(x, amax_rows, row_ok, pid_n, N, AMAX_OUT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-              BLOCK_SIZE_N: tl.constexpr):
-    """Max-reduce |tile| `x` [BM, BN] (masked entries 0) into the amax of its rows (AMAX_OUT 1) or of their 1×128
-    groups (2); `amax_rows` [BM, 1] points at each row's first amax."""
-    if AMAX_OUT == 1 or BLOCK_SIZE_N <= 128:
-        group = 0 if AMAX_OUT == 1 else (pid_n * BLOCK_SIZE_N) // 128
-        tl.atomic_max(amax_rows + group, tl.max(x, axis=1)[:, None], mask=row_ok[:, None])
-    else:
-        per_group = tl.max(tl.reshape(x, (BLOCK_SIZE_M, BLOCK_SIZE_N // 128, 128)), axis=2)
-        groups = pid_n * (BLOCK_SIZE_N // 128) + tl.arange(0, BLOCK_SIZE_N // 128)
-        tl.atomic_max(amax_rows + groups[None, :], per_group, mask=row_ok[:, None] & (groups * 128 < N)[None, :])
-
-
-@triton.jit
 def _moe_gemm_kernel(
-    a_ptr,  # stage 1: hidden [T, K]; stage 2: intermediate [numel, K]; dtype or fp8
+    a_ptr,  # stage 1: hidden [T, K]; stage 2: intermediate [numel, K], or [rows, K] sorted (A_SORTED); dtype or fp8
+    a_desc,  # A_SORTED 2: TMA descriptor of the sorted intermediate [rows, K], block [BLOCK_M, BLOCK_K]; else unused
     a_scale_ptr,  # fp32: per_token [rows]; per_1x128 [rows, ⌈K/128⌉]
     w_ptr,  # [E, N·(2 if GATED else 1), K]
     w_desc,  # USE_TMA: TMA descriptor of w viewed [E·N_W, K], block [BLOCK_N, BLOCK_K]; else unused
     w_scale_ptr,  # fp32: per_token [E, N_W]; per_1x128 [E, ⌈N_W/128⌉, ⌈K/128⌉]
-    out_ptr,  # KSPLIT == 1: [numel, N]; else fp32 partials [KSPLIT, numel, N_W] (gate and up kept apart)
+    out_ptr,  # KSPLIT 1: [numel, N] ([rows, N] with OUT_SORTED); fp32 partials [KSPLIT, numel or rows, N_W] (gate and
+    # up kept apart); ATOMIC_TOPK: fp32 [T, N] zeroed, every split and slot adds into it
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,  # int32, from moe_align_block_size
     weights_ptr,  # fp32 [numel] routing weights in pair order
-    amax_ptr,  # AMAX_OUT: fp32 [numel, amax groups] zeroed, stage 1 max-reduces |output| into it; else unused
+    amax_ptr,  # AMAX_OUT: fp32 [numel or rows, amax groups] zeroed, stage 1 max-reduces |output| into it; else unused
     numel, N, K, k_per_split, num_pid_m,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_om, stride_ok,
     stride_amax,  # AMAX_OUT: row stride of amax_ptr
@@ -231,12 +173,18 @@ def _moe_gemm_kernel(
     GROUP_SIZE_M: tl.constexpr, KSPLIT: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
     AMAX_OUT: tl.constexpr = 0,  # stage 1, KSPLIT 1: 1 = amax per output row, 2 = per 1×128 group; 0 = none
     A_QUANT_ON_LOAD: tl.constexpr = False,  # stage 2: A unquantized, a_scale_ptr its amax (AMAX_OUT of stage 1)
+    OUT_SORTED: tl.constexpr = False,  # stage 1: output rows (and amax, partials) in the sort's order, not by pair
+    A_SORTED: tl.constexpr = 0,  # stage 2: A rows in the sort's order; 1 pointer loads, 2 through a_desc (TMA)
+    ATOMIC_TOPK: tl.constexpr = 0,  # stage 2: topk > 0 adds weight·row into fp32 out row pair // topk; 0 stores
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
     The fp8 paths may skip the intermediate's own quantization launch: stage 1 records the amax of what it
     stores (AMAX_OUT, atomic max: exact in any order) and stage 2 quantizes A tile by tile (A_QUANT_ON_LOAD),
     giving the same fp8 values and scales as the quantization kernel.
+    A sorted intermediate (OUT_SORTED in stage 1, A_SORTED in stage 2): block b's rows are b·BLOCK_M.. in both
+    stages, so stage 2 reads A contiguously (no gather) and maps each row back to its pair only in the epilogue;
+    stage 1 writes its padding rows as zeros, which stage 2 reads but never stores.
 
     Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = blocks of the padded sort; blocks past the padded count exit.
     """
@@ -245,7 +193,7 @@ def _moe_gemm_kernel(
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
         return
     pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, A_ROW_DIV,
-                                                 BLOCK_SIZE_M)
+                                                 BLOCK_SIZE_M, A_SORTED != 0)
     offs_n_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = offs_n_out % N
     w_base = w_ptr + expert * stride_we
@@ -254,11 +202,21 @@ def _moe_gemm_kernel(
     k_start = pid_k * k_per_split
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
-                               tma_row, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                               A_QUANT_ON_LOAD)
-    mask = row_ok[:, None] & (offs_n_out < N)[None, :]
-    rows = pairs.to(tl.int64)[:, None]
-    if KSPLIT == 1:
+                               tma_row, a_desc, (pid_m * BLOCK_SIZE_M).to(tl.int32), GATED, QUANT, EVEN_K, USE_TMA,
+                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2)
+    n_ok = (offs_n_out < N)[None, :]
+    mask = row_ok[:, None] & n_ok
+    if OUT_SORTED:
+        rows = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)).to(tl.int64)[:, None]
+    else:
+        rows = pairs.to(tl.int64)[:, None]
+    if ATOMIC_TOPK != 0:
+        # Stage 2 sums the top-k slots (and K splits) itself: fp32 adds in whatever order the programs run.
+        if MUL_WEIGHT:
+            acc_g = acc_g * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+        tokens = (pairs // ATOMIC_TOPK).to(tl.int64)[:, None]
+        tl.atomic_add(out_ptr + tokens * stride_om + offs_n_out[None, :], acc_g, mask=mask, sem="relaxed")
+    elif KSPLIT == 1:
         if ACT == 2:
             res = acc_g
         elif GATED:
@@ -267,8 +225,12 @@ def _moe_gemm_kernel(
             res = _activation(acc_g, ACT)
         if MUL_WEIGHT:
             res = res * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
-        stored = res.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], stored, mask=mask)
+        if OUT_SORTED:  # every row of the block: padding rows as zeros, so stage 2 reads defined values
+            stored = tl.where(row_ok[:, None], res, 0.0).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], stored, mask=(rows >= 0) & n_ok)
+        else:
+            stored = res.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows * stride_om + offs_n_out[None, :], stored, mask=mask)
         if AMAX_OUT != 0:
             _amax_out(tl.where(mask, tl.abs(stored.to(tl.float32)), 0.0), amax_ptr + rows * stride_amax, row_ok,
                       pid_n, N, AMAX_OUT, BLOCK_SIZE_M, BLOCK_SIZE_N)
@@ -280,55 +242,6 @@ def _moe_gemm_kernel(
         tl.store(base, acc_g, mask=mask)
         if GATED:
             tl.store(base + N, acc_u, mask=mask)
-
-
-@triton.jit
-def _stage1_finish_kernel(
-    part_ptr,  # fp32 [KSPLIT, numel, N_W]
-    out_ptr,  # [numel, N] intermediate dtype
-    weights_ptr,  # fp32 [numel]
-    N, stride_pk, stride_pm,
-    KSPLIT: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Sum the split-K partials of stage 1, then activation and routing weight.
-
-    Grid: (numel, ⌈N/BLOCK⌉).
-    """
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    g = tl.zeros((BLOCK,), dtype=tl.float32)
-    u = tl.zeros((BLOCK,), dtype=tl.float32)
-    for ks in range(KSPLIT):
-        base = part_ptr + ks * stride_pk + row * stride_pm + offs
-        g += tl.load(base, mask=mask, other=0.0)
-        if GATED:
-            u += tl.load(base + N, mask=mask, other=0.0)
-    res = _activation(g, ACT) * u if GATED else _activation(g, ACT)
-    if MUL_WEIGHT:
-        res = res * tl.load(weights_ptr + row)
-    tl.store(out_ptr + row * N + offs, res.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _topk_sum_kernel(
-    part_ptr,  # [KSPLIT, T·TOPK, D], out dtype (KSPLIT 1) or fp32
-    out_ptr,  # [T, D]
-    D, stride_pk,
-    TOPK: tl.constexpr, KSPLIT: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """out[t] = Σ_slots Σ_splits part[split, t·TOPK + slot] (routing weights were applied by stage 2).
-
-    Grid: (T, ⌈D/BLOCK⌉).
-    """
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < D
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(TOPK):
-        for ks in range(KSPLIT):
-            acc += tl.load(part_ptr + ks * stride_pk + (t * TOPK + s) * D + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * D + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
@@ -364,26 +277,6 @@ def quantize_activations(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, tor
     return quantize_fp8(x, 0 if quant == "per_token" else SCALE_BLOCK)
 
 
-def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
-    """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
-    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-        v = getattr(config, name)
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{config.name(kernel, quant)}: {name}={v} must be a power of two >= 16")
-    if config.KSPLIT < 1 or config.num_warps < 1 or config.num_stages < 1 or config.GROUP_SIZE_M < 1:
-        raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
-    if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
-        raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
-    if kernel == "1stage":
-        d = config.BLOCK_SIZE_D
-        if d < 16 or d & (d - 1) or config.KSPLIT != 1:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
-        if config.USE_TMA:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no TMA variant")
-        if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
-
-
 def _dummy(device: torch.device) -> torch.Tensor:
     return torch.empty(1, device=device, dtype=torch.float32)
 
@@ -406,8 +299,11 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
                  out: torch.Tensor, sorting: MoeSorting, weights: torch.Tensor, *, n: int, k: int, a_row_div: int,
                  gated: bool, act: int, mul_weight: bool, quant: str, config: MoeConfig) -> torch.Tensor:
     """Run _moe_gemm_kernel (and the stage-1 finish when split): returns `out`, or the fp32 partials of stage 2."""
-    numel = sorting.numel
     cfg = config
+    if any(getattr(cfg, name) for name in PLAN_FIELDS):
+        raise ValueError(f"{' and '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
+                         "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
+    numel = sorting.numel
     num_pid_m = sorting.expert_ids.numel()
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     n_w = n * (2 if gated else 1)
@@ -421,7 +317,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
             raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w.dtype} is not")
         w_desc = TensorDescriptor.from_tensor(w.view(-1, k), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
     _moe_gemm_kernel[grid](
-        a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
+        a, a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
         weights, weights, numel, n, k, k_per_split, num_pid_m,
         a.stride(0), stride_asm, w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2),
         target.stride(0) if cfg.KSPLIT > 1 else 0, 0,
@@ -433,8 +329,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         return target
     block = min(triton.next_power_of_2(n), 1024)
     _stage1_finish_kernel[(numel, triton.cdiv(n, block))](
-        target, out, weights, n, target.stride(0), target.stride(1),
-        KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, num_warps=4)
+        target, out, weights, sorting.sorted_token_ids, n, numel, target.stride(0), target.stride(1),
+        KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, SORTED=False, num_warps=4)
     return out
 
 

@@ -48,7 +48,8 @@ def _moe_1stage_kernel(
     offs_i = offs_i_out % INTER
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, 0, D, D, INTER, w1_ptr + expert * stride_w1e, offs_i,
                                stride_w1n, a_scale_ptr, stride_asm, w1_scale_ptr + expert * stride_w1se, stride_w1sn,
-                               w1_ptr, 0, GATED, QUANT, EVEN_K, False, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                               w1_ptr, 0, a_ptr, 0, GATED, QUANT, EVEN_K, False, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                               BLOCK_SIZE_K)
     inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
     inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     inter = tl.where(i_ok[None, :], inter, 0.0)

@@ -14,6 +14,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.fused_moe import _ACT_ID, _QUANT_ID, FP8, SCALE_BLOCK, MoeConfig, _moe_gemm_kernel, check_config
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+from tritune.kernels.moe_align import max_padded_size
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,9 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
 
     Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
     binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
-    left to the first real launch: they are few and shared by every config).
+    left to the first real launch: they are few and shared by every config). A config with the plan-level options
+    (SORTED_INTER, TOPK_ATOMIC) compiles the variant `MoeLaunch` binds for it; the fp8 intermediate quantized inside
+    the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch.
     """
     from triton.runtime.jit import MockTensor
 
@@ -64,7 +67,12 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
             BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
             WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
         return
-    if kernel == "stage1":
+    # The plan-level options, as MoeLaunch passes them: a sorted intermediate has the sort's padded length; stage 2
+    # adds into the fp32 [T, D] accumulator unless it writes `out` itself (top-1 without split-K).
+    rows = max_padded_size(numel, dims.experts, cfg.BLOCK_SIZE_M) if cfg.SORTED_INTER else numel
+    stage1 = kernel == "stage1"
+    atomic = not stage1 and bool(cfg.TOPK_ATOMIC) and not (dims.topk == 1 and cfg.KSPLIT == 1)
+    if stage1:
         n, k, gated = dims.inter_dim, dims.model_dim, dims.gated
         act, mul = _ACT_ID[dims.activation], dims.doweight_stage1
         a_row_div = dims.topk
@@ -72,21 +80,27 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         n, k, gated, act, mul = dims.model_dim, dims.inter_dim, False, _ACT_ID["none"], not dims.doweight_stage1
         a_row_div = 1
     n_w = n * (2 if gated else 1)
-    split = cfg.KSPLIT > 1
-    out_dt = f32 if split else dims.dtype
+    split = cfg.KSPLIT > 1 and not atomic
+    out_dt = f32 if split or atomic else dims.dtype
     w_desc = MockTensor(a_dt)
     if cfg.USE_TMA:
         w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1],
                                   [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+    a_sorted = 0 if stage1 else cfg.SORTED_INTER
+    a_desc = MockTensor(a_dt)
+    if a_sorted == 2:
+        a_desc = TensorDescriptor(MockTensor(a_dt), [rows, k], [k, 1], [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
+    part_rows = rows if stage1 else numel  # split-K partials: stage 1 in the intermediate's order, stage 2 by pair
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     _moe_gemm_kernel.warmup(
-        a_dt, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
+        a_dt, a_desc, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
-        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, numel * n_w if split else 0, 0,
+        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, part_rows * n_w if split else 0, 0,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
+        ATOMIC_TOPK=dims.topk if atomic else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
 
 
 def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:

@@ -1,15 +1,17 @@
 """A whole fused-MoE call bound once per call signature: sort, activation quantization, both GEMMs (or the 1-stage
 kernel) and the top-k sum as bound launches, every scratch buffer carved from one allocation per call.
 
-2-stage: sort (1-3 launches; the first also quantizes the activations for fp8) → stage 1 [→ split-K finish] →
-[quantize intermediate] → stage 2 [→ top-k sum]. 1-stage: sort (its first launch also quantizes and zeroes the fp32
-accumulator) → the 1-stage kernel → cast into `out`.
-Nothing is read back to the host, so a call is graph-safe.
+2-stage: sort (1-3 launches; the first also quantizes the activations for fp8 and zeroes what the GEMMs accumulate
+into) → stage 1 [→ split-K finish] → [quantize intermediate] → stage 2 [→ top-k sum, or with TOPK_ATOMIC the cast of
+its fp32 accumulator into `out`]. 1-stage: sort (its first launch also quantizes and zeroes the fp32 accumulator) →
+the 1-stage kernel → cast into `out`. With SORTED_INTER the intermediate (its amax, split-K partials and fp8 copy
+too) has the sort's padded row order. Nothing is read back to the host, so a call is graph-safe.
 """
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -26,10 +28,11 @@ from tritune.kernels.fused_moe import (
     _topk_sum_kernel,
     _validate,
     check_config,
+    check_plan,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
-from tritune.kernels.moe_align import AlignLaunch, RideAlong
+from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
 
 __all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
@@ -82,6 +85,20 @@ class _Pieces:
         return first
 
 
+@dataclass
+class _Tma:
+    """One TMA operand of the plan: where its base comes from per call (("t", call tensor) or ("p", workspace
+    piece)), its 2-D view and block, the descriptor the binding compiled with, and (GPU) its argument cache."""
+
+    source: tuple[str, object]
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    block: list[int]
+    example: TensorDescriptor
+    cache: DescriptorCache | None = None
+    width: int = 1  # launch arguments one descriptor takes
+
+
 def _weight_scale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
     """(expert stride, row stride) of a weight scale; per-channel [E, N] scales have no row stride (unused)."""
     if scale is None:
@@ -106,11 +123,7 @@ class MoeLaunch:
         if self.one_stage:
             check_config(stage1, "1stage", quant)
         else:
-            if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
-                raise ValueError(f"stage 1 and stage 2 must share BLOCK_SIZE_M, got {stage1.BLOCK_SIZE_M} and "
-                                 f"{stage2.BLOCK_SIZE_M}")
-            check_config(stage1, "stage1", quant)
-            check_config(stage2, "stage2", quant)
+            check_plan(stage1, stage2, quant)
         tokens, topk = topk_ids.shape
         self.tokens, self.model_dim, self.dtype = tokens, model_dim, hidden.dtype
         numel = tokens * topk
@@ -118,11 +131,16 @@ class MoeLaunch:
         ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
         pieces = _Pieces()
         group = SCALE_BLOCK if quant == "per_1x128" else 0
-        # The sort's first launch also quantizes the activations (fp8) and zeroes the 1-stage accumulator.
+        # Rows of the intermediate: one per pair, or with SORTED_INTER the sort's padded length (block b's rows are
+        # b·BLOCK_SIZE_M.. in both stages; no block of real pairs reaches past it).
+        self.sorted_inter = 0 if self.one_stage else stage1.SORTED_INTER
+        self.inter_rows = max_padded_size(numel, experts, stage1.BLOCK_SIZE_M) if self.sorted_inter else numel
+        # Stage 2 sums the top-k slots with atomics into an fp32 [T, D] accumulator (not when it writes `out` itself).
+        self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
+        # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
+        zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         ride = RideAlong(x=hidden if quant != "none" else None, rows=tokens if quant != "none" else 0,
-                         cols=model_dim, stride=hidden.stride(0), group=group,
-                         zero=self._zeroed(quant, stage1, stage2, numel, tokens, model_dim, inter_dim,
-                                           hidden))
+                         cols=model_dim, stride=hidden.stride(0), group=group, zero=zero, zero2=zero2)
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
@@ -132,8 +150,7 @@ class MoeLaunch:
         self.q1 = self.align.q_piece
         self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
-        # Weight descriptors: (launch index, weight, block shape, argument cache on a GPU, launch arguments each)
-        self.tma: list[tuple[int, str, list[int], DescriptorCache | None, int]] = []
+        self.tma: list[_Tma] = []  # TMA operands (weights; a sorted intermediate), in launch order
         self.quant2 = None
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
         if self.one_stage:
@@ -145,23 +162,23 @@ class MoeLaunch:
         self.workspace = Workspace(tuple(pieces.items))
         self._finish_binding(pieces)
 
-    def _zeroed(self, quant: str, stage1: MoeConfig, stage2: MoeConfig | None, numel: int, tokens: int, model_dim: int,
-                inter_dim: int, hidden: torch.Tensor) -> int:
-        """fp32 elements the sort's first launch zeroes: the 1-stage accumulator, or the intermediate's amax when
-        its quantization is fused into the GEMMs (one per pair, or per pair and 1×128 group)."""
+    def _zeroed(self, quant: str, stage1: MoeConfig, stage2: MoeConfig | None, tokens: int, model_dim: int,
+                inter_dim: int, hidden: torch.Tensor) -> tuple[int, int]:
+        """fp32 elements the sort's first launch zeroes in its two buffers: (the 1-stage accumulator, 0), or for 2
+        stages (the intermediate's amax when its quantization is fused into the GEMMs: one per row, or per row and
+        1×128 group; the top-k accumulator [T, D] with TOPK_ATOMIC)."""
         props = torch.cuda.get_device_properties(hidden.device) if hidden.is_cuda else None
         self.fused_quant = not self.one_stage and fuses_intermediate_quant(
-            quant, stage1, stage2, numel * inter_dim * hidden.element_size(), hidden.element_size(),
+            quant, stage1, stage2, self.inter_rows * inter_dim * hidden.element_size(), hidden.element_size(),
             props.L2_cache_size if props else None, props.shared_memory_per_block_optin if props else None)
         if self.one_stage:
-            return tokens * model_dim
-        if self.fused_quant:
-            self.amax_groups = triton.cdiv(inter_dim, SCALE_BLOCK) if quant == "per_1x128" else 1
-            return numel * self.amax_groups
-        return 0
+            return tokens * model_dim, 0
+        self.amax_groups = triton.cdiv(inter_dim, SCALE_BLOCK) if quant == "per_1x128" else 1
+        return (self.inter_rows * self.amax_groups if self.fused_quant else 0,
+                tokens * model_dim if self.topk_atomic else 0)
 
-    # Argument recipes: each entry is ("t", name) a call tensor, ("p", i) workspace piece i, ("d", i) the TMA
-    # descriptor of launch i, or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
+    # Argument recipes: each entry is ("t", name) a call tensor, ("p", i) workspace piece i, ("d", j) the TMA
+    # descriptor self.tma[j], or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
     # launch keeps its fixed tail apart and resolves only its head per call.
     def _bind(self, fn, grid, recipe: list[tuple], example: dict, pieces: _Pieces, num_warps: int,
               num_stages: int) -> None:
@@ -172,7 +189,7 @@ class MoeLaunch:
             elif kind == "p":
                 args.append(pieces.items[what][0])
             elif kind == "d":
-                args.append(example["desc"])
+                args.append(self.tma[what].example)
             else:
                 args.append(what)
         cut = next((i for i, (kind, _) in enumerate(recipe) if kind == "v"), len(recipe))
@@ -184,14 +201,14 @@ class MoeLaunch:
 
     def _finish_binding(self, pieces: _Pieces) -> None:
         """Per launch, its C launch and one C-level getter of its pointers out of the call's flat list: the call's
-        tensors (or addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in launch
-        order."""
+        tensors (or addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in
+        self.tma's order."""
         n_t, n_p = len(_TENSORS), len(pieces.items)
         offset = {0: 0, 1: n_t}
         desc_at, at = {}, n_t + n_p
-        for i, _, _, _, width in self.tma:
-            desc_at[i] = range(at, at + width)
-            at += width
+        for j, tma in enumerate(self.tma):
+            desc_at[j] = range(at, at + tma.width)
+            at += tma.width
         self.getters = []
         for bound, head in self.calls:
             flat = [j for src, key in head for j in (desc_at[key] if src == 2 else (offset[src] + key,))]
@@ -199,36 +216,58 @@ class MoeLaunch:
             self.getters.append((bound, getter))
         self.steps = tuple((bound.launch, getter) for bound, getter in self.getters)
 
+    def _descriptor(self, source: tuple, shape: tuple[int, int], dtype: torch.dtype, block: list[int],
+                    example: dict, what: str) -> tuple[str, int]:
+        """A TMA operand over `source` viewed `shape` (row-major), recorded in self.tma; its recipe entry."""
+        rows, k = shape
+        if (k * dtype.itemsize) % 16:
+            raise ValueError(f"{what} needs rows of 16-byte multiples; K={k} of {dtype} is not")
+        if source[0] == "t":
+            desc = TensorDescriptor.from_tensor(example[source[1]].view(rows, k), block)
+        else:  # a workspace piece: its dtype is all the binding needs (Triton's mock tensor, as compile_only does)
+            from triton.runtime.jit import MockTensor
+
+            desc = TensorDescriptor(MockTensor(dtype), [rows, k], [k, 1], block)
+        self.tma.append(_Tma(source, shape, dtype, block, desc))
+        return ("d", len(self.tma) - 1)
+
     def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
-              amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool,
-              n: int, k: int, n_w: int, numel: int, cfg: MoeConfig, split_target: bool, a_row_div: int, gated: bool,
-              act: int, mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple) -> None:
+              amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool, n: int, k: int, numel: int,
+              cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
+              mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
+              out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0) -> None:
         num_pid_m = self.align.num_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
-        desc = ("t", w)
-        tma_at = len(self.calls)
+        first = len(self.tma)
+        a_desc = a
+        if a_sorted == 2:  # the sorted intermediate through TMA: block b's tile is rows b·BLOCK_M.. of [rows, K]
+            a_desc = self._descriptor(a, (self.inter_rows, k), pieces.items[a[1]][0],
+                                      [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, "SORTED_INTER 2 (A through TMA)")
+        w_desc = ("t", w)
         if cfg.USE_TMA:
-            if (k * w_t.element_size()) % 16:
-                raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w_t.dtype} is not")
-            block = [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K]
-            example = {**example, "desc": TensorDescriptor.from_tensor(w_t.view(-1, k), block)}
-            desc = ("d", tma_at)
-        stride_om, stride_ok = (n_w, numel * n_w) if split_target else (n, 0)
-        recipe = [a, a_scale, ("t", w), desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2), ("t", "topk_weights"),
-                  amax]
+            w_desc = self._descriptor(("t", w), (w_t.numel() // k, k), w_t.dtype, [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K],
+                                      example, "USE_TMA")
+        recipe = [a, a_desc, a_scale, ("t", w), w_desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2),
+                  ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (
             numel, n, k, k_per_split, num_pid_m, k, stride_asm, w_t.stride(0), w_t.stride(1), *scale_strides,
             stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, _QUANT_ID[quant], cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
-            bool(cfg.USE_TMA), amax_out, quant_on_load)]
+            bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk)]
         grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
         self._bind(_moe_gemm_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
-        if cfg.USE_TMA:
-            encode = partial(self.calls[tma_at][0].encode, nth=0)
-            cache = DescriptorCache((w_t.numel() // k, k), (k, 1), w_t.dtype, block, encode=encode) \
-                if w_t.is_cuda else None
-            self.tma.append((tma_at, w, block, cache, len(encode(example["desc"]))))
+        bound = self.calls[-1][0]
+        for nth, tma in enumerate(self.tma[first:]):  # this kernel's descriptor parameters, in signature order
+            encode = partial(bound.encode, nth=nth)
+            if w_t.is_cuda:
+                tma.cache = DescriptorCache(tma.shape, (tma.shape[1], 1), tma.dtype, tma.block, encode=encode)
+                # How many launch arguments one descriptor takes, from a real (small) tensor: encoding the binding's
+                # mock tensor of a workspace piece would hand the driver a null address.
+                sample = torch.empty((tma.block[0], tma.shape[1]), dtype=tma.dtype, device=w_t.device)
+                tma.width = len(encode(TensorDescriptor.from_tensor(sample, tma.block)))
+            else:
+                tma.width = len(encode(tma.example))
 
     def _bind_2stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg1: MoeConfig,
                      cfg2: MoeConfig, numel: int, tokens: int, topk: int, inter_dim: int, model_dim: int,
@@ -240,47 +279,56 @@ class MoeLaunch:
         quantized = quant != "none"
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
-        inter = pieces.add(hidden.dtype, numel * inter_dim)
+        rows = self.inter_rows  # numel, or the sort's padded length with SORTED_INTER
+        inter = self.inter_piece = pieces.add(hidden.dtype, rows * inter_dim)
         n_w1 = inter_dim * (2 if self.gated else 1)
         split1 = cfg1.KSPLIT > 1
-        target1 = pieces.add(_F32, cfg1.KSPLIT * numel * n_w1) if split1 else inter
+        target1 = pieces.add(_F32, cfg1.KSPLIT * rows * n_w1) if split1 else inter
         ws1 = ("t", "w1_scale") if quantized else dummy
         fused = self.fused_quant  # stage 1 records the intermediate's amax, stage 2 quantizes as it loads
         amax = ("p", self.align.zero_piece) if fused else dummy
         amax_out = (2 if quant == "per_1x128" else 1) if fused else 0
         self._gemm(a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1), stride_asm=stride_asm1,
                    amax=amax, stride_amax=self.amax_groups if fused else 0, amax_out=amax_out, quant_on_load=False,
-                   n=inter_dim, k=model_dim, n_w=n_w1, numel=numel, cfg=cfg1, split_target=split1, a_row_div=topk,
-                   gated=self.gated, act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant,
-                   example=example, pieces=pieces, scale_strides=self._w_strides[0])
+                   n=inter_dim, k=model_dim, numel=numel, cfg=cfg1, stride_om=n_w1 if split1 else inter_dim,
+                   stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
+                   act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
+                   scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter))
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
-            self._bind(_stage1_finish_kernel, (numel, triton.cdiv(inter_dim, block)),
-                       [("p", target1), ("p", inter), ("t", "topk_weights")] + [("v", v) for v in (
-                           inter_dim, numel * n_w1, n_w1, cfg1.KSPLIT, self.gated, _ACT_ID[activation],
-                           doweight_stage1, block)], example, pieces, 4, 1)
+            self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
+                       [("p", target1), ("p", inter), ("t", "topk_weights"), ("p", 0)] + [("v", v) for v in (
+                           inter_dim, numel, rows * n_w1, n_w1, cfg1.KSPLIT, self.gated, _ACT_ID[activation],
+                           doweight_stage1, block, bool(self.sorted_inter))], example, pieces, 4, 1)
         a2, s2, stride_asm2 = ("p", inter), dummy, 0
         if fused:
             s2, stride_asm2 = amax, self.amax_groups if quant == "per_1x128" else 0
-        elif quantized:
-            self.quant2 = QuantLaunch(hidden.dtype, numel, inter_dim, inter_dim, group)
+        elif quantized:  # sorted: every row of the padded length, those past the padded count unwritten and unread
+            self.quant2 = QuantLaunch(hidden.dtype, rows, inter_dim, inter_dim, group)
             q2 = pieces.extend(self.quant2.pieces)
             a2, s2 = ("p", q2), ("p", q2 + 1)
             stride_asm2 = self.quant2.groups if quant == "per_1x128" else 0
             self.calls.append((self.quant2.bound, ((_SOURCE["p"], inter), (_SOURCE["p"], q2), (_SOURCE["p"], q2 + 1))))
         direct = topk == 1 and cfg2.KSPLIT == 1
-        split2 = cfg2.KSPLIT > 1
+        split2 = cfg2.KSPLIT > 1 and not self.topk_atomic
         if direct:
             target2 = ("t", "out")
+        elif self.topk_atomic:  # every split and slot adds into the fp32 [T, D] accumulator the sort zeroed
+            target2 = ("p", self.align.zero2_piece)
         else:
             target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))
         ws2 = ("t", "w2_scale") if quantized else dummy
         self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2,
-                   amax=dummy, stride_amax=0, amax_out=0, quant_on_load=fused, n=model_dim,
-                   k=inter_dim, n_w=model_dim, numel=numel, cfg=cfg2, split_target=split2, a_row_div=1, gated=False,
-                   act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant, example=example, pieces=pieces,
-                   scale_strides=self._w_strides[1])
-        if not direct:
+                   amax=dummy, stride_amax=0, amax_out=0, quant_on_load=fused, n=model_dim, k=inter_dim,
+                   numel=numel, cfg=cfg2, stride_om=model_dim, stride_ok=numel * model_dim if split2 else 0,
+                   a_row_div=1, gated=False, act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant,
+                   example=example, pieces=pieces, scale_strides=self._w_strides[1], a_sorted=self.sorted_inter,
+                   atomic_topk=topk if self.topk_atomic else 0)
+        if self.topk_atomic:
+            n = tokens * model_dim
+            self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [target2, ("t", "out"), ("v", n), ("v", 1024)],
+                       example, pieces, 4, 1)
+        elif not direct:
             block = min(triton.next_power_of_2(model_dim), 1024)
             self._bind(_topk_sum_kernel, (tokens, triton.cdiv(model_dim, block)),
                        [target2, ("t", "out")] + [("v", v) for v in (
@@ -328,13 +376,13 @@ class MoeLaunch:
             ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
             head = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, ids)
         descs = ()
-        for _, name, block, cache, _ in self.tma:
-            if cache is not None:  # weights: the same few addresses call after call
-                ptr = head[_TENSORS.index(name)]
-                descs += cache.get(ptr if isinstance(ptr, int) else ptr.data_ptr())
+        for tma in self.tma:
+            kind, key = tma.source
+            base = head[_TENSORS.index(key)] if kind == "t" else p[key]
+            if tma.cache is not None:  # weights and the kept workspace: the same few addresses call after call
+                descs += tma.cache.get(base if isinstance(base, int) else base.data_ptr())
             else:
-                w = w1 if name == "w1" else w2
-                descs += (TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), block),)
+                descs += (TensorDescriptor.from_tensor(base.view(tma.shape), tma.block),)
         flat = (*head, *p, *descs)
         for launch, getter in self.steps:
             launch(*getter(flat))

@@ -110,21 +110,23 @@ def _count_chunk(
     tl.store(counts_ptr + pid * num_experts + e, hist, mask=e < num_experts)
 
 
-@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "sort_programs", "quant_programs", "n_zero"])
+@triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "sort_programs", "quant_programs", "n_zero",
+                               "n_zero2"])
 def _moe_align_first_kernel(
     ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,  # as in _align_small
     counts_ptr,  # int32 [num_chunks, num_experts] (multi-launch path; unused when SMALL)
     x_ptr, q_ptr, s_ptr,  # riding along: x [rows, C] quantized to fp8 q [rows, C] and fp32 s [rows, groups]
-    zero_ptr,  # riding along: fp32 [n_zero] set to zero
-    numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, C, stride_x, groups,
+    zero_ptr, zero2_ptr,  # riding along: fp32 [n_zero] and fp32 [n_zero2] set to zero
+    numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, n_zero2, C, stride_x, groups,
     SMALL: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
     CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, ZBLOCK: tl.constexpr,
 ):
     """The sort's first launch (all of it for few pairs, else the chunk counts), with independent work the fused
     MoE needs before its GEMMs riding along in the same launch: the fp8 quantization of the activations (one
-    program per row and scale group) and the zeroing of the 1-stage accumulator. One launch instead of three.
+    program per row and scale group) and the zeroing of up to two fp32 buffers (the 1-stage or top-k accumulator,
+    the fused fp8 quantization's amax). One launch instead of three or four.
 
-    Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉,).
+    Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉ + ⌈n_zero2/ZBLOCK⌉,).
     """
     pid = tl.program_id(0)
     if pid < sort_programs:
@@ -137,8 +139,14 @@ def _moe_align_first_kernel(
         q = pid - sort_programs
         quant_group(x_ptr, q_ptr, s_ptr, q // groups, q % groups, C, stride_x, C, groups, GROUP, QBLOCK)
     else:
-        offs = (pid - sort_programs - quant_programs) * ZBLOCK + tl.arange(0, ZBLOCK)
-        tl.store(zero_ptr + offs, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs < n_zero)
+        z = pid - sort_programs - quant_programs
+        first = tl.cdiv(n_zero, ZBLOCK)
+        if z < first:
+            offs = z * ZBLOCK + tl.arange(0, ZBLOCK)
+            tl.store(zero_ptr + offs, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs < n_zero)
+        else:
+            offs = (z - first) * ZBLOCK + tl.arange(0, ZBLOCK)
+            tl.store(zero2_ptr + offs, tl.zeros((ZBLOCK,), dtype=tl.float32), mask=offs < n_zero2)
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -287,7 +295,7 @@ def _block_tile(v_p2: int, bs_p2: int) -> int:
 class RideAlong:
     """Work the fused MoE hands the sort's first launch: quantize `rows` rows of `cols` columns of an activation
     (row stride `stride`, `group` columns per scale, 0 for per row; `x` a tensor or a dtype at binding) and zero
-    `zero` fp32 elements. Both land in pieces of the sort's workspace."""
+    `zero` fp32 elements and, in a second buffer, `zero2` more. All land in pieces of the sort's workspace."""
 
     x: torch.Tensor | torch.dtype | None = None
     rows: int = 0
@@ -295,6 +303,7 @@ class RideAlong:
     stride: int = 0
     group: int = 0
     zero: int = 0
+    zero2: int = 0
 
 
 _ZBLOCK = 4096
@@ -305,10 +314,10 @@ class AlignLaunch:
 
     Its buffers are `pieces` (dtype, numel) in the caller's workspace, in the order `__call__` takes them:
     sorted_token_ids, expert_ids, num_tokens_post_padded, the scratch of the multi-launch paths (3, 4), then the
-    ride-along outputs: fp8 activations and their scales (`q_piece`, `q_piece + 1`) and the zeroed buffer
-    (`zero_piece`). Launches: one for numel <= SMALL_MAX; two (count, scatter that scans for itself) up to
-    SELF_SCAN_COUNTS counts; three (count, scan, scatter) beyond, where one scan beats every program re-reading all
-    the counts. The ride-along work runs in the first launch.
+    ride-along outputs: fp8 activations and their scales (`q_piece`, `q_piece + 1`) and the zeroed buffers
+    (`zero_piece`, `zero2_piece`). Launches: one for numel <= SMALL_MAX; two (count, scatter that scans for itself)
+    up to SELF_SCAN_COUNTS counts; three (count, scan, scatter) beyond, where one scan beats every program re-reading
+    all the counts. The ride-along work runs in the first launch.
     """
 
     def __init__(self, flat_ids: torch.Tensor, block_size: int, num_experts: int,
@@ -325,7 +334,7 @@ class AlignLaunch:
                   (i32, 1 if small else num_chunks * num_experts),  # 3: per-chunk counts (or their prefix)
                   (i32, 1 if small else (num_chunks if self_scan else 2) * num_experts)]  # 4: scratch / expert info
         groups, qblock, qwarps = quant_layout(ride.cols, ride.group) if ride.rows else (1, 16, 1)
-        self.q_piece = self.zero_piece = None
+        self.q_piece = self.zero_piece = self.zero2_piece = None
         if ride.rows:
             self.q_piece = len(pieces)
             pieces += [(FP8, ride.rows * ride.cols), (f32, ride.rows * groups)]
@@ -333,6 +342,9 @@ class AlignLaunch:
         if ride.zero:
             self.zero_piece = len(pieces)
             pieces.append((f32, ride.zero))
+        if ride.zero2:
+            self.zero2_piece = len(pieces)
+            pieces.append((f32, ride.zero2))
         self.pieces = tuple(pieces)
         bs_p2 = _p2(block_size)
         n_p2 = _p2(numel)
@@ -340,18 +352,19 @@ class AlignLaunch:
         sort_programs = 1 if small else num_chunks
         quant_programs = ride.rows * groups
         self.launches: list[tuple[BoundKernel, tuple[int, ...], bool]] = []  # kernel, its pieces, takes ids?
-        uses = (0, 1, 2, 3, self.q_piece or 0, (self.q_piece or 0) + bool(ride.rows), self.zero_piece or 0)
+        uses = (0, 1, 2, 3, self.q_piece or 0, (self.q_piece or 0) + bool(ride.rows), self.zero_piece or 0,
+                self.zero2_piece or 0)
         self.takes_x = ride.rows > 0
         first = (flat_ids, *(pieces[i][0] for i in uses[:4]), ride.x if ride.rows else flat_ids,
                  *(pieces[i][0] for i in uses[4:]),
-                 numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero,
+                 numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero, ride.zero2,
                  ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
                  _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group, qblock,
                  _ZBLOCK)
         warps = max(8 if small and n_p2 > 64 else 4, qwarps)
-        self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs +
-                                                            triton.cdiv(ride.zero, _ZBLOCK),),
-                                  first, varying=9, num_warps=warps, num_stages=1)
+        zero_programs = triton.cdiv(ride.zero, _ZBLOCK) + triton.cdiv(ride.zero2, _ZBLOCK)
+        self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs + zero_programs,),
+                                  first, varying=10, num_warps=warps, num_stages=1)
         self._first_uses = uses
         if small:
             return
@@ -385,7 +398,7 @@ class AlignLaunch:
         `self.pieces`); `x` is the activation to quantize (tensor or address) when this sort carries that work."""
         u = self._first_uses
         self._first.launch(flat_ids, pieces[u[0]], pieces[u[1]], pieces[u[2]], pieces[u[3]],
-                           x if self.takes_x else flat_ids, pieces[u[4]], pieces[u[5]], pieces[u[6]])
+                           x if self.takes_x else flat_ids, pieces[u[4]], pieces[u[5]], pieces[u[6]], pieces[u[7]])
         for bound, uses, takes_ids in self.launches:
             if takes_ids:
                 bound.launch(flat_ids, *(pieces[i] for i in uses))

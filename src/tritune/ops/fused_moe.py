@@ -5,8 +5,8 @@ table of `tritune.ops.heuristics`; the choice is cached per (SM count, shape, to
 
 Lookups go through `tritune.store.fmoe_csv.default_table()` (TRITUNE_CONFIG_FMOE, else the shipped files). A tuned
 row whose kernel names do not parse, name the wrong kernel, quant or activation, fail `check_config`, or whose two
-stages disagree on BLOCK_SIZE_M is skipped with a one-line warning; rows tuned on another GPU are skipped with one
-warning (another Triton version: used, with one warning).
+stages disagree on BLOCK_SIZE_M or a plan-level option (`check_plan`) is skipped with a one-line warning; rows tuned
+on another GPU are skipped with one warning (another Triton version: used, with one warning).
 
 Off the tuned grid (`ops.offgrid.choose_moe_offgrid`): every plan (1-stage config, or stage-1 + stage-2 configs)
 tuned at the nearest token counts below and above is scaled by `ops.cost_model` (experts touched, blocks per
@@ -129,8 +129,7 @@ def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
         return MoeChoice(True, _parse_stage(row.kernelName1, "1stage", quant, activation), None, f"tuned: {origin}")
     stage1 = _parse_stage(row.kernelName1, "stage1", quant, activation)
     stage2 = _parse_stage(row.kernelName2, "stage2", quant, activation)
-    if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
-        raise ValueError(f"stages disagree on BLOCK_SIZE_M ({stage1.BLOCK_SIZE_M} vs {stage2.BLOCK_SIZE_M})")
+    fm.check_plan(stage1, stage2, quant)  # what the stages share: BLOCK_SIZE_M (one sort), SORTED_INTER, TOPK_ATOMIC
     return MoeChoice(False, stage1, stage2, f"tuned: {origin}")
 
 

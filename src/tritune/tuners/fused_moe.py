@@ -1,9 +1,10 @@
 """The fused-MoE tuner: untuned CSV rows in, tuned CSV rows out (best stage pair sharing BLOCK_SIZE_M, or 1-stage).
 
 Per row: every stage-1, stage-2 and 1-stage candidate is measured by GPU time (one engine run, so compiles and GPU
-work overlap across rows); the stage pair minimising us1 + us2 per BLOCK_SIZE_M and the best 1-stage are then
-re-timed end to end as the op the user calls (GPU time, eager calls and a CUDA-graph replay), and the one the
-objective prefers among those that pass the gate is written.
+work overlap across rows); the stage pair minimising us1 + us2 per BLOCK_SIZE_M, the fastest pair's variant with the
+plan-level levers on (E2E_LEVER_VARIANT) and the best 1-stage are then re-timed end to end as the op the user calls
+(GPU time, eager calls and a CUDA-graph replay), and the one the objective prefers among those that pass the gate is
+written.
 """
 
 from __future__ import annotations
@@ -191,6 +192,35 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
     return sorted(choices, key=lambda c: c.us1 + c.us2)
 
 
+# The end-to-end re-time also runs, for the fastest stage pair (by stage sum), a variant with issue 14's plan-level
+# levers on in both stages (MoeConfig.SORTED_INTER: stage 1 writes the intermediate in the sort's order, stage 2 reads
+# it contiguously, through TMA where it can; TOPK_ATOMIC: stage 2 sums the top-k slots into fp32 with atomics, not
+# bit-deterministic). The stages are timed alone and cannot see either lever, so only the whole op decides: the variant
+# is written only when it is faster end to end (a tie keeps the plain pair). Not yet measured on a GPU; False turns
+# the variant off (one end-to-end re-time fewer per row).
+E2E_LEVER_VARIANT = True
+
+
+def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan:
+    """A stage pair with SORTED_INTER and TOPK_ATOMIC on in both stages: stage 2 loads A through TMA (SORTED_INTER 2)
+    when the device has TMA and the intermediate's rows are 16-byte multiples even in fp8, else by pointers (1)."""
+    first, second = plan
+    a_bytes = 1 if shape.q_type != "none" else 2
+    sorted_inter = 2 if device.supports_tma and (shape.inter_dim * a_bytes) % 16 == 0 else 1
+    levers = {"SORTED_INTER": sorted_inter, "TOPK_ATOMIC": 1}
+    return dataclasses.replace(first, **levers), dataclasses.replace(second, **levers)
+
+
+def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
+    """`choices` and, last (so that a tie keeps the plain pair), the lever variant of the fastest stage pair, which
+    carries that pair's stage times (the stages were measured without the levers); unchanged when E2E_LEVER_VARIANT
+    is off or no stage pair passed."""
+    pair = next((c for c in choices if not c.one_stage), None)
+    if not E2E_LEVER_VARIANT or pair is None:
+        return choices
+    return [*choices, Choice(lever_variant(pair.plan, shape, device), pair.us1, pair.err1, pair.us2, pair.err2)]
+
+
 def why_nothing_chosen(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None) -> str:
     """Why `choose` found nothing, in each kind's own words (`ProblemResult.why_failed`): 'no stage pair and no
     1-stage winner (stage1: every candidate was pruned; ...)'."""
@@ -263,6 +293,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
         if not cs:
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
+        cs = with_lever_variant(cs, shape, device)
         for c in cs:
             p = MoeProblem(shape, "e2e", req.skew, c.plan)
             choices[p.key()] = c

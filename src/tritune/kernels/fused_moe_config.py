@@ -1,0 +1,126 @@
+"""The fused-MoE launch config: `MoeConfig` (one kernel's tiles and options, its CSV kernel name and back),
+`check_config` (can this config run this kernel) and `check_plan` (can these two stage configs run together).
+
+Host-only and hashable; `tritune.kernels.fused_moe` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+ACTIVATIONS = ("silu", "gelu")
+QUANT_TYPES = ("none", "per_token", "per_1x128")
+KERNELS = ("stage1", "stage2", "1stage")
+SCALE_BLOCK = 128
+# Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
+# kernel name carries them only when on, so every name written before they existed reads back unchanged.
+PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Launch parameters of one fused-MoE kernel candidate (stage 1, stage 2 or 1-stage).
+
+    For 1-stage, BLOCK_SIZE_N tiles the intermediate dimension and BLOCK_SIZE_D the output columns.
+    SORTED_INTER (2-stage plans): stage 1 writes the intermediate in the sort's padded, expert-grouped row order, so
+    stage 2 reads each block's A rows contiguously (1: pointer loads; 2: through a TMA descriptor, Hopper, rows of
+    16-byte multiples) and maps rows back to pairs in its epilogue. TOPK_ATOMIC (2-stage plans): stage 2 adds
+    weight x row into an fp32 [T, D] accumulator with atomics instead of writing [T·topk, D] for the top-k sum kernel
+    (not bit-deterministic: the order of the adds varies from run to run).
+    """
+
+    BLOCK_SIZE_M: int = 64
+    BLOCK_SIZE_N: int = 64
+    BLOCK_SIZE_K: int = 64
+    GROUP_SIZE_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    KSPLIT: int = 1
+    BLOCK_SIZE_D: int = 0  # 1-stage only
+    USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
+    SORTED_INTER: int = 0  # 2-stage plans: 0 pair order; 1 sorted rows; 2 sorted rows, stage 2 loads A through TMA
+    TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
+
+    _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
+              "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
+              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA"}
+
+    @staticmethod
+    def from_params(params: dict) -> MoeConfig:
+        known = {f.name for f in fields(MoeConfig)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown fused-MoE config parameter(s) {unknown}")
+        return MoeConfig(**params)
+
+    def name(self, kernel: str, quant: str = "none", activation: str = "silu") -> str:
+        """The kernel and its whole config, e.g. `moe_stage1_per_token_silu_BM64_BN128_BK128_GM8_W8_S3_KS1_TMA0`
+        (`..._SI2_TA1` appended only when the plan-level options are on)."""
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown fused-MoE kernel {kernel!r}; expected one of {KERNELS}")
+
+        def shown(long: str) -> bool:
+            if long == "BLOCK_SIZE_D":
+                return kernel == "1stage"
+            if long == "USE_TMA":
+                return kernel != "1stage"
+            return long not in PLAN_FIELDS or getattr(self, long) != 0
+
+        parts = [f"{short}{getattr(self, long)}" for long, short in self._SHORT.items() if shown(long)]
+        return f"moe_{kernel}_{quant}_{activation}_" + "_".join(parts)
+
+    @staticmethod
+    def parse_name(name: str) -> tuple[str, MoeConfig]:
+        """Inverse of `name`: (kernel, config). ValueError naming the text when it is not one of ours."""
+        fields_re = r"[A-Z]+\d+(?:_[A-Z]+\d+)*"  # one or more FIELD<int>, joined by single underscores
+        m = re.fullmatch(rf"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_({fields_re})", name)
+        if not m:
+            raise ValueError(f"not a tritune fused-MoE kernel name: {name!r}")
+        by_short = {short: long for long, short in MoeConfig._SHORT.items()}
+        params = {}
+        for part in m.group(4).split("_"):
+            short, value = re.fullmatch(r"([A-Z]+)(\d+)", part).groups()
+            if short not in by_short:
+                raise ValueError(f"kernel name {name!r}: unknown field {short!r}")
+            params[by_short[short]] = int(value)
+        return m.group(1), MoeConfig(**params)
+
+
+def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
+    """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
+    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+        v = getattr(config, name)
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{config.name(kernel, quant)}: {name}={v} must be a power of two >= 16")
+    if config.KSPLIT < 1 or config.num_warps < 1 or config.num_stages < 1 or config.GROUP_SIZE_M < 1:
+        raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
+    if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
+        raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
+    if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1):
+        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2 and TOPK_ATOMIC 0 or 1")
+    if kernel == "1stage":
+        d = config.BLOCK_SIZE_D
+        if d < 16 or d & (d - 1) or config.KSPLIT != 1:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
+        if config.USE_TMA:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no TMA variant")
+        if config.SORTED_INTER or config.TOPK_ATOMIC:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no sorted-intermediate or top-k-atomic "
+                             "variant (SORTED_INTER, TOPK_ATOMIC are 2-stage plan options)")
+        if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
+
+
+def check_plan(stage1: MoeConfig, stage2: MoeConfig, quant: str) -> None:
+    """ValueError (one line) unless the two stage configs can run as one 2-stage call: each valid for its stage,
+    and equal in what the plan shares (BLOCK_SIZE_M: one sort serves both; SORTED_INTER, TOPK_ATOMIC)."""
+    if stage1.BLOCK_SIZE_M != stage2.BLOCK_SIZE_M:
+        raise ValueError(f"stage 1 and stage 2 must share BLOCK_SIZE_M, got {stage1.BLOCK_SIZE_M} and "
+                         f"{stage2.BLOCK_SIZE_M}")
+    for name in PLAN_FIELDS:
+        if getattr(stage1, name) != getattr(stage2, name):
+            raise ValueError(f"stage 1 and stage 2 must share {name} (a plan-level option), got "
+                             f"{getattr(stage1, name)} and {getattr(stage2, name)}")
+    check_config(stage1, "stage1", quant)
+    check_config(stage2, "stage2", quant)
