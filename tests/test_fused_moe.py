@@ -274,6 +274,8 @@ LEVER_CASES = [
                  id="topk1-ksplit2"),  # top-1, but two K splits add into each row
     pytest.param(Dims(tokens=7, topk=3), levers(SMALL, 2), levers(SMALL, 2), "none", "gelu", False,
                  id="topk3"),  # 21 pairs, three slots per token add into one row
+    pytest.param(BASE, levers(TMA, 2), levers(TMA, 2), "none", "silu", False,
+                 id="weights-and-a-through-tma"),  # stage 2 with two descriptors: their order in the launch
     pytest.param(Dims(inter_dim=40), levers(SMALL, 1, 0), levers(SMALL, 1, 0), "none", "silu", False,
                  id="i-not-multiple-of-bn"),  # a full and a masked N tile of stage 1, K=40 of stage 2
     pytest.param(Dims(tokens=21, experts=2), levers(SMALL, 2, GROUP_SIZE_M=2), levers(SMALL, 2, GROUP_SIZE_M=2),
