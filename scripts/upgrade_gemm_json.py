@@ -7,6 +7,7 @@ see now. Files already in the new layout are left as they are.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,10 @@ from tritune.store.gemm_json import META, load_gemm_file, name_parts, to_aiter_l
 
 def upgrade(path: Path) -> bool:
     """Rewrite `path` in the aiter layout if it is in the nested one; True when it was rewritten."""
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
     if isinstance(doc, dict) and META in doc:
         return False
     before = load_gemm_file(path)
@@ -35,11 +39,27 @@ def upgrade(path: Path) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    paths = []
-    for arg in map(Path, argv):
-        paths += sorted(p for p in arg.glob("*.json") if name_parts(p.name)) if arg.is_dir() else [arg]
-    for path in paths:
-        print(f"{'upgraded' if upgrade(path) else 'already new'}: {path}")
+    """Upgrade every file named (a folder: its GEMM files); a path that is missing, unreadable or not a GEMM file
+    of either layout is one line on stderr and exit 2, and the files before it stay upgraded."""
+    parser = argparse.ArgumentParser(prog="upgrade_gemm_json.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                        help="a GEMM config file, or a folder of them (*-GEMM-*.json)")
+    args = parser.parse_args(argv)
+    try:
+        for arg in args.paths:
+            if arg.is_dir():
+                paths = sorted(p for p in arg.glob("*.json") if name_parts(p.name))
+                if not paths:
+                    print(f"no GEMM config files (*-GEMM-*.json) in {arg}")
+            elif arg.exists():
+                paths = [arg]
+            else:
+                raise ValueError(f"{arg}: no such file or folder")
+            for path in paths:
+                print(f"{'upgraded' if upgrade(path) else 'already new'}: {path}")
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        print(f"upgrade_gemm_json.py: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

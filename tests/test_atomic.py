@@ -117,6 +117,14 @@ def test_check_writable_accepts_new_and_existing_paths(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]  # nothing created
 
 
+def test_check_writable_refuses_a_cache_folder_that_is_a_file(tmp_path, monkeypatch):
+    # The write locks live under TRITUNE_CACHE_DIR: a file there failed only when the results were written.
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("TRITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"^TRITUNE_CACHE_DIR=.*exists and is not a folder$"):
+        atomic.check_writable(tmp_path / "out.csv")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
 def test_check_writable_refuses_a_read_only_folder(tmp_path):
     ro = tmp_path / "ro"

@@ -130,6 +130,20 @@ def test_unwritable_output_is_one_line_before_any_work(command, output, expected
     assert listing(tmp_path) == before  # nothing half-written, no journal, no lock
 
 
+@pytest.mark.parametrize("command", ["gemm", "moe", "example"])
+def test_a_cache_folder_that_is_a_file_is_one_line_before_any_work(command, tmp_path, monkeypatch, capsys):
+    # The write locks live in TRITUNE_CACHE_DIR/locks: a file there was a traceback after the whole tune.
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("TRITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    argv = {"gemm": [*GEMM, "-o", str(out)], "example": ["example", "-o", str(out)],
+            "moe": ["moe", "-i", str(moe_input(tmp_path, ROW)), "-o", str(out / "t.csv")]}[command]
+    assert run_cli([*argv, *ENGINE]) == 2
+    assert one_error_line(capsys) == (f"tritune: error: TRITUNE_CACHE_DIR='{tmp_path / 'cache'}': "
+                                      f"{tmp_path / 'cache'} exists and is not a folder")
+    assert not out.exists()
+
+
 # ---- 3. inputs without rows -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("command", "content", "why"), [
@@ -183,14 +197,49 @@ def test_the_cost_check_passes_tiny_shapes_and_is_lifted_by_the_flag(tmp_path):
     with pytest.raises(ValueError, match="without a GPU"):
         gemm_tuner.check_interpreter_cost(big, INTERP)
     gemm_tuner.check_interpreter_cost(gemm_tuner.GemmTuneRequest(
-        "bf16", big.shapes, tmp_path, allow_slow_interpreter=True), INTERP)
+        "bf16", big.shapes, tmp_path, dtype="fp16", allow_slow_interpreter=True), INTERP)
     # `tritune example`'s interpreted shapes are far inside the limits.
     gemm_tuner.check_interpreter_cost(gemm_tuner.GemmTuneRequest(
-        "bf16", (gemm_tuner.GemmShape((1, 17), 96, 80),), tmp_path), INTERP)
+        "bf16", (gemm_tuner.GemmShape((1, 17), 96, 80),), tmp_path, dtype="fp16"), INTERP)
     tiny = FmoeShape(5, 96, 80, 5, 2, "silu", "fp16", "fp16", "fp16", "none", True, False)
     assert fmoe_tuner._interpreter_fault(tiny) is None
     mixtral = FmoeShape(1024, 4096, 14336, 8, 2, "silu", "bf16", "bf16", "bf16", "none", True, False)
     assert "per interpreted call" in fmoe_tuner._interpreter_fault(mixtral)
+
+
+@NO_GPU
+@pytest.mark.parametrize("command", ["gemm", "grouped", "moe"])
+def test_bf16_operands_the_interpreter_multiplies_wrongly_are_refused(command, tmp_path, capsys):
+    # Triton 3.9's interpreter multiplies bf16 bit patterns in tl.dot: every candidate failed "wrong_answer" after the
+    # whole run (`tritune gemm --kernel bf16 --n 32 --k 64 --m 4`, bf16 being --dtype's default).
+    from tritune.kernels.interpreter_probe import interpreter_dot_is_exact
+
+    if interpreter_dot_is_exact(torch.bfloat16):
+        pytest.skip("this Triton's interpreter multiplies bf16 right: nothing to refuse")
+    # The fp8 row's dtype (activations, output) is bf16 too: its 1-stage candidate failed the same way.
+    rows = (ROW.replace("torch.float16", "dtypes.bf16"),
+            ROW.replace("torch.float16,torch.float16,torch.float16,QuantType.No",
+                        "dtypes.bf16,dtypes.fp8,dtypes.fp8,QuantType.per_Token"))
+    argv = {"gemm": [*GEMM[:3], "--n", "40", "--k", "48", "--m", "1,17", "-o", str(tmp_path / "o")],
+            "grouped": [*GROUPED[:-6], "--gemms", "gate_up", "--kernels", "forward", "-o", str(tmp_path / "r.csv"),
+                        "--config-dir", str(tmp_path / "c")],
+            "moe": ["moe", "-i", str(tmp_path / "untuned.csv"), "-o", str(tmp_path / "t.csv")]}[command]
+    for row in rows if command == "moe" else rows[:1]:
+        if command == "moe":
+            moe_input(tmp_path, ROW, row)  # row 2 is refused, naming it
+        before = listing(tmp_path)
+        for extra in ([], ["--allow-slow-interpreter"]):  # not a matter of time: the flag does not lift it
+            assert run_cli([*argv, *extra, *ENGINE]) == 2
+            line = one_error_line(capsys)
+            assert "tl.dot on bf16 operands wrongly (triton-lang/triton#11584)" in line
+            assert line.startswith("tritune: error: " + (f"{tmp_path / 'untuned.csv'}: row 2 (token=3 " if command ==
+                                                         "moe" else "--dtype bf16 without a GPU: Triton "))
+            assert ("use fp16 rows" if command == "moe" else "pass --dtype fp16") in line
+        assert listing(tmp_path) == before  # nothing written, no journal
+    # The fp8 kernels (fp8 operands) and fp16 operands are not refused.
+    for kernel, dtype in (("a8w8", "bf16"), ("a8w8_blockscale", "bf16"), ("bf16", "fp16"), ("bf16", "fp32")):
+        gemm_tuner.check_interpreter_cost(gemm_tuner.GemmTuneRequest(
+            kernel, (gemm_tuner.GemmShape((1,), 40, 48),), tmp_path, dtype=dtype), INTERP)
 
 
 # ---- 7. one cause, one message ----------------------------------------------------------------------------------

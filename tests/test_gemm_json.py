@@ -3,7 +3,10 @@ dtypes in file names, and the lookup order shape -> default -> None."""
 
 import json
 import math
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -176,6 +179,28 @@ def test_nested_layout_files_still_serve(user_dir):
     old.write_text(json.dumps(nested_shape_doc(PROV, "BF16", 128, 64, {16: entry(16, cfg(16))})))
     votes = gj.read_gemm_file(gj.write_default_file(user_dir, PROV, "BF16"))
     assert votes["small"] == cfg(16).as_dict() and votes["tritune"]["votes"]["small"] == {"votes": 2, "shapes": 2}
+
+
+UPGRADE = Path(__file__).resolve().parent.parent / "scripts" / "upgrade_gemm_json.py"
+
+
+def test_upgrade_script_rewrites_old_files_and_refuses_bad_paths_in_one_line(tmp_path):
+    def upgrade(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(UPGRADE), *map(str, args)], capture_output=True, text=True,
+                              timeout=120)
+
+    path = tmp_path / gj.shape_file_name(SLUG, "BF16", 64, 64)
+    path.write_text(json.dumps(nested_shape_doc(PROV, "BF16", 64, 64, {16: entry(16, cfg(16))})))
+    done = upgrade(tmp_path)
+    assert (done.returncode, done.stdout) == (0, f"upgraded: {path}\n")
+    assert "tritune" in json.loads(path.read_text()) and upgrade(path).stdout == f"already new: {path}\n"
+    # Once tracebacks: a missing path, a file that is not JSON, and no path at all (argparse's usage, exit 2).
+    (tmp_path / "junk.json").write_text("not json")
+    for args, expected in (((tmp_path / "missing",), f"{tmp_path / 'missing'}: no such file or folder"),
+                           ((tmp_path / "junk.json",), f"{tmp_path / 'junk.json'}: not valid JSON (")):
+        done = upgrade(*args)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and expected in done.stderr
+    assert upgrade().returncode == 2 and upgrade("--help").returncode == 0
 
 
 def test_old_entries_without_op_times_merge(tmp_path):

@@ -27,6 +27,7 @@ def row(cu_num: int, extra: tuple = ()) -> FmoeTuned:
 def test_the_interpreter_records_no_gpu():
     prov = INTERP.provenance()
     assert (prov["sm_count"], prov["capability"], prov["interpreter"]) == (0, "none", True)
+    assert (prov["max_shared_mem"], prov["regs_per_block"], prov["l2_bytes"]) == (0, 0, 0)  # no H100 limit recorded
     assert INTERP.cu_num == 0 and INTERP.sm_count == 132  # the stand-in's limits still prune as an H100 would
     assert machine_of(INTERP) == Machine(INTERPRETER_NAME, 0, triton.__version__, True)
     assert machine_of(INTERP).describe().startswith(f"{INTERPRETER_NAME} (no GPU, Triton ")

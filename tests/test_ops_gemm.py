@@ -104,6 +104,15 @@ def test_choices_cached_until_reload(config_dir):
     assert select_config("bf16", 17, 40, 48, TORCH_DEVICE)[0] == OTHER_CFG
 
 
+def test_select_config_takes_a_device_name_and_refuses_an_output_dtype_the_ops_refuse(config_dir):
+    shape, _ = write_files(config_dir)
+    assert select_config("bf16", 17, 40, 48, str(TORCH_DEVICE)) == (SHAPE_CFG, f"shape file {shape}: tuned M=17")
+    # "fp16" (a string) once answered quietly with the bf16 files; gemm(out_dtype="fp16") raises this same error.
+    for bad in ("fp16", torch.float32):
+        with pytest.raises(ValueError, match="out_dtype must be torch.bfloat16 or torch.float16"):
+            select_config("bf16", 17, 40, 48, TORCH_DEVICE, out_dtype=bad)
+
+
 @pytest.mark.parametrize(("M", "N", "K"), [
     (17, 40, 48),  # shape file; M, N, K all off the 32-wide blocks (masked edges)
     (3, 80, 96),  # no shape file: the rule table; M far under BLOCK_SIZE_M

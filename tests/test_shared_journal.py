@@ -185,7 +185,7 @@ def run_tuner(journal: str, log: str, out: str) -> None:
         "best": result.best.config["name"], "pid": os.getpid(),
         "times": {m.config["name"]: [m.time_us, m.eager_us] for m in result.measurements},
         "measured": summary.measured, "shared": summary.shared, "reused": summary.reused,
-        "retimed": summary.retimed}))
+        "retimed": summary.retimed, "retimed_shared": summary.retimed_shared, "lines": summary.lines()}))
 
 
 def test_two_tuners_on_one_journal_measure_each_candidate_once(tmp_path):
@@ -207,6 +207,13 @@ def test_two_tuners_on_one_journal_measure_each_candidate_once(tmp_path):
     for run in (a, b):
         assert run["measured"] + run["shared"] + run["reused"] >= len(NAMES)
     assert a["measured"] + b["measured"] == len(NAMES) and a["retimed"] + b["retimed"] == 2
+    # The summary counts candidates and finalists the other run did apart (it once said "24 measured by another
+    # tuner" on a line of 12 candidates): each run's candidates add up, and so do its finalists.
+    for run in (a, b):
+        assert run["measured"] + run["shared"] + run["reused"] == len(NAMES)
+        assert run["retimed"] + run["retimed_shared"] <= 2
+        if run["retimed_shared"]:
+            assert f"{run['retimed_shared']} re-timed by another tuner sharing it)" in "\n".join(run["lines"])
     # The same complete answer in both.
     assert a["best"] == b["best"] == "a" and a["times"] == b["times"] and len(a["times"]) == len(NAMES)
     with Journal(journal) as j:

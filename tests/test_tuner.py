@@ -142,6 +142,8 @@ def test_summary_counts_add_up(two_shapes):
     assert s.wall_s >= s.bench_wall_s > 0
     text = "\n".join(s.lines())
     assert "16 in the spaces, 10 pruned, 6 kept, 0 reused" in text
+    # Each rule's count stands apart from the rule's own text (not "next_pow2(M)=4", read as a value of M's).
+    assert "pruned by rule: BLOCK_SIZE_K x NUM_KSPLIT > K (6), BLOCK_SIZE_M above next_pow2(M) (4)" in text
     wall = next(line for line in s.lines() if line.startswith("wall:"))
     assert "compiling" in wall and "benchmarking" in wall
 

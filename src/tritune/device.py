@@ -67,11 +67,12 @@ class DeviceInfo:
         return 0 if self.interpreter else self.sm_count
 
     def provenance(self) -> dict:
-        """The dict written into every result file: the interpreter's says sm_count 0 and capability "none"."""
+        """The dict written into every result file: the interpreter's says sm_count 0, capability "none" and 0 for
+        the other GPU limits (shared memory, registers, L2: the H100 stand-in's prune, they are no machine's)."""
         info = asdict(self)
         info["capability"] = f"{self.capability[0]}.{self.capability[1]}"
         if self.interpreter:
-            info.update(sm_count=self.cu_num, capability="none")
+            info.update(sm_count=self.cu_num, capability="none", max_shared_mem=0, regs_per_block=0, l2_bytes=0)
         info["python_version"] = platform.python_version()
         return info
 

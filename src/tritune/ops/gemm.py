@@ -66,7 +66,11 @@ def _out_name(dtype: torch.dtype) -> str:
 def select_config(kernel: str, M: int, N: int, K: int, device: torch.device,
                   out_dtype: torch.dtype = torch.bfloat16) -> tuple[gk.GemmConfig, str]:
     """The config an op writing C in `out_dtype` will use and where it came from (a file and bucket, or
-    'heuristic')."""
+    'heuristic'). `device` may be a torch.device or its name ("cuda:0", "cpu"); `out_dtype` is one the ops write
+    (torch.bfloat16 or torch.float16), as `gemm(..., out_dtype=)` checks it: "fp16" would answer for bf16's files."""
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype!r}")
+    device = torch.device(device)
     out = _out_name(out_dtype)
     key = (kernel, M, N, K, device, out)
     found = _SELECTED.get(key)

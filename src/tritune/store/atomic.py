@@ -63,8 +63,10 @@ def path_lock(path: Path) -> FileLock:
 def check_writable(path: Path, *, folder: bool = False) -> None:
     """ValueError (one line naming `path`) unless `path` can be written as a file (or, with `folder`, used as a
     folder to write in): not a folder where a file must be (or the reverse), no file where a parent folder must be,
-    write permission where the file (or a missing folder) would be made. Creates nothing; what it cannot foresee
-    (a full disk) still fails when written."""
+    write permission where the file (or a missing folder) would be made; and a TRITUNE_CACHE_DIR that can hold the
+    write locks (`lock_folder`; not a file). Creates nothing; what it cannot foresee (a full disk) still fails when
+    written."""
+    knobs.cache_dir()  # a bad TRITUNE_CACHE_DIR is its one-line ValueError now, not a traceback once the tune is done
     path = Path(path)
     what = "folder" if folder else "file"
     if path.exists():

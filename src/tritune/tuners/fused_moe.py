@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, read_untuned, write_tuned
@@ -128,7 +130,8 @@ def _interpreter_fault(shape: FmoeShape) -> str | None:
 def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
     """(rows to tune, rows skipped as already tuned): reads and validates input and output (FmoeCsvError), and
     refuses (ValueError, one line) an input without rows, an output or profile path that cannot be written, and,
-    without a GPU, a row far beyond what the interpreter finishes unless `req.allow_slow_interpreter`."""
+    without a GPU, a row far beyond what the interpreter finishes unless `req.allow_slow_interpreter`, then a row of
+    dtype bf16 where the interpreter's tl.dot gets bf16 wrong (`interpreter_dot_fault`: every candidate would fail)."""
     if req.input.is_file() and not req.input.read_text(encoding="utf-8-sig", errors="replace").strip():
         raise ValueError(f"no rows to tune in {req.input} (the file is empty)")
     shapes = read_untuned(req.input)
@@ -154,6 +157,13 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
         if fault is not None:
             raise ValueError(f"{req.input}: row {number} ({row_name(shape)}) without a GPU: {fault}; run `tritune "
                              "example` (a tiny interpreted row), tune on a GPU, or pass --allow-slow-interpreter")
+        if device.interpreter and shape.dtype == "bf16":  # per_Token / per_1x128 rows of dtype bf16 fail it too
+            from tritune.kernels.interpreter_probe import interpreter_dot_fault
+
+            fault = interpreter_dot_fault(torch.bfloat16, "bf16")
+            if fault is not None:
+                raise ValueError(f"{req.input}: row {number} ({row_name(shape)}) of dtype bf16 without a GPU: "
+                                 f"{fault}; use fp16 rows (as `tritune example` does) or tune on a GPU")
         todo.append(shape)
     return todo, skipped
 

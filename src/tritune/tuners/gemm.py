@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.kernels.gemm import KERNELS, OUT_DTYPES
 from tritune.store.atomic import check_writable
@@ -147,15 +149,24 @@ def build_tunable(req: GemmTuneRequest, device: DeviceInfo) -> GemmTunable:
 
 def check_interpreter_cost(req: GemmTuneRequest, device: DeviceInfo) -> None:
     """Without a GPU, refuse (ValueError naming the shape and what to run instead) a shape whose largest M is far
-    beyond what the interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`."""
-    if not device.interpreter or req.allow_slow_interpreter:
+    beyond what the interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`; then
+    operands the interpreter's tl.dot gets wrong (bf16 on Triton 3.9: `interpreter_dot_fault`), which would fail
+    every candidate whatever the flag."""
+    if not device.interpreter:
         return
-    for s in req.shapes:
+    for s in req.shapes if not req.allow_slow_interpreter else ():
         M = max(s.Ms)
         fault = interpreter_cost_fault(2.0 * M * s.N * s.K, M * s.K + s.N * s.K + M * s.N)
         if fault is not None:
             raise ValueError(f"GEMM M={M} N={s.N} K={s.K} without a GPU: {fault}; run `tritune example` (tiny "
                              "interpreted shapes), tune on a GPU, or pass --allow-slow-interpreter")
+    if req.kernel == "bf16" and req.dtype == "bf16":  # the fp8 kernels' operands are fp8: the interpreter's are right
+        from tritune.kernels.interpreter_probe import interpreter_dot_fault
+
+        fault = interpreter_dot_fault(torch.bfloat16, "bf16")
+        if fault is not None:
+            raise ValueError(f"--dtype bf16 without a GPU: {fault}; pass --dtype fp16 (the same kernel and files) or "
+                             "tune on a GPU")
 
 
 def check_existing_outputs(req: GemmTuneRequest, device: DeviceInfo) -> None:

@@ -162,17 +162,25 @@ def build_tunable(req: GroupedGemmRequest) -> GroupedGemmTunable:
 
 def check_interpreter_cost(req: GroupedGemmRequest, device: DeviceInfo) -> None:
     """Without a GPU, refuse (ValueError naming the kernel and what to run instead) a kernel far beyond what the
-    interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`."""
-    if not device.interpreter or req.allow_slow_interpreter:
+    interpreter finishes (`device.interpreter_cost_fault`), unless `req.allow_slow_interpreter`; then operands the
+    interpreter's tl.dot gets wrong (bf16 on Triton 3.9: `interpreter_dot_fault`), which would fail every candidate
+    whatever the flag."""
+    if not device.interpreter:
         return
     tunable = GroupedGemmTunable()
-    for p in req.problems():
+    for p in req.problems() if not req.allow_slow_interpreter else ():
         elements = tunable.bytes_moved(p) / DTYPES[p.shape.dtype].itemsize
         fault = interpreter_cost_fault(tunable.flops(p), elements)
         if fault is not None:
             raise ValueError(f"grouped GEMM {p.gemm} {p.kernel} (N={p.n}, K={p.k}, {p.shape.pairs} pairs) without a "
                              f"GPU: {fault}; pass a smaller --seqlen and explicit sizes, tune on a GPU, or pass "
                              "--allow-slow-interpreter")
+    if req.shape.dtype == "bf16":
+        from tritune.kernels.interpreter_probe import interpreter_dot_fault
+
+        fault = interpreter_dot_fault(torch.bfloat16, "bf16")
+        if fault is not None:
+            raise ValueError(f"--dtype bf16 without a GPU: {fault}; pass --dtype fp16 or tune on a GPU")
 
 
 def check_existing_outputs(req: GroupedGemmRequest, device: DeviceInfo) -> None:

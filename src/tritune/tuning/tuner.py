@@ -88,7 +88,7 @@ class TuneSummary:
     pruned: Counter = field(default_factory=Counter)  # rule -> configs removed
     candidates: int = 0
     reused: int = 0  # found in the journal, not measured again
-    shared: int = 0  # measured (or re-timed) by another tuner sharing the journal while this one waited for it
+    shared: int = 0  # candidates measured by another tuner sharing the journal while this one waited for them
     compiled: int = 0  # distinct binaries built in this run
     compile_failed: Counter = field(default_factory=Counter)  # status -> count
     measured: int = 0
@@ -96,6 +96,7 @@ class TuneSummary:
     unmeasured: int = 0  # candidates (and finalist re-times) left out because the time limit passed
     retimed: int = 0  # finalists timed as the op runs in this run
     retimed_reused: int = 0  # finalists whose op times the journal already held
+    retimed_shared: int = 0  # finalists re-timed by another tuner sharing the journal while this one waited
     compile_wall_s: float = 0.0
     compile_cpu_s: float = 0.0  # summed per-binary compile times: what one process would have spent
     bench_wall_s: float = 0.0
@@ -120,18 +121,22 @@ class TuneSummary:
         def kinds(c: Counter) -> str:
             return ", ".join(f"{k}={v}" for k, v in sorted(c.items())) or "none"
 
+        def rules(c: Counter) -> str:  # rule texts hold "=" and ">" themselves: the count goes in parentheses
+            return ", ".join(f"{k} ({v})" for k, v in sorted(c.items())) or "none"
+
         return [
             f"problems: {self.problems}",
             f"candidates: {self.space_size} in the spaces, {sum(self.pruned.values())} pruned, "
             f"{self.candidates} kept, {self.reused} reused from the journal"
             + (f", {self.shared} measured by another tuner sharing it" if self.shared else ""),
-            f"pruned by rule: {kinds(self.pruned)}",
+            f"pruned by rule: {rules(self.pruned)}",
             f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
             f"{f'{self.compile_speedup:.1f}x' if self.compile_cpu_s >= 1.0 else 'n/a'}); "
             f"compile failures: {kinds(self.compile_failed)}",
             f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}"
             + (f"; {self.unmeasured} left unmeasured (time limit)" if self.unmeasured else ""),
-            f"finalists timed as the op runs: {self.retimed} ({self.retimed_reused} reused from the journal)",
+            f"finalists timed as the op runs: {self.retimed} ({self.retimed_reused} reused from the journal"
+            + (f", {self.retimed_shared} re-timed by another tuner sharing it" if self.retimed_shared else "") + ")",
             f"wall: {self.wall_s:.1f}s (compiling {self.compile_wall_s:.1f}s, benchmarking {self.bench_wall_s:.1f}s, "
             f"overlapped)",
             *self.executor_lines,
@@ -282,7 +287,10 @@ class _Pipeline:
         journaled = {jkey: self.journal.measurements(jkey) for jkey, _ in done}
         for key, (problem, config, jkey) in done.items():
             results[key] = journaled[jkey][config]
-            self.summary.shared += 1
+            if finalist:  # counted apart: the candidates line counts candidates, not candidates + finalists
+                self.summary.retimed_shared += 1
+            else:
+                self.summary.shared += 1
             if not finalist and (bar := self._bar(problem, per_problem[problem.key()])) is not None:
                 bar.update(1)
 
