@@ -19,7 +19,7 @@ BIG = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GROUP_SIZE
 def test_moe_labels_are_short_and_name_the_row_and_kind():
     e2e = MoeProblem(SHAPE, "e2e", 1.2, (BIG, BIG))
     assert len(e2e.key()) > 150  # the journal's key carries both kernel names
-    assert progress_label(e2e) == "moe e2e pair T16384 D7168 I2048 E256 k8 silu bf16 per_1x128 zipf1.2"
+    assert progress_label(e2e) == "moe e2e BM128 T16384 D7168 I2048 E256 k8 silu bf16 per_1x128 zipf1.2"
     assert progress_label(MoeProblem(SHAPE, "stage1")) == "moe stage1 T16384 D7168 I2048 E256 k8 silu bf16 per_1x128"
     assert all(len(progress_label(MoeProblem(SHAPE, kind, 1.2, (BIG, BIG) if kind == "e2e" else None)))
                <= PROGRESS_LABEL_CHARS for kind in ("stage1", "stage2", "1stage", "e2e"))

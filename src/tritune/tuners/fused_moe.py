@@ -176,13 +176,17 @@ def _name(p: MoeProblem, m: Measurement) -> str:
 # Stage pairs re-timed end to end per row: the best pair of each of this many BLOCK_SIZE_M values (by the sum of their
 # stage times). The stages are timed alone, and the whole op (sort, quantization, the two GEMMs on a shared sort,
 # top-k sum, host cost) can rank pairs otherwise: on the H100, rows tuned at 4096 tokens ran 29-52% above their stage
-# sums end to end while a 128-row pair the stage sums ranked lower ran faster.
+# sums end to end while a 128-row pair the stage sums ranked lower ran faster. Only pairs within E2E_PAIR_SPREAD of
+# the fastest stage sum are re-timed (a pair far behind on its stages does not win back that much end to end), and one
+# pair under the interpreter, where times mean nothing and each re-time costs minutes.
 E2E_PAIRS = 3
+E2E_PAIR_SPREAD = 1.5
 
 
-def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None) -> list[Choice]:
-    """The best stage pair of each BLOCK_SIZE_M both stages passed at (the E2E_PAIRS fastest by stage sum) and the best
-    1-stage, fastest first (empty when nothing passed)."""
+def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None,
+           pairs_max: int = E2E_PAIRS) -> list[Choice]:
+    """The best stage pair of each BLOCK_SIZE_M both stages passed at (the `pairs_max` fastest by stage sum, within
+    E2E_PAIR_SPREAD of the fastest) and the best 1-stage, fastest first (empty when nothing passed)."""
     def best_by_bm(r: ProblemResult) -> dict[int, Measurement]:
         out: dict[int, Measurement] = {}
         for m in r.measurements:
@@ -194,7 +198,9 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
     b1, b2 = best_by_bm(stage1), best_by_bm(stage2)
     choices = []
     pairs = sorted(((b1[bm], b2[bm]) for bm in b1 if bm in b2), key=lambda p: p[0].time_us + p[1].time_us)
-    for m1, m2 in pairs[:E2E_PAIRS]:
+    for m1, m2 in pairs[:pairs_max]:
+        if m1.time_us + m2.time_us > E2E_PAIR_SPREAD * (pairs[0][0].time_us + pairs[0][1].time_us):
+            break
         choices.append(Choice((config_of(m1.config), config_of(m2.config)), m1.time_us, m1.error, m2.time_us,
                               m2.error))
     if one is not None and one.best is not None:
@@ -206,9 +212,9 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
 # levers on in both stages (MoeConfig.SORTED_INTER: stage 1 writes the intermediate in the sort's order, stage 2 reads
 # it contiguously, through TMA where it can; TOPK_ATOMIC: stage 2 sums the top-k slots into fp32 with atomics, not
 # bit-deterministic). The stages are timed alone and cannot see either lever, so only the whole op decides: the variant
-# is written only when it is faster end to end (a tie keeps the plain pair). Not yet measured on a GPU; False turns
-# the variant off (one end-to-end re-time fewer per row).
-E2E_LEVER_VARIANT = True
+# is written only when it is faster end to end (a tie keeps the plain pair). Off until measured on a GPU (the kernels
+# are checked only under the interpreter so far); True adds one end-to-end re-time per row.
+E2E_LEVER_VARIANT = False
 
 
 def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan:
@@ -299,7 +305,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     e2e_problems, choices = [], {}
     for shape in todo:
         kind_results = (by[(shape, "stage1")], by[(shape, "stage2")], by.get((shape, "1stage")))
-        cs = choose(*kind_results)
+        cs = choose(*kind_results, pairs_max=1 if device.interpreter else E2E_PAIRS)
         if not cs:
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
@@ -372,7 +378,7 @@ def _kind_line(r: ProblemResult) -> str:
     failures = (" (" + ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items())) + ")") if failed else ""
     outcome = f"best {r.best.time_us:.1f} us" if r.best is not None else r.why_failed()
     if p.kind == "e2e":
-        which = "1-stage" if not p.names[1] else "stage pair"
+        which = "1-stage" if not p.names[1] else f"stage pair BM{p.plan[0].BLOCK_SIZE_M}{p.lever_tag}"
         return f"e2e ({which}): {len(r.measurements)} measured{failures}; {outcome}"
     return (f"{p.kind}: {r.space_size} in the space, {sum(r.pruned.values())} pruned, {len(r.measurements)} "
             f"measured{failures}; {outcome}")

@@ -100,10 +100,19 @@ class MoeProblem:
         """A short name for progress lines ('moe stage1 T5 D96 I80 E5 k2 silu fp16 none'); `key()` stays the
         journal's."""
         s = self.shape
-        which = {"e2e": " 1-stage" if not self.names[1] else " pair"}.get(self.kind, "")
+        which = {"e2e": " 1-stage" if not self.names[1] else f" BM{self.plan[0].BLOCK_SIZE_M}{self.lever_tag}"
+                 }.get(self.kind, "")
         skew = f" zipf{self.skew:g}" if self.skew else ""
         return (f"moe {self.kind}{which} T{s.token} D{s.model_dim} I{s.inter_dim} E{s.expert} k{s.topk} {s.act_type} "
                 f"{s.dtype} {s.q_type}{skew}")
+
+    @property
+    def lever_tag(self) -> str:
+        """' SI2 TA1' when an end-to-end plan has issue 14's levers on, else ''."""
+        first = self.plan[0] if self.plan else None
+        levers = [f"{short}{getattr(first, name, 0)}" for name, short in (("SORTED_INTER", "SI"), ("TOPK_ATOMIC", "TA"))
+                  if first is not None and getattr(first, name, 0)]
+        return (" " + " ".join(levers)) if levers else ""
 
     @property
     def dims(self) -> MoeDims:

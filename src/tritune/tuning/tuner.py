@@ -143,7 +143,7 @@ class TuneSummary:
         ]
 
 
-PROGRESS_LABEL_CHARS = 72
+PROGRESS_LABEL_CHARS = 80
 _LOOK_ELSEWHERE_S = 0.25  # how often a run waiting on another's claims reads the journal for their results
 # Pairs a run claims ahead of what it has finished: enough to keep a compile pool of every core and the GPU workers
 # busy, few enough that a second run sharing the journal finds work to take.
