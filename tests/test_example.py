@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tritune import cli
 from tritune.kernels.gemm import KERNELS
@@ -81,3 +82,15 @@ def test_cli_example_passes_the_plan_and_changes_no_argument(tmp_path, monkeypat
                                 moe_shapes=EXAMPLES / "untuned_fmoe.csv")
     assert [r[0] for r in runs] == [*want.gemm, want.moe] and all(r[2] for r in runs)
     assert all(args == parsed for _, args, _ in runs)  # iters and warmup as given: the library caps the timing
+
+
+def test_example_without_a_gpu_says_the_shapes_files_it_does_not_use(tmp_path, monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the shapes files: nothing to say")
+    monkeypatch.setattr(cli, "_run_gemm", lambda req, args, example=False: 0)
+    monkeypatch.setattr(cli, "_run_moe", lambda req, args, example=False: 0)
+    shapes = tmp_path / "mine.csv"
+    shapes.write_text("M,N,K\n\"1,2\",64,64\n")
+    assert cli.main(["example", "-o", str(tmp_path / "out"), "--shapes", str(shapes), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "no GPU: --shapes not used" in err and "--moe-shapes" not in err

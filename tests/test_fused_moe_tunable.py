@@ -30,6 +30,7 @@ from tritune.tuning.types import Config
 
 DEV = current_device()  # no GPU: an interpreter stand-in with H100 limits (132 SMs, 227 KiB shared memory, sm_90)
 AMPERE = dataclasses.replace(DEV, name="ampere-like", capability=(8, 0))
+GPU = dataclasses.replace(DEV, interpreter=False)  # the same limits, read as a GPU's (its speed rules apply)
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -82,7 +83,7 @@ STAGE_RULES = [
     ("BLOCK_SIZE_N 32 only with BLOCK_SIZE_M <= 32", BIG, DEV, stage_config(BLOCK_SIZE_N=32)),
     ("per_1x128 needs BLOCK_SIZE_K dividing 128", MoeProblem(shape("per_1x128"), "stage1"), DEV,
      stage_config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=256)),  # fp8: the 256-deep tiles fit in shared memory
-    ("fp8 per_token with BLOCK_SIZE_K 64", MoeProblem(shape("per_token"), "stage1"), DEV, stage_config()),
+    ("fp8 per_token with BLOCK_SIZE_K 64", MoeProblem(shape("per_token"), "stage1"), GPU, stage_config()),
     ("BLOCK_SIZE_K 256 only with BLOCK_SIZE_M <= 32", BIG, DEV, stage_config(BLOCK_SIZE_K=256, num_stages=2)),
     ("BLOCK_SIZE_K x KSPLIT > K", FEW, DEV,
      stage_config(BLOCK_SIZE_M=16, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, KSPLIT=4)),  # 512 > K=256; grid of 32 blocks
@@ -127,6 +128,13 @@ def test_each_one_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, c
     assert _failing(rules, config) == [rule]
     result = SearchSpace({k: (v,) for k, v in config.items}, rules).prune()
     assert result.kept == [] and result.pruned == {rule: 1}
+
+
+def test_the_interpreter_keeps_per_token_stages_with_its_small_block_k() -> None:
+    """BLOCK_SIZE_K >= 128 for fp8 per_token is a GPU speed rule: without a GPU the tiny space (BLOCK_SIZE_K 32) would
+    otherwise prune every stage candidate of a per_token row, leaving only the 1-stage kernel."""
+    rules = stage_constraints(MoeProblem(shape("per_token"), "stage1"), dataclasses.replace(GPU, interpreter=True))
+    assert "fp8 per_token with BLOCK_SIZE_K 64" not in _failing(rules, stage_config())
 
 
 def test_every_rule_has_a_case() -> None:

@@ -126,9 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("example", help="the main job: tune the shipped example shapes (tiny, interpreted, on CPU)")
     e.add_argument("-o", "--output", type=Path, default=Path("tritune-out"))
-    e.add_argument("--shapes", type=Path, default=Path("examples/gemm_shapes.csv"), help="GEMM shapes on a GPU")
+    e.add_argument("--shapes", type=Path, default=Path("examples/gemm_shapes.csv"),
+                   help="GEMM shapes on a GPU (without one the tiny interpreted example runs instead)")
     e.add_argument("--moe-shapes", type=Path, default=Path("examples/untuned_fmoe.csv"),
-                   help="untuned fused-MoE rows on a GPU")
+                   help="untuned fused-MoE rows on a GPU (without one the tiny interpreted example runs instead)")
     _add_engine_flags(e)
 
     gg = sub.add_parser("grouped-gemm", help="tune the grouped-GEMM kernels of an MoE MLP (forward, dX, dW); "
@@ -325,6 +326,14 @@ def _example(args: argparse.Namespace, interpreted: bool) -> int:
         plan = plan_example(args.output, interpreted=interpreted, shapes=args.shapes, moe_shapes=args.moe_shapes)
     except ValueError as exc:
         return _fail(str(exc))
+    if interpreted:
+        given = [flag for flag, value, default in (("--shapes", args.shapes, "examples/gemm_shapes.csv"),
+                                                    ("--moe-shapes", args.moe_shapes, "examples/untuned_fmoe.csv"))
+                 if value != Path(default)]
+        if given:
+            print(f"tritune: no GPU: {' and '.join(given)} not used; the tiny interpreted example runs instead "
+                  "(tune those with `tritune gemm` / `tritune moe`, which refuse what the interpreter cannot finish)",
+                  file=sys.stderr)
     code = 0
     for req in plan.gemm:
         if not interpreted:  # one kernel without a GPU, as before: no heading
