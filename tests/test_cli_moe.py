@@ -269,8 +269,8 @@ def test_lever_variant_of_the_fastest_pair_only_and_only_when_switched_on(monkey
     assert fmoe_tuner.with_lever_variant([one, fast, slow], SHAPE_A, DEV) == [one, fast, slow]
 
 
-@pytest.mark.parametrize(("lever_us", "levers_written"), [(50.0, True), (150.0, False), (100.0, False)],
-                         ids=["variant-faster", "variant-slower", "tie"])
+# A slower variant loses as a tie does (the plain pair is listed first); two cases keep the suite short.
+@pytest.mark.parametrize(("lever_us", "levers_written"), [(50.0, True), (100.0, False)], ids=["variant-faster", "tie"])
 def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, monkeypatch, lever_us, levers_written):
     """Through the engine with scripted timers: every candidate runs through the interpreter (the variant passes the
     correctness gate on real kernels), and the end-to-end times, scripted per plan, decide."""
