@@ -90,7 +90,8 @@ def main() -> None:
     shutil.copy(args.work / "tuned" / "tuned_fmoe.csv", logs / "aot_tuned_fmoe.csv")
 
     from tritune.aot.stats import read_perf_stats
-    from tritune.store.fmoe_csv import FmoeShape, read_tuned
+    from tritune.store.fmoe_csv import read_tuned
+    from tritune.store.fmoe_rows import FmoeShape
 
     rows = read_perf_stats(bundle / "perf_stats.csv")
     aot_runs: list[dict[str, float]] = [{}, {}]

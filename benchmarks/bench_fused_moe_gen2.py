@@ -260,7 +260,7 @@ def tune_spec(text: str) -> tuple[str, str, int]:
 
 def tune_shape(spec: str):
     """The untuned-CSV row (FmoeShape) of --tune-row `spec`: gated SiLU, bf16 activations."""
-    from tritune.store.fmoe_csv import FmoeShape
+    from tritune.store.fmoe_rows import FmoeShape
 
     shape, quant, tokens = tune_spec(spec)
     q = "fp8" if quant != "none" else "bf16"

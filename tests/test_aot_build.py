@@ -27,7 +27,7 @@ from tritune.aot.spec import RunSpec, resolve
 from tritune.aot.tdat import read_header, read_tensor
 from tritune.aot.user import user_plans
 from tritune.kernels.moe_align import moe_align_block_size
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import FusedMoeTunable, MoeProblem
 from tritune.tuners.gemm_tunable import GemmProblem
 

@@ -15,7 +15,9 @@ from tritune.aot import moe as aot_moe
 from tritune.aot.importer import import_bundle
 from tritune.aot.manifest import ArtifactEntry, KernelEntry, Manifest, write_manifest
 from tritune.aot.stats import StatRow, write_perf_stats
-from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, read_tuned, reload_fmoe_configs, write_tuned
+from tritune.store.fmoe_csv import read_tuned, write_tuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import reload_fmoe_configs
 from tritune.store.gemm_json import GemmConfigStore, default_file_name, shape_file_name, slug_of
 from tritune.store.user_json import UserKernelStore
 from tritune.tuners.fused_moe_tunable import FusedMoeTunable, MoeProblem
@@ -111,7 +113,7 @@ def fmoe_env(monkeypatch):
 
 
 def test_fmoe_pairs_the_block_size_m_with_the_least_summed_time(tmp_path, fmoe_env):
-    from tritune.store.fmoe_csv import default_table
+    from tritune.store.fmoe_table import default_table
 
     bundle = moe_bundle(tmp_path / "bundle")
     out = tmp_path / "tuned"

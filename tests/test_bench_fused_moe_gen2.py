@@ -187,7 +187,8 @@ def test_block_fp8_peer_matches_reference(monkeypatch, hopper):
 def test_main_runs_a_row_end_to_end_on_the_interpreter(monkeypatch, tmp_path, capsys):
     """Every line of main and run_point once (a tiny per_1x128 row: ours, a --variant, the tuned row's choice, the
     vLLM peer), the JSON and the table; the tuning subprocess is replaced by a tuned CSV written here."""
-    from tritune.store.fmoe_csv import FmoeTuned, write_tuned
+    from tritune.store.fmoe_csv import write_tuned
+    from tritune.store.fmoe_rows import FmoeTuned
 
     vendor, shared = _peer_dirs()
     monkeypatch.setattr(sys, "path", [str(shared), *sys.path])  # main prepends its folders; undone after the test

@@ -13,7 +13,7 @@ from cli_asserts import one_error_line
 
 from tritune.cli import main
 from tritune.device import DeviceInfo, versions
-from tritune.store.fmoe_csv import UNTUNED_COLUMNS, FmoeShape
+from tritune.store.fmoe_rows import UNTUNED_COLUMNS, FmoeShape
 from tritune.tuners import fused_moe as fmoe_tuner
 from tritune.tuners import gemm as gemm_tuner
 from tritune.tuners import grouped_gemm as gg_tuner

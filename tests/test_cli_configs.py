@@ -17,7 +17,8 @@ from tritune.device import current_device
 from tritune.kernels.grouped_gemm_config import KernelConfigForward
 from tritune.store import gemm_json as gj
 from tritune.store import grouped_gemm_json as ggj
-from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, write_tuned
+from tritune.store.fmoe_csv import write_tuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
 from tritune.store.provenance import triton_minor
 from tritune.store.user_json import UserEntry, UserKernelStore
 from tritune.tuning.types import Config

@@ -16,7 +16,8 @@ from cli_asserts import one_error_line
 from tritune.cli import main
 from tritune.device import current_device
 from tritune.kernels.fused_moe import MoeConfig
-from tritune.store.fmoe_csv import TUNED_COLUMNS, UNTUNED_COLUMNS, FmoeShape, FmoeTuned, read_tuned, write_tuned
+from tritune.store.fmoe_csv import read_tuned, write_tuned
+from tritune.store.fmoe_rows import TUNED_COLUMNS, UNTUNED_COLUMNS, FmoeShape, FmoeTuned
 from tritune.tuners import fused_moe as fmoe_tuner
 
 DEV = current_device()

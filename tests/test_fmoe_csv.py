@@ -10,7 +10,10 @@ import pytest
 from tritune import knobs
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.store import fmoe_csv as fc
-from tritune.store.fmoe_csv import FmoeConfigTable, FmoeCsvError, FmoeShape, FmoeTuned
+from tritune.store import fmoe_rows as fr
+from tritune.store import fmoe_table as ft
+from tritune.store.fmoe_rows import FmoeCsvError, FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import FmoeConfigTable
 
 # DeepSeek-V3-like routed experts, fp8 blockwise: every column has a non-default value.
 BASE = {"token": "16", "model_dim": "7168", "inter_dim": "256", "expert": "256", "topk": "8",
@@ -186,7 +189,7 @@ def test_missing_empty_header_only_and_blank_lines(tmp_path):
     (tmp_path / "empty.csv").write_text("\n\n")
     with pytest.raises(FmoeCsvError, match="empty.csv: empty file \\(no header\\)"):
         fc.read_untuned(tmp_path / "empty.csv")
-    (tmp_path / "header.csv").write_text(",".join(fc.TUNED_COLUMNS) + "\n")
+    (tmp_path / "header.csv").write_text(",".join(fr.TUNED_COLUMNS) + "\n")
     assert fc.read_tuned(tmp_path / "header.csv") == [] and fc.read_untuned(tmp_path / "header.csv") == []
     # Blank lines are skipped but still counted in line numbers: the bad row is data row 2 on line 5.
     good, bad = ",".join(BASE.values()), ",".join({**BASE, "topk": "x"}.values())
@@ -222,7 +225,7 @@ def test_round_trip_with_provenance_and_one_stage_row(tmp_path):
     fc.write_tuned(path, [one_stage, two_stage, plain])
     assert fc.read_tuned(path) == [one_stage, two_stage, plain]
     lines = path.read_text().splitlines()
-    assert lines[0].split(",")[len(fc.TUNED_COLUMNS):] == ["gpu", "triton"]  # union, first-seen order
+    assert lines[0].split(",")[len(fr.TUNED_COLUMNS):] == ["gpu", "triton"]  # union, first-seen order
     assert lines[1].endswith(",9.50,True,101.50,2345.60,NVIDIA H100,")  # missing triton cell written empty
     assert lines[3].endswith(",400.25,False,101.50,2345.60,,")
     fc.write_tuned(path, fc.read_tuned(path))
@@ -238,7 +241,7 @@ def test_op_time_columns_append_after_older_provenance(tmp_path):
                                                    ("objective", "eager")))
     fc.write_tuned(path, fc.merge_tuned(fc.read_tuned(path), [new]))
     header, old_line, new_line = path.read_text().splitlines()
-    assert header.split(",") == [*fc.TUNED_COLUMNS, "device", "triton", "us_stages", "rel_l2", "us_eager",
+    assert header.split(",") == [*fr.TUNED_COLUMNS, "device", "triton", "us_stages", "rel_l2", "us_eager",
                                  "us_graph", "objective"]  # the seed columns first and unchanged, new ones last
     assert old_line.endswith(",0.001,,,") and new_line.endswith(",0.001,101.00,16.50,eager")
     assert fc.read_tuned(path) == [old, new]
@@ -261,8 +264,8 @@ def test_header_order_and_written_forms(tmp_path):
 
 @pytest.mark.parametrize("err, text", [(0.005, "0.5%"), (0.0, "0%"), (0.123456, "12.35%"), (1e-7, "1e-05%")])
 def test_err_format(err, text):  # 4 significant digits; tiny values go exponent
-    assert fc.format_err(err) == text
-    assert fc._err(text) == pytest.approx(err, rel=1e-3)
+    assert fr.format_err(err) == text
+    assert fr._err(text) == pytest.approx(err, rel=1e-3)
 
 
 def test_merge_tuned_replaces_in_place_and_appends():
@@ -282,13 +285,13 @@ def test_merge_tuned_replaces_in_place_and_appends():
     (163840, 262144),  # large prefill batch
 ])
 def test_token_bucket(tokens, bucket):
-    assert fc.token_bucket(tokens) == bucket
+    assert ft.token_bucket(tokens) == bucket
 
 
 @pytest.mark.parametrize("tokens", [0, -1])
 def test_token_bucket_rejects_no_tokens(tokens):
     with pytest.raises(ValueError, match="tokens must be >= 1"):
-        fc.token_bucket(tokens)
+        ft.token_bucket(tokens)
 
 
 @pytest.fixture
@@ -372,10 +375,10 @@ def test_block_m_of_a_tritune_kernel_name(kind, quant):
     for act in ("silu", "gelu"):
         for bm in (16, 128):
             config = MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=256, KSPLIT=2, BLOCK_SIZE_D=64, USE_TMA=1)
-            assert fc.name_block_m(config.name(kind, quant, act)) == bm
+            assert fr.name_block_m(config.name(kind, quant, act)) == bm
     for other in ("stage1_a", "", "moe_ck2stages_gemm1_256x32x64x128_1x4_TypeCast_v3_Nswizzle0_Quant3_MulRoutedWeight1",
                   "moe_stage1_none_silu_BN32", "moe_stage1_none_relu_BM16"):
-        assert fc.name_block_m(other) is None  # another tool's name (or none): nothing to check block_m against
+        assert fr.name_block_m(other) is None  # another tool's name (or none): nothing to check block_m against
 
 
 @pytest.mark.parametrize("column", ["kernelName1", "kernelName2"])
@@ -403,16 +406,16 @@ def package_configs(tmp_path, monkeypatch) -> Path:
     fc.write_tuned(folder / "model_configs" / "untuned_notes.csv", [tuned(cu_num=1)])
     monkeypatch.setattr(fc, "PACKAGE_CONFIGS", folder)
     monkeypatch.delenv(knobs.CONFIG_FMOE, raising=False)
-    fc.reload_fmoe_configs()
+    ft.reload_fmoe_configs()
     yield folder
-    fc.reload_fmoe_configs()
+    ft.reload_fmoe_configs()
 
 
 def test_package_files_order(package_configs):
     names = [p.relative_to(package_configs).as_posix() for p in fc.package_config_files()]
     assert names == ["tuned_fmoe.csv", "model_configs/a_tuned_fmoe.csv", "model_configs/z_tuned_fmoe.csv"]
     assert fc.default_config_files() == fc.package_config_files()
-    assert sorted(r.cu_num for r in fc.default_table().rows) == [78, 114, 132]
+    assert sorted(r.cu_num for r in ft.default_table().rows) == [78, 114, 132]
 
 
 def test_env_override_replaces_package_files(package_configs, tmp_path, monkeypatch):
@@ -421,19 +424,19 @@ def test_env_override_replaces_package_files(package_configs, tmp_path, monkeypa
     fc.write_tuned(also, [tuned(cu_num=80)])
     monkeypatch.setenv(knobs.CONFIG_FMOE, f"{mine}:{also}")
     assert fc.default_config_files() == [mine, also]
-    assert [r.cu_num for r in fc.default_table().rows] == [304, 80]
-    assert fc.default_table().lookup(132, SHAPE, 16) is None  # the package's H100 row is not read
+    assert [r.cu_num for r in ft.default_table().rows] == [304, 80]
+    assert ft.default_table().lookup(132, SHAPE, 16) is None  # the package's H100 row is not read
 
 
 def test_reload_drops_the_cached_table(package_configs, tmp_path, monkeypatch):
-    first = fc.default_table()
-    assert fc.default_table() is first  # cached
+    first = ft.default_table()
+    assert ft.default_table() is first  # cached
     mine = tmp_path / "mine.csv"
     fc.write_tuned(mine, [tuned(cu_num=304)])
     monkeypatch.setenv(knobs.CONFIG_FMOE, str(mine))
-    assert fc.default_table() is first  # env change unseen until reload
-    fc.reload_fmoe_configs()
-    assert fc.default_table() is not first and [r.cu_num for r in fc.default_table().rows] == [304]
+    assert ft.default_table() is first  # env change unseen until reload
+    ft.reload_fmoe_configs()
+    assert ft.default_table() is not first and [r.cu_num for r in ft.default_table().rows] == [304]
 
 
 def test_write_failure_keeps_the_old_file(tmp_path, monkeypatch):

@@ -336,7 +336,7 @@ def test_levers_refused_where_they_cannot_run() -> None:
      "moe_stage1_per_token_gelu_BM16_BN32_BK32_GM1_W4_S2_KS1_TMA0_SI1"),
 ])
 def test_name_round_trip(kernel: str, cfg: MoeConfig, quant: str, activation: str, name: str) -> None:
-    from tritune.store.fmoe_csv import name_block_m
+    from tritune.store.fmoe_rows import name_block_m
 
     assert cfg.name(kernel, quant, activation) == name
     assert MoeConfig.parse_name(name) == (kernel, cfg)

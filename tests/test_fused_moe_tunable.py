@@ -10,7 +10,7 @@ import torch
 
 from tritune.device import current_device
 from tritune.kernels.fused_moe import MoeConfig
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import (
     ONE_STAGE_MAX_PAIRS,
     ONE_STAGE_SPACE,

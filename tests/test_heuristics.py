@@ -9,7 +9,7 @@ from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import check_config
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
 from tritune.tuners.gemm_tunable import GemmProblem, gemm_constraints
 from tritune.tuning.types import Config

@@ -8,7 +8,8 @@ import dataclasses
 import triton
 
 from tritune.device import DeviceInfo, versions
-from tritune.store.fmoe_csv import FmoeConfigTable, FmoeShape, FmoeTuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import FmoeConfigTable
 from tritune.store.provenance import INTERPRETER_NAME, Machine, Recorded, compare, machine_of
 
 # The interpreter stand-in as current_device() makes it without a GPU (built here, so the test runs on a GPU too).

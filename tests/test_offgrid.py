@@ -16,7 +16,8 @@ from tritune.ops.offgrid import (
     moe_row_of,
     neighbours,
 )
-from tritune.store.fmoe_csv import FmoeConfigTable, FmoeShape, FmoeTuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import FmoeConfigTable
 from tritune.store.gemm_json import GemmConfigStore, GemmEntry, write_shape_file
 from tritune.tuning.types import Config
 

@@ -25,7 +25,8 @@ from tritune.ops.fused_moe import (
     reload_moe_configs,
 )
 from tritune.ops.routing import sample_routing
-from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, write_tuned
+from tritune.store.fmoe_csv import write_tuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
 
 # tritune.ops.fused_moe is the op function (the package re-exports it); the module is this.
 op = importlib.import_module("tritune.ops.fused_moe")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tritune.kernels.fused_moe import MoeConfig
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem
 from tritune.tuners.grouped_gemm_tunable import GroupedGemmProblem, GroupedGemmShape
 from tritune.tuning.tuner import PROGRESS_LABEL_CHARS, progress_label

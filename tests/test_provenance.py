@@ -11,7 +11,9 @@ import triton
 from tritune.kernels.grouped_gemm_config import KernelConfigForward
 from tritune.store import gemm_json as gj
 from tritune.store import grouped_gemm_json as ggj
-from tritune.store.fmoe_csv import FmoeConfigTable, FmoeShape, FmoeTuned, write_tuned
+from tritune.store.fmoe_csv import write_tuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import FmoeConfigTable
 from tritune.store.provenance import Machine, Recorded, Verdict, compare, running_machine, triton_minor
 from tritune.store.user_json import UserEntry, UserKernelStore
 from tritune.tuning.types import Config

@@ -13,6 +13,8 @@ from tritune import knobs
 from tritune.device import current_device
 from tritune.kernels.grouped_gemm_config import KernelConfigForward
 from tritune.store import fmoe_csv as fc
+from tritune.store import fmoe_rows as fr
+from tritune.store import fmoe_table as ft
 from tritune.store import gemm_json as gj
 from tritune.store import grouped_gemm_json as ggj
 from tritune.store.files import ConfigFiles
@@ -82,23 +84,23 @@ def test_grouped_gemm_store_skips_a_malformed_file_with_one_warning(folders, mon
 def test_fused_moe_table_skips_a_malformed_file_with_one_warning(folders, monkeypatch):
     # It used to raise from the op: a bad row in one file now costs that file only, as in every other store.
     user, shipped = folders
-    shape = fc.FmoeShape(token=16, model_dim=64, inter_dim=32, expert=4, topk=2, act_type="silu", dtype="bf16",
+    shape = fr.FmoeShape(token=16, model_dim=64, inter_dim=32, expert=4, topk=2, act_type="silu", dtype="bf16",
                          q_dtype_a="bf16", q_dtype_w="bf16", q_type="none", use_g1u1=True, doweight_stage1=False)
-    good = fc.FmoeTuned(cu_num=132, shape=shape, block_m=16, ksplit=1, us1=1.0, kernelName1="k1", err1=0.0,
+    good = fr.FmoeTuned(cu_num=132, shape=shape, block_m=16, ksplit=1, us1=1.0, kernelName1="k1", err1=0.0,
                         us2=1.0, kernelName2="k2", err2=0.0, us=2.0, run_1stage=False, tflops=1.0, bw=1.0)
     fc.write_tuned(shipped / "tuned_fmoe.csv", [good])
     bad = user / fc.USER_FILE_NAME
     bad.write_text(fc.tuned_csv_text([good]).replace(",16,1,1.00,k1,", ",abc,1,1.00,k1,"))
     monkeypatch.setenv(knobs.CONFIG_FMOE, str(shipped / "tuned_fmoe.csv"))
-    fc.reload_fmoe_configs()
+    ft.reload_fmoe_configs()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert fc.default_table().rows == [good]
-            assert fc.default_table().lookup(132, shape, 16) == good
+            assert ft.default_table().rows == [good]
+            assert ft.default_table().lookup(132, shape, 16) == good
         check_one_warning(caught, "fused-MoE", bad, "row 1 (line 2), column 'block_m': bad value 'abc'")
     finally:
-        fc.reload_fmoe_configs()
+        ft.reload_fmoe_configs()
 
 
 def test_user_kernel_store_skips_a_malformed_file_with_one_warning(tmp_path):

@@ -124,7 +124,7 @@ def _plans_factory(args: argparse.Namespace, target):
     kernel = args.kernel
     if kernel == "fused_moe":
         from tritune.aot.moe import MOE_KERNELS, moe_plans
-        from tritune.store.fmoe_csv import FmoeShape
+        from tritune.store.fmoe_rows import FmoeShape
 
         kinds = tuple(k.strip() for k in args.moe_kernels.split(",") if k.strip())
         bad = [k for k in kinds if k not in MOE_KERNELS]

@@ -90,7 +90,8 @@ def _import_fmoe(manifest: Manifest, best: dict[str, list[StatRow]], device: Tar
     """Stage 1 and stage 2 share the sort, so their BLOCK_SIZE_M must agree: the pair with the least summed
     time over the BLOCK_SIZE_M both stages have wins."""
     from tritune.store.atomic import path_lock
-    from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, write_tuned
+    from tritune.store.fmoe_csv import merge_tuned, read_tuned, write_tuned
+    from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
     from tritune.tuners.fused_moe_tunable import FusedMoeTunable, MoeProblem
 
     stages = {k.store.get("stage"): (name, k) for name, k in manifest.kernels.items() if k.store.get("kind") == "fmoe"}

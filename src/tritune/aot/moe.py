@@ -23,7 +23,7 @@ from tritune.aot.tdat import write_tensor
 from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.moe_align import moe_align_block_size_reference
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import DTYPES, FusedMoeTunable, MoeProblem, config_of
 from tritune.tuning.types import Config
 

@@ -3,7 +3,7 @@ this token count, else a cost estimate over the rows tuned at the neighbouring c
 table of `tritune.ops.heuristics`; the choice is cached per (SM count, shape, token count) until
 `reload_moe_configs()`.
 
-Lookups go through `tritune.store.fmoe_csv.default_table()` (TRITUNE_CONFIG_FMOE, else the shipped files). A tuned
+Lookups go through `tritune.store.fmoe_table.default_table()` (TRITUNE_CONFIG_FMOE, else the shipped files). A tuned
 row whose kernel names do not parse, name the wrong kernel, quant or activation, fail `check_config`, or whose two
 stages disagree on BLOCK_SIZE_M or a plan-level option (`check_plan`) is skipped with a one-line warning; rows tuned
 on another GPU are skipped with one warning (another Triton version: used, with one warning).
@@ -30,12 +30,8 @@ from tritune.kernels.fused_moe_launch import MoeLaunch
 from tritune.ops.heuristics import moe_heuristic
 from tritune.ops.offgrid import MoeRow, choose_moe_offgrid
 from tritune.ops.online import MoeRequest, maybe_tune
-from tritune.store.fmoe_csv import (
-    FmoeShape,
-    FmoeTuned,
-    default_table,
-    reload_fmoe_configs,
-)
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.store.fmoe_table import default_table, reload_fmoe_configs
 from tritune.store.provenance import Machine, running_machine
 
 __all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice",

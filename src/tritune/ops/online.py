@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tritune import knobs
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 
 __all__ = ["GemmRequest", "MoeRequest", "Tuner", "maybe_tune", "reset", "set_tuner"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritune import knobs
-from tritune.store import fmoe_csv, gemm_json, grouped_gemm_json, user_json
+from tritune.store import fmoe_csv, fmoe_rows, gemm_json, grouped_gemm_json, user_json
 from tritune.store.provenance import Machine, Recorded, compare
 
 GEMM_SHAPE, GEMM_DEFAULT, FMOE, GROUPED, USER = "gemm shape", "gemm default", "fused-moe csv", "grouped-gemm", \
@@ -94,7 +94,7 @@ def kind_of(path: Path) -> str | None:
                 header = {name.strip() for name in f.readline().split(",")}
         except (OSError, UnicodeDecodeError):
             return None
-        return FMOE if set(fmoe_csv.TUNED_COLUMNS) <= header else None
+        return FMOE if set(fmoe_rows.TUNED_COLUMNS) <= header else None
     if path.suffix == ".json":
         if path.parent.name == USER_SUBFOLDER:
             return USER

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tritune.kernels.gemm import KERNELS
 from tritune.store.atomic import check_writable
-from tritune.store.fmoe_csv import FmoeShape, write_untuned
+from tritune.store.fmoe_csv import write_untuned
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe import MoeTuneRequest
 from tritune.tuners.gemm import GemmShape, GemmTuneRequest, read_shapes_file
 from tritune.tuning.tuner import TuneSettings

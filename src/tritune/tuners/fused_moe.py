@@ -22,7 +22,8 @@ import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
-from tritune.store.fmoe_csv import FmoeShape, FmoeTuned, merge_tuned, read_tuned, read_untuned, write_tuned
+from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
+from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
 from tritune.tuners.fused_moe_tunable import (
     ONE_STAGE_RULES,
     STAGE_RULES,

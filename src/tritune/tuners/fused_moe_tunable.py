@@ -22,7 +22,7 @@ from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference,
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.routing import sample_routing
-from tritune.store.fmoe_csv import FmoeShape
+from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuning.space import Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
