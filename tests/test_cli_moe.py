@@ -230,7 +230,7 @@ def test_e2e_retimes_the_best_stage_pair_of_each_block_m():
     """The stages are timed alone; the best pair of each BLOCK_SIZE_M (up to E2E_PAIRS, fastest stage sum first) is
     re-timed end to end, so a pair the stage sums rank second can still win as the whole op."""
     from tritune.params import Config
-    from tritune.tuning.tuner import ProblemResult
+    from tritune.tuning.report import ProblemResult
     from tritune.tuning.types import Measurement, Status
 
     def result(kind: str, times: dict[tuple[int, int], float]) -> ProblemResult:

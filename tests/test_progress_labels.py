@@ -9,7 +9,7 @@ from tritune.kernels.fused_moe import MoeConfig
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem
 from tritune.tuners.grouped_gemm_tunable import GroupedGemmProblem, GroupedGemmShape
-from tritune.tuning.tuner import PROGRESS_LABEL_CHARS, progress_label
+from tritune.tuning.report import PROGRESS_LABEL_CHARS, progress_label
 
 # DeepSeek-V3's MoE: the longest dimensions and quant name a row has in practice.
 SHAPE = FmoeShape(16384, 7168, 2048, 256, 8, "silu", "bf16", "fp8", "fp8", "per_1x128", True, False)

@@ -16,7 +16,8 @@ from tritune.store.fmoe_csv import USER_FILE_NAME, read_tuned
 from tritune.store.gemm_json import read_gemm_file, shape_file_name
 from tritune.tuners.fused_moe import MoeTuneRequest, tune_fmoe
 from tritune.tuners.gemm import GemmShape, GemmTuneRequest, tune_gemm
-from tritune.tuning.tuner import ProblemResult, TuneSettings
+from tritune.tuning.report import ProblemResult
+from tritune.tuning.tuner import TuneSettings
 from tritune.tuning.types import BenchSettings
 
 __all__ = ["TUNERS", "online_settings", "tune_fmoe_online", "tune_gemm_online"]

@@ -33,8 +33,9 @@ from tritune.tuners.fused_moe_tunable import (
     config_of,
     plan_names,
 )
+from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
-from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
+from tritune.tuning.tuner import TuneSettings, tune
 from tritune.tuning.types import Measurement, Objective
 
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.

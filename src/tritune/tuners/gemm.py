@@ -24,8 +24,9 @@ from tritune.store.gemm_json import (
     write_shape_file,
 )
 from tritune.tuners.gemm_tunable import SPACE_RULES, GemmProblem, GemmTunable
+from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
-from tritune.tuning.tuner import ProblemResult, TuneSettings, TuneSummary, tune
+from tritune.tuning.tuner import TuneSettings, tune
 
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
 INTERPRETER_SPACE: dict[str, tuple] = {
