@@ -37,7 +37,8 @@ from tritune.tuning import ray_executor
 from tritune.tuning.bench import Timers
 from tritune.tuning.journal import Journal
 from tritune.tuning.ray_cluster import RaySettings
-from tritune.tuning.ray_executor import RayExecutor, _Actor, _Item, _Node
+from tritune.tuning.ray_executor import RayExecutor
+from tritune.tuning.ray_state import _Actor, _Item, _Node
 from tritune.tuning.tuner import TuneSettings, journal_key, tune
 from tritune.tuning.types import BenchSettings, Config, Status
 
