@@ -47,6 +47,9 @@ def test_every_task_gets_one_result_and_failures_are_isolated():
     with LocalExecutor(ScriptedAdd(), num_workers=2, settings=FAST, devices=DEVICES) as ex:
         results = run_all(ex, tasks)
         assert ex.pending() == 0
+    (line,) = ex.summary_lines()
+    counts = line.split("candidates per GPU ")[1].split(";")[0].split(", ")
+    assert sum(map(int, counts)) == len(tasks)  # failures and replaced workers counted on their slot
     assert [m.extra["task_id"] for m in results] == [t.task_id for t in tasks]
     for task, m in zip(tasks, results, strict=True):
         assert m.status is expected[task.config["mode"]], (task, m)
@@ -85,6 +88,13 @@ def test_two_workers_share_one_problem_per_candidate(tmp_path):
         ex.wait_ready(60)
         results = run_all(ex, tasks_for(["slow"] * 10))
     assert all(m.ok for m in results)
+    (line,) = ex.summary_lines()
+    assert line.startswith("local: 2 worker(s)") and "10 measurement(s)" in line
+    counts = [int(c) for c in line.split("candidates per GPU ")[1].split(";")[0].split(", ")]
+    assert len(counts) == 2 and sum(counts) == 10 and min(counts) >= 1
+    idle = [float(x) for x in line.split("idle s per GPU ")[1].split(" (")[0].split(", ")]
+    assert len(idle) == 2 and all(x >= 0 for x in idle)
+    assert ex.summary_lines() == [line]  # frozen at close
     assert {m.extra["worker"] for m in results} == {0, 1}  # balanced per candidate, not per problem
     lines = log.read_text().splitlines()
     assert len(lines) == 2 and len({line.split()[0] for line in lines}) == 2  # inputs once per worker

@@ -52,6 +52,15 @@ class _Worker:
         return math.inf if self.ready else self.spawned_at + _STARTUP_TIMEOUT_S
 
 
+@dataclass
+class _SlotStats:
+    """One GPU slot's record across worker replacements, for the run summary."""
+
+    done: int = 0  # results recorded (failures included)
+    busy_s: float = 0.0  # time a candidate was handed out and not yet answered
+    ready_at: float | None = None  # the slot's first worker ready
+
+
 class LocalExecutor:
     """One benchmark process per device on this machine (worker i runs on devices[i % len(devices)]).
 
@@ -72,6 +81,9 @@ class LocalExecutor:
         self._queued = 0
         self._stash: list[Measurement] = []  # results collected by wait_ready, handed out by the next poll
         self._start_failures = [0] * num_workers
+        self._stats = [_SlotStats() for _ in range(num_workers)]
+        self._began = time.monotonic()
+        self._ended: float | None = None
         self._closed = False
         self._workers = [self._spawn(slot, device) for slot, device in enumerate(slots)]
 
@@ -122,6 +134,7 @@ class LocalExecutor:
         if self._closed:
             return
         self._closed = True
+        self._ended = time.monotonic()
         for w in self._workers:
             try:
                 w.conn.send(None)
@@ -132,6 +145,20 @@ class LocalExecutor:
             w.task = None
         self._queues.clear()
         self._queued = 0
+
+    def summary_lines(self, now: float | None = None) -> list[str]:
+        """GPU workers, candidates and idle seconds per GPU since each was first ready (until close or `now`,
+        time.monotonic()): what a scaling run reads to see whether the GPUs or the compile pool set the pace."""
+        now = self._ended or (time.monotonic() if now is None else now)
+        ready = [st for st in self._stats if st.ready_at is not None]
+        idle = [max(0.0, now - st.ready_at - st.busy_s) for st in ready]
+        span = sum(now - st.ready_at for st in ready)
+        devices = ", ".join(str(w.device) for w in self._workers if w.device is not None) or "cpu"
+        return [f"local: {len(self._workers)} worker(s) on device(s) {devices}; "
+                f"{sum(st.done for st in self._stats)} measurement(s) in {now - self._began:.1f}s; "
+                f"candidates per GPU {', '.join(str(st.done) for st in self._stats)}; "
+                f"idle s per GPU {', '.join(f'{s:.1f}' for s in idle) or '-'} "
+                f"({100 * sum(idle) / span if span > 0 else 0:.0f}% of the time since ready)"]
 
     def __enter__(self) -> LocalExecutor:
         return self
@@ -190,6 +217,8 @@ class LocalExecutor:
             if kind == "ready":
                 w.ready = True
                 self._start_failures[w.slot] = 0
+                if self._stats[w.slot].ready_at is None:
+                    self._stats[w.slot].ready_at = time.monotonic()
             elif w.task is None or message[1] != w.task.task_id:
                 continue  # nothing else is expected from an idle worker
             elif kind == "started":
@@ -199,16 +228,23 @@ class LocalExecutor:
                     message[2], extra={**message[2].extra, "task_id": w.task.task_id, "worker": w.slot}
                 )
                 results.append(measurement)
+                self._count(w)
                 w.task = None
                 if is_sticky(measurement.status):  # the worker exits by itself: its CUDA context is dead
                     self._replace(w, grace_s=5.0)
                     return
+
+    def _count(self, w: _Worker) -> None:
+        stats = self._stats[w.slot]
+        stats.done += 1
+        stats.busy_s += time.monotonic() - w.handed_at
 
     def _on_death(self, w: _Worker, results: list[Measurement]) -> None:
         w.proc.join(timeout=1.0)
         how = _describe_exit(w.proc.exitcode)
         if w.task is not None:
             results.append(_failure(w, Status.CRASHED, f"worker process died ({how}) while running this candidate"))
+            self._count(w)
         elif not w.ready:
             self._start_failed(w, how)
         self._replace(w)
@@ -238,6 +274,8 @@ class LocalExecutor:
                     results.append(_failure(w, Status.TIMEOUT, f"inputs not ready after {limit:.3g}s; worker killed"))
                 else:
                     results.append(_failure(w, Status.TIMEOUT, f"no result after {timeout_s:.3g}s; worker killed"))
+                if w.task is not None:
+                    self._count(w)
                 self._replace(w)
 
 

@@ -1,0 +1,159 @@
+"""Multi-GPU scaling of the tuner (issue 17): the same tune on 1, 2 and 4 GPUs of one machine, local and Ray.
+
+Each run is the CLI as a user types it, in a fresh output folder (so a fresh journal: nothing resumes) and a fresh
+Triton cache (every candidate compiles, as on a new machine); the GPUs it may use are the first n
+(CUDA_VISIBLE_DEVICES), which is also what a Ray started by the run sees. Per run: wall time, the executor's
+candidates and idle seconds per GPU (its summary lines), and the winners. Then per tune kind: scaling efficiency
+T(1 GPU) / (n * T(n GPUs)) against the 1-GPU local run, and each run's winners against that run's (same config, or
+the winner's time within --spread of the 1-GPU winner's).
+
+    python benchmarks/scaling_run.py --out $OUT/scaling --kinds moe,gemm --executors local --gpus 1,2,4
+    python benchmarks/scaling_run.py --out $OUT/scaling --kinds moe --executors ray --gpus 2,4 --merge earlier.json
+
+Writes {out}/scaling.json (every run) and {out}/{run}/stdout.log; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "moe": lambda out: ["moe", "-i", str(ROOT / "examples/untuned_fmoe.csv"), "-o", str(out / "tuned_fmoe.csv")],
+    "gemm": lambda out: ["gemm", "--kernel", "bf16", "--shapes", str(ROOT / "examples/gemm_shapes.csv"),
+                         "-o", str(out / "gemm")],
+}
+_EXECUTOR_LINE = re.compile(r"candidates per GPU ([\d, ]+); idle s per GPU ([\d., ]+)")
+_RAY_NODE_LINE = re.compile(r"^\s*node .*candidates per GPU ([\d, ]+); idle s per GPU ([\d., ]+)")
+
+
+def executor_figures(stdout: str) -> dict:
+    """Candidates and idle seconds per GPU summed over the run's tune passes (each pass prints its own line)."""
+    done: list[int] = []
+    idle: list[float] = []
+    for line in stdout.splitlines():
+        match = _EXECUTOR_LINE.search(line) if line.startswith("local:") else _RAY_NODE_LINE.search(line)
+        if not match:
+            continue
+        counts = [int(x) for x in match.group(1).split(",")]
+        seconds = [float(x) for x in match.group(2).split(",")]
+        done = [a + b for a, b in zip(done, counts, strict=True)] if done else counts
+        idle = [a + b for a, b in zip(idle, seconds, strict=True)] if idle else seconds
+    return {"candidates_per_gpu": done, "idle_s_per_gpu": idle}
+
+
+def moe_winners(out: Path) -> dict[str, dict]:
+    """Row key -> the written winner (kernel names, GPU and eager time)."""
+    path = out / "tuned_fmoe.csv"
+    if not path.exists():
+        return {}
+    winners = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            key = ",".join(row[c] for c in ("token", "model_dim", "inter_dim", "expert", "topk", "q_type",
+                                             "q_dtype_a"))
+            winners[key] = {"config": f"{row['kernelName1']}|{row['kernelName2']}|{row['run_1stage']}",
+                            "us": float(row["us"]), "us_eager": float(row.get("us_eager") or "nan")}
+    return winners
+
+
+def gemm_winners(out: Path) -> dict[str, dict]:
+    winners = {}
+    for path in sorted((out / "gemm").glob("*-N=*-K=*.json")):
+        data = json.loads(path.read_text())["tritune"]
+        for m, entry in data["by_M"].items():
+            winners[f"M={m},N={data['N']},K={data['K']}"] = {
+                "config": json.dumps(entry["config"], sort_keys=True), "us": entry["time_us"],
+                "us_eager": entry.get("eager_us") if entry.get("eager_us") is not None else float("nan")}
+    return winners
+
+
+def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float) -> dict:
+    name = f"{kind}-{executor}-{gpus}gpu"
+    out = out_root / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    cache = Path(tempfile.mkdtemp(prefix=f"triton-{name}-"))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
+           "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "tritune.cli", *COMMANDS[kind](out), "--no-progress", "--executor", executor]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    shutil.rmtree(cache, ignore_errors=True)
+    (out / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
+    return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": proc.returncode,
+            "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(proc.stdout),
+            "winners": winners}
+
+
+def compare(runs: list[dict], spread: float) -> list[dict]:
+    """Efficiency and winner agreement of each run against the 1-GPU local run of its kind."""
+    base = {r["kind"]: r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
+    rows = []
+    for r in runs:
+        ref = base.get(r["kind"])
+        row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
+               "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
+        busy = sum(r["idle_s_per_gpu"])
+        span = r["wall_s"] * max(1, len(r["idle_s_per_gpu"]))
+        row["idle_fraction_of_wall"] = round(busy / span, 3) if span else None
+        if ref:
+            row["efficiency"] = round(ref["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
+            same = differ = 0
+            worst = 1.0
+            for key, w in ref["winners"].items():
+                other = r["winners"].get(key)
+                if other is None:
+                    continue
+                if other["config"] == w["config"]:
+                    same += 1
+                else:
+                    differ += 1
+                    worst = max(worst, other["us"] / w["us"], w["us"] / other["us"])
+            row.update(winners_same=same, winners_differ=differ, worst_time_ratio_where_differ=round(worst, 3),
+                       within_spread=worst <= 1 + spread, missing=len(set(ref["winners"]) - set(r["winners"])))
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--kinds", default="moe,gemm")
+    ap.add_argument("--executors", default="local")
+    ap.add_argument("--gpus", default="1,2,4")
+    ap.add_argument("--merge", type=Path, action="append", default=[], help="earlier scaling.json to compare with")
+    ap.add_argument("--spread", type=float, default=0.05, help="winner time difference taken as run-to-run noise")
+    ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per run")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = [run for path in args.merge for run in json.loads(path.read_text())["runs"]]
+    for kind in args.kinds.split(","):
+        for executor in args.executors.split(","):
+            for gpus in map(int, args.gpus.split(",")):
+                run = run_one(kind, executor, gpus, args.out, args.timeout)
+                runs = [r for r in runs if r["name"] != run["name"]] + [run]
+                print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
+                      f"idle {run['idle_s_per_gpu']}", flush=True)
+                rows = compare(runs, args.spread)
+                (args.out / "scaling.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
+    for row in compare(runs, args.spread):
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

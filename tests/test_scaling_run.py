@@ -1,0 +1,54 @@
+"""benchmarks/scaling_run.py without a GPU: the executor lines it reads, winners from real output files, and the
+efficiency / winner-agreement table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("scaling_run", ROOT / "benchmarks" / "scaling_run.py")
+scaling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaling)
+
+
+def test_executor_lines_summed_over_passes_local_and_ray():
+    local = ("local: 2 worker(s) on device(s) 0, 1; 30 measurement(s) in 9.0s; candidates per GPU 16, 14; "
+             "idle s per GPU 1.5, 2.0 (19% of the time since ready)\n"
+             "noise candidates per GPU 9; idle s per GPU 9\n"
+             "local: 2 worker(s) on device(s) 0, 1; 4 measurement(s) in 2.0s; candidates per GPU 2, 2; "
+             "idle s per GPU 0.5, 0.0 (12% of the time since ready)\n")
+    assert scaling.executor_figures(local) == {"candidates_per_gpu": [18, 16], "idle_s_per_gpu": [2.0, 2.0]}
+    ray = ("ray: 1 node(s), 2 GPU(s) of NVIDIA H200; 10 measurement(s) in 5.0s; 0 re-queued\n"
+           "  node host/ab12cd34: 2 GPU(s); candidates per GPU 6, 4; idle s per GPU 0.3, 1.2; 3 compile(s)\n")
+    assert scaling.executor_figures(ray) == {"candidates_per_gpu": [6, 4], "idle_s_per_gpu": [0.3, 1.2]}
+
+
+def _run(name, gpus, wall, winners, executor="local", rc=0):
+    return {"name": name, "kind": "gemm", "executor": executor, "gpus": gpus, "rc": rc, "wall_s": wall,
+            "candidates_per_gpu": [1] * gpus, "idle_s_per_gpu": [1.0] * gpus, "winners": winners}
+
+
+def test_compare_efficiency_and_winners():
+    a = {"config": "A", "us": 10.0}
+    runs = [_run("g1", 1, 100.0, {"p": a, "q": {"config": "B", "us": 20.0}}),
+            _run("g2", 2, 55.0, {"p": a, "q": {"config": "C", "us": 20.6}}),
+            _run("g4", 4, 40.0, {"p": {"config": "D", "us": 12.0}}, executor="ray")]
+    rows = {r["name"]: r for r in scaling.compare(runs, spread=0.05)}
+    assert rows["g1"]["efficiency"] == 1.0 and rows["g1"]["winners_same"] == 2
+    assert rows["g2"]["efficiency"] == round(100 / 110, 3)
+    assert rows["g2"]["winners_differ"] == 1 and rows["g2"]["within_spread"]  # 3% apart
+    assert rows["g4"]["efficiency"] == 0.625 and rows["g4"]["missing"] == 1
+    assert not rows["g4"]["within_spread"] and rows["g4"]["worst_time_ratio_where_differ"] == 1.2
+    assert rows["g2"]["idle_fraction_of_wall"] == round(2.0 / 110.0, 3)
+
+
+def test_gemm_winners_read_from_the_written_json(tmp_path):
+    (tmp_path / "gemm").mkdir()
+    doc = {"small": {}, "tritune": {"N": 64, "K": 32, "by_M": {
+        "16": {"M": 16, "config": {"BLOCK_SIZE_M": 16}, "time_us": 3.0, "eager_us": None}}}}
+    (tmp_path / "gemm" / "dev-GEMM-BF16-N=64-K=32.json").write_text(json.dumps(doc))
+    (tmp_path / "gemm" / "dev-GEMM-BF16.json").write_text(json.dumps({"tritune": {}}))  # the default: not a shape
+    (w,) = scaling.gemm_winners(tmp_path).items()
+    assert w[0] == "M=16,N=64,K=32" and w[1]["us"] == 3.0 and w[1]["config"] == '{"BLOCK_SIZE_M": 16}'
