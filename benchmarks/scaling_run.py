@@ -42,7 +42,7 @@ def executor_figures(stdout: str) -> dict:
     done: list[int] = []
     idle: list[float] = []
     for line in stdout.splitlines():
-        match = _EXECUTOR_LINE.search(line) if line.startswith("local:") else _RAY_NODE_LINE.search(line)
+        match = _EXECUTOR_LINE.search(line) if line.lstrip().startswith("local:") else _RAY_NODE_LINE.search(line)
         if not match:
             continue
         counts = [int(x) for x in match.group(1).split(",")]

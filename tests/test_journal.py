@@ -9,7 +9,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from tritune.tuning.journal import Journal
 from tritune.tuning.types import Config, Measurement, Status
@@ -193,3 +197,45 @@ def test_old_journal_gains_the_columns_and_resumes(tmp_path: Path) -> None:
     columns = [row[1] for row in conn.execute("PRAGMA table_info(measurements)")]
     conn.close()
     assert columns[-2:] == ["eager_us", "graph_us"] and len(columns) == len(set(columns))
+
+
+def test_opening_waits_out_a_locked_database_and_fails_on_anything_else():
+
+    from tritune.tuning.journal import _until_unlocked
+
+    calls = []
+
+    def locked_twice():
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+
+    _until_unlocked(locked_twice, time.monotonic() + 5)
+    assert len(calls) == 3
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        _until_unlocked(lambda: (_ for _ in ()).throw(sqlite3.OperationalError("no such table: x")),
+                        time.monotonic() + 5)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # past the deadline the error stands
+        _until_unlocked(lambda: (_ for _ in ()).throw(sqlite3.OperationalError("database is locked")),
+                        time.monotonic() - 1)
+
+
+def test_many_connections_opening_one_new_journal_at_once(tmp_path):
+
+    for attempt in range(3):
+        path = tmp_path / f"j{attempt}.sqlite"
+        errors, barrier = [], threading.Barrier(8)
+
+        def open_it(path=path, errors=errors, barrier=barrier):
+            barrier.wait()
+            try:
+                Journal(path).close()
+            except Exception as exc:  # collected: an exception in a thread would not fail the test
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []

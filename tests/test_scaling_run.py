@@ -17,8 +17,9 @@ def test_executor_lines_summed_over_passes_local_and_ray():
     local = ("local: 2 worker(s) on device(s) 0, 1; 30 measurement(s) in 9.0s; candidates per GPU 16, 14; "
              "idle s per GPU 1.5, 2.0 (19% of the time since ready)\n"
              "noise candidates per GPU 9; idle s per GPU 9\n"
-             "local: 2 worker(s) on device(s) 0, 1; 4 measurement(s) in 2.0s; candidates per GPU 2, 2; "
+             "  local: 2 worker(s) on device(s) 0, 1; 4 measurement(s) in 2.0s; candidates per GPU 2, 2; "
              "idle s per GPU 0.5, 0.0 (12% of the time since ready)\n")
+    assert "  local: 2" in local  # the MoE tuner indents its summary lines
     assert scaling.executor_figures(local) == {"candidates_per_gpu": [18, 16], "idle_s_per_gpu": [2.0, 2.0]}
     ray = ("ray: 1 node(s), 2 GPU(s) of NVIDIA H200; 10 measurement(s) in 5.0s; 0 re-queued\n"
            "  node host/ab12cd34: 2 GPU(s); candidates per GPU 6, 4; idle s per GPU 0.3, 1.2; 3 compile(s)\n")

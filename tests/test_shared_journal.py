@@ -176,7 +176,7 @@ def run_tuner(journal: str, log: str, out: str) -> None:
     from tritune.tuning import tuner
     from tritune.tuning.types import BenchSettings
 
-    tuner.CLAIM_WINDOW = 2  # claim two at a time, so both runs find work while the other measures
+    tuner._Pipeline._claim_window = lambda self: 2  # two at a time, so both runs find work while the other measures
     bench = BenchSettings(iters=1, warmup=0, timers=Timers(gpu=logged_gpu, eager=logged_eager, graph=logged_graph))
     settings = tuner.TuneSettings(journal_path=Path(journal), bench=bench, progress=False, finalists=2,
                                   compile_workers=1)

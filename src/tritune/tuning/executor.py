@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tritune.tuning.affinity import next_problem
 from tritune.tuning.errors import is_sticky
 from tritune.tuning.types import BenchSettings, Measurement, Status, Task
 from tritune.tuning.worker import worker_main
@@ -100,6 +101,15 @@ class LocalExecutor:
         self._queues.clear()
         self._queued = 0
         return dropped
+
+    @property
+    def slots(self) -> int:
+        """GPU workers: how many problems the tuner interleaves in its compile order."""
+        return len(self._workers)
+
+    def capacity(self) -> int:
+        """Tasks worth having queued or in flight to keep every worker busy (beyond what is compiling)."""
+        return 4 * len(self._workers)
 
     def pending(self) -> int:
         """Tasks queued or in flight."""
@@ -188,8 +198,8 @@ class LocalExecutor:
         for w in self._workers:
             if not (self._queued and w.ready and w.task is None):
                 continue
-            # Balanced per candidate; the worker's current problem first, so inputs are not rebuilt needlessly.
-            key = w.problem_key if w.problem_key in self._queues else next(iter(self._queues))
+            # Its current problem first, then one no other worker holds: inputs are not rebuilt needlessly.
+            key = next_problem(self._queues, w.problem_key, (o.problem_key for o in self._workers if o is not w))
             queue = self._queues[key]
             task = queue.popleft()
             try:

@@ -125,6 +125,19 @@ def _from_sql(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
+def _until_unlocked(step, deadline: float) -> None:
+    """Run `step`, again after a short wait while SQLite says the database is locked, until time.monotonic()
+    passes `deadline` (then the error stands)."""
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class Journal:
     """Measurements keyed by (problem key, config key), plus a small text key/value `meta` table.
 
@@ -139,9 +152,12 @@ class Journal:
         # check_same_thread=False plus our own lock: the tuner may record from a worker thread.
         self._conn = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        # Two tuners opening a new journal at once: SQLite may answer the switch to WAL (and the schema) with
+        # "database is locked" at once, without waiting on its busy handler. Retried until `timeout`.
+        deadline = time.monotonic() + timeout
+        _until_unlocked(lambda: self._conn.execute("PRAGMA journal_mode=WAL"), deadline)
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
+        _until_unlocked(lambda: self._conn.executescript(_SCHEMA), deadline)
         self._migrate()
         self._host, self._pid = socket.gethostname(), os.getpid()
         self._started = _process_start(self._pid)

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tritune.device import DeviceInfo
+from tritune.tuning.affinity import next_problem
 from tritune.tuning.compile import CompileOutcome
 from tritune.tuning.errors import is_sticky
 from tritune.tuning.ray_cluster import (
@@ -100,6 +101,18 @@ class RayExecutor:
         self._queues.clear()
         self._queued = 0
         return dropped
+
+    @property
+    def slots(self) -> int:
+        """Benchmark actors (one per GPU; the cluster is joined to count them): how many problems the tuner
+        interleaves in its compile order."""
+        self._start()
+        return max(1, len(self._actors))
+
+    def capacity(self) -> int:
+        """Candidates worth having queued, compiling ahead or in flight: every actor's compile-ahead list full and
+        one more each (0 before the cluster is joined)."""
+        return sum(a.node.lookahead + 1 for a in self._actors)
 
     def pending(self) -> int:
         """Candidates queued, compiling ahead or in flight."""
@@ -198,9 +211,12 @@ class RayExecutor:
 
     # ---- scheduling --------------------------------------------------------------------------------------------
 
-    def _pop(self, prefer: str | None) -> _Item:
-        # Balanced per candidate; the actor's current problem first, so its inputs are not rebuilt needlessly.
-        key = prefer if prefer in self._queues else next(iter(self._queues))
+    def _pop(self, actor: _Actor) -> _Item:
+        """The next candidate for `actor`'s compile-ahead list: of the problem it is on (its last candidate ahead, or
+        the one it ran), else of one no other actor is on (tuning/affinity.py)."""
+        prefer = actor.ahead[-1][0].key if actor.ahead else actor.problem_key
+        others = (a.ahead[-1][0].key if a.ahead else a.problem_key for a in self._actors if a is not actor)
+        key = next_problem(self._queues, prefer, others)
         queue = self._queues[key]
         item = queue.popleft()
         if not queue:
@@ -233,7 +249,7 @@ class RayExecutor:
             if actor.ready_at is None or actor not in self._actors:  # not started, or retired with its node meanwhile
                 continue
             while len(actor.ahead) < actor.node.lookahead and self._queued:
-                item = self._pop(actor.ahead[-1][0].key if actor.ahead else actor.problem_key)
+                item = self._pop(actor)
                 actor.ahead.append((item, self._compile(actor.node, item.task)))
             if not actor.ahead and actor.item is None:
                 self._steal_for(actor)

@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tritune.device import DeviceInfo
+from tritune.tuning.affinity import interleave
 from tritune.tuning.compile import CompileOutcome, CompilePool
 from tritune.tuning.executor import LocalExecutor
 from tritune.tuning.journal import Journal
@@ -134,6 +135,13 @@ class _Pipeline:
         self.executor.close()
         self.summary.executor_lines += getattr(self.executor, "summary_lines", list)()
         self.pool.shutdown(cancel=True)
+
+    def _claim_window(self) -> int:
+        """Pairs this run holds open at most (compiling, queued or on a GPU): twice what keeps every compile process
+        and the executor busy, as a window refills only once half of it is done; CLAIM_WINDOW at least (what another
+        tuner sharing the journal cannot take meanwhile). At 64 it starved 4 GPUs: a Ray run's actors idled 22% of the
+        time, each wanting 18 candidates compiling ahead (issue 17)."""
+        return max(CLAIM_WINDOW, 2 * (getattr(self.pool, "slots", 0) + self.executor.capacity()))
 
     def _compile_key(self, problem: Any, config: Config) -> str:
         key_fn = getattr(self.tunable, "compile_key", None)
@@ -251,10 +259,14 @@ class _Pipeline:
                 results[(jkey, config.key())] = self._unmeasured(jkey, config, journaled[jkey].get(config), finalist)
             return [results[(jkeys[p.key()], c.key())] for p, c in pairs]
 
+        # As many problems as there are GPU workers at a time, their candidates alternating: each worker keeps to
+        # a problem of its own (tuning/affinity.py), not rebuilding inputs for every problem.
+        todo = interleave(todo, lambda pair: pair[2], getattr(self.executor, "slots", 1))
         start = time.perf_counter()
         phase = "retime" if finalist else "measure"
-        # Pairs are claimed in the journal CLAIM_WINDOW at a time, so another tuner sharing it takes the rest; pairs
-        # another run holds are waited for and taken from the journal, and a dead run's claims are taken over.
+        # Pairs are claimed in the journal a window at a time (_claim_window), so another tuner sharing it takes the
+        # rest; pairs another run holds are waited for and taken from the journal, and a dead run's claims are taken
+        # over.
         unclaimed: list[tuple[Any, Config, str]] = list(todo)
         elsewhere: dict[tuple[str, str], tuple[Any, Config, str]] = {}
         waiting: dict[str, list[tuple[Any, Config, str]]] = defaultdict(list)
@@ -263,8 +275,9 @@ class _Pipeline:
         remaining, open_mine, next_look = len(todo), 0, time.monotonic()
         while remaining and not self._out_of_time():
             self.journal.heartbeat()
-            if unclaimed and open_mine <= CLAIM_WINDOW // 2:
-                batch, unclaimed = unclaimed[:CLAIM_WINDOW - open_mine], unclaimed[CLAIM_WINDOW - open_mine:]
+            window = self._claim_window()
+            if unclaimed and open_mine <= window // 2:
+                batch, unclaimed = unclaimed[:window - open_mine], unclaimed[window - open_mine:]
                 mine, others = self._claim(batch, results, per_problem, finalist, phase)
                 remaining -= len(batch) - len(mine) - len(others)
                 open_mine += len(mine)
