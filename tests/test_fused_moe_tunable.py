@@ -75,6 +75,8 @@ STAGE_RULES = [
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,
      stage_config(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=1)),  # 2 tiles of 128x128 over 128 threads
+    ("per_1x128 accumulators + scaled product > 192 registers per thread", MoeProblem(shape("per_1x128"), "stage2"),
+     DEV, stage_config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128)),  # (1 + 1) tiles of 64x256 over 128 threads: 256
     ("8 warps on a tile under 128x64", BIG, DEV, stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
     ("BLOCK_SIZE_M above 2x the pairs per expert", FEW, DEV,
      stage_config(BLOCK_SIZE_M=32, GROUP_SIZE_M=1)),  # 4 pairs per expert: BLOCK_SIZE_M up to 16

@@ -127,8 +127,10 @@ def short(c):
     (1024, (4096, 14336, 8, 2), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
     # per_1x128 at m = 384 (DeepSeek-V2-Lite, 4096 tokens): 64-row tiles as tuned (128 rows ran 2.2x behind)
     (4096, (2048, 1408, 64, 6), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
-    # per_1x128 at m = 1024: 128-row tiles again
-    (4096, (4096, 14336, 8, 2), "per_1x128", (False, (128, 128, 128, 8, 8, 1), (128, 256, 128, 8, 8, 1))),
+    # per_1x128 at m = 1024: still 64-row tiles (the tuned Mixtral row at 4096 tokens: 64x256 on both stages)
+    (4096, (4096, 14336, 8, 2), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
+    # ... and at m = 562 (DeepSeek-V2-Lite, 6000 tokens: the 128-row rule ran 4x behind vLLM there)
+    (6000, (2048, 1408, 64, 6), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
     (256, (2048, 768, 128, 8), "none", (False, (32, 64, 128, 4, 1, 0), (32, 64, 128, 4, 1, 0))),  # m=16: BM 32
 ])
 def test_moe_rule_table_rows(tokens, dims, quant, want):

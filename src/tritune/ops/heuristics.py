@@ -40,7 +40,7 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 | m ≤ 12                        | 16      | 32, 256 (per_1x128: 128), 4              | 64, 256 (128), 4        |
 | m ≤ 24                        | 32      | 64, 128, 4                               | 64, 128, 4              |
 | m ≤ 64                        | 64      | 64, 128, 4                               | 128, 128, 4             |
-| m ≤ 128 (per_1x128: ≤ 512)    | 64      | 128, 64 / 128, 4 (per_1x128: 256, 8)     | 256, 64 / 128, 4 (8)    |
+| m ≤ 128 (per_1x128: any m)    | 64      | 128, 64 / 128, 4 (per_1x128: 256, 8)     | 256, 64 / 128, 4 (8)    |
 | larger                        | 128     | 128, 64 / 128, 8                         | 256, 64 / 128, 8        |
 
 - GROUP_SIZE_M 8 when an expert holds more than one block (its weights then stream once per group, not once per
@@ -192,9 +192,11 @@ def _moe_block_m(m: float, quant: str) -> int:
         return 16
     if m <= 24:
         return 32
-    # per_1x128 rescales every column per K step: 64-row tiles up to m = 512 (tuned: 64x256 won at m = 256 and at
-    # m = 384, where the 128-row tile ran 2.2x behind it; 128 rows win again at m = 1024)
-    return 64 if m <= (512 if quant == "per_1x128" else 128) else 128
+    # per_1x128 rescales every column per K step: 64-row tiles at every m (tuned on the H100: 64x256 won at m = 256,
+    # 384 and 1024 (Mixtral, 4096 tokens; tuned_fp8_large.csv), the 128-row tiles 2.2x behind at m = 384; on an
+    # H200 at m = 256 the best 128-row stage-1 tile ran 1.4x behind; the old 128-row rule from m = 512 ran DeepSeek-V2-
+    # Lite at 6000 tokens (m = 562) in 4478 us where vLLM's 64-row default took 1104)
+    return 64 if m <= 128 or quant == "per_1x128" else 128
 
 
 def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str, mean: int, active: int,
