@@ -2,9 +2,9 @@
 
 Per row: every stage-1, stage-2 and 1-stage candidate is measured by GPU time (one engine run, so compiles and GPU
 work overlap across rows); the stage pair minimising us1 + us2 per BLOCK_SIZE_M, the fastest pair's variant with the
-plan-level levers on (E2E_LEVER_VARIANT) and the best 1-stage are then re-timed end to end as the op the user calls
-(GPU time, eager calls and a CUDA-graph replay), and the one the objective prefers among those that pass the gate is
-written.
+sorted intermediate read through TMA (E2E_LEVER_VARIANT) and the best 1-stage are then re-timed end to end as the op
+the user calls (GPU time, eager calls and a CUDA-graph replay), and the one the objective prefers among those that
+pass the gate is written.
 """
 
 from __future__ import annotations
@@ -210,33 +210,35 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
     return sorted(choices, key=lambda c: c.us1 + c.us2)
 
 
-# The end-to-end re-time also runs, for the fastest stage pair (by stage sum), a variant with issue 14's plan-level
-# levers on in both stages (MoeConfig.SORTED_INTER: stage 1 writes the intermediate in the sort's order, stage 2 reads
-# it contiguously, through TMA where it can; TOPK_ATOMIC: stage 2 sums the top-k slots into fp32 with atomics, not
-# bit-deterministic). The stages are timed alone and cannot see either lever, so only the whole op decides: the variant
-# is written only when it is faster end to end (a tie keeps the plain pair). Off until measured on a GPU (the kernels
-# are checked only under the interpreter so far); True adds one end-to-end re-time per row.
-E2E_LEVER_VARIANT = False
+# The end-to-end re-time also runs, for the fastest stage pair (by stage sum), its variant with the sorted
+# intermediate read through TMA (MoeConfig.SORTED_INTER 2: stage 1 writes the intermediate in the sort's order, stage 2
+# loads A contiguously through a descriptor). The stages are timed alone and cannot see the lever, so only the whole op
+# decides: the variant is written only when it is faster end to end (a tie keeps the plain pair). Measured on the H100
+# against the plain plan (benchmarks/RESULTS.md, 2026-11-26): 0.94-0.97x from 1024 tokens in bf16, 0.75-0.84x per_1x128
+# at 1024 tokens, even at <= 64 tokens. Not varied: SORTED_INTER 1 (pointer loads; not measured alone) and TOPK_ATOMIC
+# (1.04-1.12x slower from 2048 tokens: fp32 atomics into [T, D] cost more than the sum they replace).
+E2E_LEVER_VARIANT = True
 
 
-def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan:
-    """A stage pair with SORTED_INTER and TOPK_ATOMIC on in both stages: stage 2 loads A through TMA (SORTED_INTER 2)
-    when the device has TMA and the intermediate's rows are 16-byte multiples even in fp8, else by pointers (1)."""
-    first, second = plan
+def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | None:
+    """The stage pair with SORTED_INTER 2 in both stages, or None where A cannot go through TMA (no TMA on the
+    device, or intermediate rows that are not 16-byte multiples)."""
     a_bytes = 1 if shape.q_type != "none" else 2
-    sorted_inter = 2 if device.supports_tma and (shape.inter_dim * a_bytes) % 16 == 0 else 1
-    levers = {"SORTED_INTER": sorted_inter, "TOPK_ATOMIC": 1}
-    return dataclasses.replace(first, **levers), dataclasses.replace(second, **levers)
+    if not device.supports_tma or (shape.inter_dim * a_bytes) % 16:
+        return None
+    first, second = plan
+    return dataclasses.replace(first, SORTED_INTER=2), dataclasses.replace(second, SORTED_INTER=2)
 
 
 def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
     """`choices` and, last (so that a tie keeps the plain pair), the lever variant of the fastest stage pair, which
-    carries that pair's stage times (the stages were measured without the levers); unchanged when E2E_LEVER_VARIANT
-    is off or no stage pair passed."""
+    carries that pair's stage times (the stages were measured without the lever); unchanged when E2E_LEVER_VARIANT
+    is off, no stage pair passed or the lever does not apply."""
     pair = next((c for c in choices if not c.one_stage), None)
-    if not E2E_LEVER_VARIANT or pair is None:
+    variant = lever_variant(pair.plan, shape, device) if E2E_LEVER_VARIANT and pair is not None else None
+    if variant is None:
         return choices
-    return [*choices, Choice(lever_variant(pair.plan, shape, device), pair.us1, pair.err1, pair.us2, pair.err2)]
+    return [*choices, Choice(variant, pair.us1, pair.err1, pair.us2, pair.err2)]
 
 
 def why_nothing_chosen(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None) -> str:
