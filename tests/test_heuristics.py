@@ -7,7 +7,7 @@ import pytest
 
 from tritune.device import current_device
 from tritune.kernels import gemm as gk
-from tritune.kernels.fused_moe import check_config
+from tritune.kernels.fused_moe import check_config, check_plan
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
@@ -185,3 +185,16 @@ def test_moe_rejects_bad_input():
         moe_heuristic(16, 4096, 14336, 8, 2, "int8")
     with pytest.raises(ValueError, match="bad fused-MoE shape"):
         moe_heuristic(16, 4096, 14336, 8, 9, "none")
+
+
+def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_on_hopper():
+    def levers(tokens, inter=14336, quant="none", capability=(9, 0)):
+        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 8, 2, quant, capability=capability)
+        check_plan(s1, s2, quant)
+        return s1.SORTED_INTER, s2.SORTED_INTER
+
+    assert levers(256) == (2, 2)  # m = 64
+    assert levers(252) == (0, 0)  # m = 63
+    assert levers(1024, quant="per_1x128") == (0, 0) and levers(1024, quant="per_token") == (0, 0)  # fp8: tuner's call
+    assert levers(1024, capability=(8, 0)) == (0, 0)  # no TMA
+    assert levers(1024, inter=14340) == (0, 0)  # rows of 28680 bytes: not a 16-byte multiple, no descriptor
