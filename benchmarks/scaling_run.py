@@ -3,7 +3,8 @@
 Each run is the CLI as a user types it, in a fresh output folder (so a fresh journal: nothing resumes) and a fresh
 Triton cache (every candidate compiles, as on a new machine); the GPUs it may use are the first n
 (CUDA_VISIBLE_DEVICES), which is also what a Ray started by the run sees. Per run: wall time, the executor's
-candidates and idle seconds per GPU (its summary lines), and the winners. Then per tune kind: scaling efficiency
+candidates and idle seconds per GPU (its summary lines), the workers' seconds per phase (from the journal), and the
+winners. Then per tune kind: scaling efficiency
 T(1 GPU) / (n * T(n GPUs)) against the 1-GPU local run, and each run's winners against that run's (same config, or
 the winner's time within --spread of the 1-GPU winner's).
 
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,22 @@ def executor_figures(stdout: str) -> dict:
         done = [a + b for a, b in zip(done, counts, strict=True)] if done else counts
         idle = [a + b for a, b in zip(idle, seconds, strict=True)] if idle else seconds
     return {"candidates_per_gpu": done, "idle_s_per_gpu": idle}
+
+
+def phase_seconds(out: Path) -> dict[str, float]:
+    """Seconds the GPU workers spent per phase (inputs, bind, check, time; worker.py's phase_ms) over every passing
+    measurement journaled under `out`, and how many measurements carried them."""
+    totals: dict[str, float] = {}
+    counted = 0
+    for path in out.rglob("journal-*.sqlite"):
+        with sqlite3.connect(path) as conn:
+            for (extra,) in conn.execute("SELECT extra FROM measurements"):
+                phases = json.loads(extra).get("phase_ms")
+                if phases:
+                    counted += 1
+                    for name, ms in phases.items():
+                        totals[name] = totals.get(name, 0.0) + ms / 1e3
+    return {**{k: round(v, 1) for k, v in sorted(totals.items())}, "measurements": counted}
 
 
 def moe_winners(out: Path) -> dict[str, dict]:
@@ -96,6 +114,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": proc.returncode,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(proc.stdout),
+            "worker_phase_s": phase_seconds(out),
             "winners": winners}
 
 

@@ -118,3 +118,14 @@ def test_submit_and_poll_do_not_block():
         assert ex.pending() == 50
     with pytest.raises(RuntimeError):
         ex.submit(tasks_for(["good"])[0])
+
+
+def test_a_passing_measurement_says_where_the_worker_spent_its_time():
+    with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
+        results = run_all(ex, tasks_for(["slow", "slow", "wrong"]))
+    first, second, wrong = results
+    assert set(first.extra["phase_ms"]) == {"inputs", "bind", "check", "time"}
+    # "slow" sleeps 20 ms a call: two checked runs, then the timer's warm-up and timed calls
+    assert first.extra["phase_ms"]["check"] >= 2 * 20 and first.extra["phase_ms"]["time"] >= 20 * (FAST.iters + 1)
+    assert second.extra["phase_ms"]["inputs"] < first.extra["phase_ms"]["inputs"] + 1.0  # inputs kept: ~0
+    assert "phase_ms" not in wrong.extra  # only passing measurements carry it

@@ -53,3 +53,16 @@ def test_gemm_winners_read_from_the_written_json(tmp_path):
     (tmp_path / "gemm" / "dev-GEMM-BF16.json").write_text(json.dumps({"tritune": {}}))  # the default: not a shape
     (w,) = scaling.gemm_winners(tmp_path).items()
     assert w[0] == "M=16,N=64,K=32" and w[1]["us"] == 3.0 and w[1]["config"] == '{"BLOCK_SIZE_M": 16}'
+
+
+def test_worker_phases_summed_from_the_journal(tmp_path):
+    from tritune.tuning.journal import Journal
+    from tritune.tuning.types import Config, Measurement, Status
+
+    with Journal(tmp_path / "gemm" / "journal-dev.sqlite") as journal:
+        for i, phases in enumerate([{"inputs": 1000.0, "bind": 5.0, "check": 20.0, "time": 3.0},
+                                    {"inputs": 0.0, "bind": 5.0, "check": 20.0, "time": 3.0}, None]):
+            extra = {"phase_ms": phases} if phases else {}
+            journal.record(Measurement("p", Config.of(i=i), Status.OK, time_us=1.0, extra=extra))
+    assert scaling.phase_seconds(tmp_path) == {"bind": 0.0, "check": 0.0, "inputs": 1.0, "time": 0.0,
+                                               "measurements": 2}

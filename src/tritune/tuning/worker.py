@@ -8,10 +8,12 @@ After a sticky failure (dead CUDA context) the worker sends the result and exits
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -49,6 +51,8 @@ class _Runner:
         self.settings = settings
         self.l2_bytes = _l2_bytes(device)
         self.state: _ProblemState | None = None
+        self.phases: dict[str, float] = {}  # the current candidate's milliseconds per phase (see `run`)
+        self._mark = time.perf_counter()
         self._check_output = check_output
         self._poison = poison
 
@@ -65,14 +69,21 @@ class _Runner:
         return self.state
 
     def run(self, task: Task, started: Callable[[], None]) -> Measurement:
-        """Measure one candidate; never raises (but Ctrl-C). Calls `started()` once inputs are ready."""
+        """Measure one candidate; never raises (but Ctrl-C). Calls `started()` once inputs are ready.
+
+        A passing measurement's extra["phase_ms"] says where the worker's time went (inputs: building the problem's
+        inputs and reference, 0 when kept from the last candidate; bind: the launcher, loading the binary; check:
+        both checked runs; time: the timer): what sets a tuning run's pace besides the GPU time itself."""
         problem, config = task.problem, task.config
         key = _safe_key(problem)
+        self.phases: dict[str, float] = {}
+        self._mark = time.perf_counter()
         try:
             state = self.prepare(problem)
         except Exception as exc:
             self.state = None
             return Measurement(key, config, classify_exception(exc), message="making inputs: " + short_message(exc))
+        self._phase("inputs")
         started()
         try:
             measure = self._measure_as_op if task.finalist else self._measure
@@ -82,14 +93,25 @@ class _Runner:
         if not measurement.ok:
             # A failing candidate may have written out of bounds into the inputs or the reference: rebuild.
             self.state = None
-        return measurement
+            return measurement
+        phases = {name: round(ms, 3) for name, ms in self.phases.items()}
+        return dataclasses.replace(measurement, extra={**measurement.extra, "phase_ms": phases})
+
+    def _phase(self, name: str) -> None:
+        """Add the time since the last phase ended (since `run` began, for the first) to phase `name`."""
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + (now - self._mark) * 1e3
+        self._mark = now
 
     def _launch_checked(self, problem: Any, config: Config,
                         state: _ProblemState) -> tuple[Tolerance, Callable[[], None], CheckResult]:
         """(tolerance, the candidate's launcher, its first checked run): every measurement starts with these."""
         tol = self.tunable.tolerance(problem)
         fn = self.tunable.launcher(problem, state.inputs, config, state.out)
-        return tol, fn, self._checked_run(fn, state, tol)
+        self._phase("bind")
+        first = self._checked_run(fn, state, tol)
+        self._phase("check")
+        return tol, fn, first
 
     def _measure(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
         tol, fn, first = self._launch_checked(problem, config, state)
@@ -97,8 +119,10 @@ class _Runner:
             return _wrong_answer(state.key, config, first, "")
         s = self.settings
         timing = s.timers.gpu(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        self._phase("time")
         # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
         second = self._checked_run(fn, state, tol)
+        self._phase("check")
         if not second.passed:
             return _wrong_answer(state.key, config, second, "after timing: ")
         return Measurement(
@@ -121,7 +145,9 @@ class _Runner:
         s = self.settings
         eager = s.timers.eager(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         graph = s.timers.graph(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        self._phase("time")
         second = self._checked_run(fn, state, tol)  # a graph replay writes `out` too: check the eager path again
+        self._phase("check")
         if not second.passed:
             return _wrong_answer(state.key, config, second, "after timing as the op runs: ")
         extra = {"eager_method": eager.method, "graph_method": graph.method}
