@@ -1,0 +1,155 @@
+"""MXFP4 (per_1x32) decoding in Triton: the building blocks the Hopper fused-MoE stage kernels inline, and a standalone
+dequantization kernel that exercises them against the torch reference (kernels/mxfp4_format.py).
+
+Why decode in registers. Hopper has no fp4 MMA, so an MXFP4 GEMM there loads the packed e2m1 codes (two per byte)
+and the e8m0 scales (one per 32 along K), turns them into a bf16/fp16 tile in registers and feeds that to tl.dot.
+The weights cross HBM as 4.25 bits each instead of 16, which is the point for the memory-bound decode-size MoE; the
+cost is a handful of integer ops per element in the inner loop. `decode_e2m1`, `e8m0_to_fp32` and `mxfp4_tile` are
+those ops; a stage kernel calls `mxfp4_tile` where it would otherwise `tl.load` a [BLOCK_N, BLOCK_K] weight tile.
+
+Layout (the same as mxfp4_format): packed uint8 [..., K/2], byte j holds element 2j in its LOW nibble and element
+2j+1 in its HIGH nibble; scales uint8 [..., K/32], value 2**(code - 127), code 255 is NaN. e2m1 code: bit 3 sign,
+bits 2-1 exponent (bias 1), bit 0 mantissa; exponent 0 is subnormal (0, 0.5); magnitudes 0 0.5 1 1.5 2 3 4 6.
+
+Exactness. Both decoders build fp32 bit patterns with integer ops and bitcast them, so they are exact by
+construction (no exp2, no table in memory). An e2m1 value has at most 2 significant bits, so value * 2**e is exact in
+fp32 for every scale code up to 252 (6 * 2**126 overflows at 253 and 254; values below fp32's normal range are
+subnormals, still exact, though a GPU build that flushes denormals would zero them: only blocks with amax < 2**-123,
+i.e. all-zero blocks in practice, have such scales). The cast to bf16 is exact over the same range (bf16 has fp32's
+exponent range and 8 significant bits), which covers everything quantize_mxfp4 writes. fp16 is exact only for scale
+codes 104..140: below, 0.5 * scale is under fp16's smallest subnormal 2**-24; above, 6 * scale passes 65504.
+
+Portability (Triton 3.9's CPU interpreter and Triton 3.6 on the GPU machine): only long-standing primitives are used:
+integer and/shift/compare, tl.where, `.to(..., bitcast=True)`, tl.interleave (join + reshape, in Triton since 3.0),
+and tl.reshape (can_reorder=False, to broadcast each scale over its 32 elements). No tl.dot here, so the interpreter's
+bf16 dot problem (interpreter_probe.py) does not touch these helpers. One interpreter fault does: its fp32 -> bf16
+cast gets results below 2**-126 wrong (it clamps the exponent without shifting the mantissa), which only scale codes
+0 and 1 produce; the GPU's cvt rounds them right, and a zero block (code 0, codes 0/8) still decodes to exact ±0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 32  # elements along K per e8m0 scale (mxfp4_format.BLOCK)
+DEFAULT_BLOCK_N = 32
+DEFAULT_BLOCK_K = 64
+
+_OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def decode_e2m1(codes):
+    """e2m1 codes (uint8 or int32, values 0..15; any shape) -> fp32 values, exact, by building the fp32 bits.
+
+    With m = code & 7 = (exponent << 1) | mantissa: a normal code (exponent >= 1) is (1 + mantissa/2) * 2**(exp-1),
+    whose fp32 bits are ((exp - 1 + 127) << 23) | (mantissa << 22) = (m + 252) << 22; the subnormal codes are
+    m = 1 -> 0.5 (bits 126 << 23 = 252 << 22) and m = 0 -> 0. The sign, bit 3, moves to bit 31 (code 8 is -0.0).
+    """
+    c = codes.to(tl.uint32)
+    m = c & 7
+    mag = tl.where(m >= 2, (m + 252) << 22, tl.where(m == 1, 252 << 22, 0))
+    bits = mag | ((c & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_to_fp32(scales):
+    """e8m0 scale codes (uint8; any shape) -> fp32 2**(code - 127), exact: the code is the fp32 biased exponent, so
+    the bits are code << 23; code 0 is the subnormal 2**-127 (bits 0x00400000), code 255 is NaN (0x7FC00000)."""
+    s = scales.to(tl.int32)
+    bits = tl.where(s == 0, 0x00400000, tl.where(s == 255, 0x7FC00000, s << 23))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Load and decode the MXFP4 weight tile rows offs_n, K indices [k0, k0 + BLOCK_K) -> [BLOCK_N, BLOCK_K] OUT_DTYPE.
+
+    w_ptr: packed uint8, row n at w_ptr + n * stride_wn, K/2 contiguous bytes along K. scale_ptr: uint8, row n at
+    scale_ptr + n * stride_sn, one code per 32 along K, contiguous. offs_n [BLOCK_N]: row indices, all of which must be
+    loadable (no row mask: wrap them, e.g. `% N`, as the fused-MoE kernels do, and mask the rows at the store); their
+    dtype sets the offset width, so pass int64 where n * stride passes 2**31. k0: a multiple of 32. BLOCK_K: a power
+    of two >= 32; BLOCK_N: a power of two. K: the weight's K (a multiple of 32); elements at K and past it are 0.
+    OUT_DTYPE: tl.bfloat16, tl.float16 or tl.float32 (the fp32 product is cast once; see the module's exactness note).
+
+    The tile is [BLOCK_N, BLOCK_K], the weight's own row-major orientation: a kernel computing tl.dot(a, w) with
+    a [BLOCK_M, BLOCK_K] wants w as [BLOCK_K, BLOCK_N], so it calls tl.dot(a, mxfp4_tile(...).T).
+    """
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index along the packed row
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
+    low = decode_e2m1(packed & 0xF)  # elements k0 + 2j
+    high = decode_e2m1(packed >> 4)  # elements k0 + 2j + 1
+    w = tl.interleave(low, high)  # [BLOCK_N, BLOCK_K], element 2j before 2j + 1
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)  # scale index along the row
+    # Masked scales read as 127 (scale 1): the codes past K are 0 already, so the products there are exactly 0.
+    sc = e8m0_to_fp32(tl.load(scale_ptr + offs_n[:, None] * stride_sn + ks[None, :], mask=ks[None, :] < K // 32,
+                              other=127))  # [BLOCK_N, BLOCK_K // 32]
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 32, 32)) * sc[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(OUT_DTYPE)
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, scale_ptr, out_ptr, N, K, stride_wn, stride_sn,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """out [N, K] (contiguous) = the decoded MXFP4 weight. Grid: (cdiv(N, BLOCK_N), cdiv(K, BLOCK_K))."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = mxfp4_tile(w_ptr, scale_ptr, (rows % N).to(tl.int64), k0, stride_wn, stride_sn, K,
+                   BLOCK_N, BLOCK_K, OUT_DTYPE)
+    ks = k0 + tl.arange(0, BLOCK_K)
+    ok = (rows[:, None] < N) & (ks[None, :] < K)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], w, mask=ok)
+
+
+def _pow2_at_most(x: int, cap: int) -> int:
+    return min(cap, triton.next_power_of_2(max(x, 1)))
+
+
+def dequantize_mxfp4_triton(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *,
+                            block_n: int = DEFAULT_BLOCK_N, block_k: int = DEFAULT_BLOCK_K) -> torch.Tensor:
+    """packed uint8 [N, K/2] or [E, N, K/2], scales uint8 [N, K/32] or [E, N, K/32] -> [N, K] / [E, N, K] `dtype`
+    (bf16, fp16 or fp32), equal to mxfp4_format.dequantize_mxfp4 (exactly, within the ranges the module docstring
+    gives). block_n / block_k (powers of two, block_k >= 32) are capped to the problem: BLOCK_K 64 and K = 96 run one
+    full and one half-masked K tile."""
+    name = "dequantize_mxfp4_triton"
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"{name}: packed must be uint8, got {packed.dtype} {tuple(packed.shape)}")
+    if scales.dtype != torch.uint8:
+        raise ValueError(f"{name}: scales must be uint8 (e8m0 codes), got {scales.dtype} {tuple(scales.shape)}")
+    if packed.ndim not in (2, 3):
+        raise ValueError(f"{name}: packed must be [N, K/2] or [E, N, K/2], got {tuple(packed.shape)}")
+    k = packed.shape[-1] * 2
+    if k % BLOCK:
+        raise ValueError(f"{name}: packed {tuple(packed.shape)} gives K = {k}, not a multiple of {BLOCK}")
+    want = (*packed.shape[:-1], k // BLOCK)
+    if tuple(scales.shape) != want:
+        raise ValueError(f"{name}: scales {tuple(scales.shape)} does not match packed {tuple(packed.shape)} "
+                         f"(want {want})")
+    if dtype not in _OUT_DTYPES:
+        raise ValueError(f"{name}: dtype must be bfloat16, float16 or float32, got {dtype}")
+    if packed.device != scales.device:
+        raise ValueError(f"{name}: packed is on {packed.device}, scales on {scales.device}")
+    for what, b, least in (("block_n", block_n, 1), ("block_k", block_k, BLOCK)):
+        if b < least or b & (b - 1):
+            raise ValueError(f"{name}: {what} must be a power of two >= {least}, got {b}")
+
+    out = torch.empty((*packed.shape[:-1], k), dtype=dtype, device=packed.device)
+    w2 = packed.reshape(-1, packed.shape[-1])
+    s2 = scales.reshape(-1, scales.shape[-1])
+    if w2.shape[-1] and w2.stride(-1) != 1:
+        w2 = w2.contiguous()
+    if s2.shape[-1] and s2.stride(-1) != 1:
+        s2 = s2.contiguous()
+    n = w2.shape[0]
+    if out.numel() == 0:
+        return out
+    bn = _pow2_at_most(n, block_n)
+    bk = max(BLOCK, _pow2_at_most(k, block_k))
+    grid = (triton.cdiv(n, bn), triton.cdiv(k, bk))
+    _dequant_kernel[grid](w2, s2, out, n, k, w2.stride(0), s2.stride(0),
+                          BLOCK_N=bn, BLOCK_K=bk, OUT_DTYPE=_OUT_DTYPES[dtype], num_warps=4)
+    return out
