@@ -247,10 +247,14 @@ def test_e2e_retimes_the_best_stage_pair_of_each_block_m():
     assert choices[0].plan[0].BLOCK_SIZE_N == 128  # each BLOCK_SIZE_M's own fastest stage-1 config
 
 
-def test_lever_variant_of_the_fastest_pair_only_and_only_where_tma_reads_a():
+def test_lever_variant_of_the_fastest_pair_only_and_only_where_tma_reads_a(monkeypatch):
     """The variant (SORTED_INTER 2 in both stages) joins the end-to-end candidates once, for the pair the stage sums
-    rank first, after it (a tie keeps the plain pair); only where the device and the intermediate's rows allow TMA;
-    E2E_LEVER_VARIANT False leaves the candidates as they were."""
+    rank first, after it (a tie keeps the plain pair); only where the device and the intermediate's rows allow TMA
+    and not under the interpreter; E2E_LEVER_VARIANT False leaves the candidates as they were."""
+    if DEV.interpreter:
+        fast = fmoe_tuner.Choice((SMALL, SMALL), 2.0, 0.0, 3.0, 0.0)
+        assert fmoe_tuner.with_lever_variant([fast], SHAPE_A, DEV) == [fast]  # interpreted: no speed lever
+    monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_UNDER_INTERPRETER", True)
     one = fmoe_tuner.Choice((dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None), 1.0, 0.0)
     fast = fmoe_tuner.Choice((SMALL, SMALL), 2.0, 0.0, 3.0, 0.0)
     slow = fmoe_tuner.Choice((dataclasses.replace(SMALL, BLOCK_SIZE_M=32),) * 2, 4.0, 0.0, 4.0, 0.0)
@@ -281,6 +285,7 @@ def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, mon
     """Through the engine with scripted timers: every candidate runs through the interpreter (the variant passes the
     correctness gate on real kernels), and the end-to-end times, scripted per plan, decide."""
     monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_VARIANT", True)
+    monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_UNDER_INTERPRETER", True)
     from fake_tunables import scripted_gpu_time, scripted_graph_time
     from scripted_moe import ScriptedMoeTunable
 

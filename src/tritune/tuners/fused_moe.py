@@ -218,12 +218,15 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
 # at 1024 tokens, even at <= 64 tokens. Not varied: SORTED_INTER 1 (pointer loads; not measured alone) and TOPK_ATOMIC
 # (1.04-1.12x slower from 2048 tokens: fp32 atomics into [T, D] cost more than the sum they replace).
 E2E_LEVER_VARIANT = True
+E2E_LEVER_UNDER_INTERPRETER = False  # a speed lever: not worth an interpreted re-time (tests switch it on)
 
 
 def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | None:
     """The stage pair with SORTED_INTER 2 in both stages, or None where A cannot go through TMA (no TMA on the
-    device, or intermediate rows that are not 16-byte multiples)."""
+    device, or intermediate rows that are not 16-byte multiples) or the device is Triton's interpreter."""
     a_bytes = 1 if shape.q_type != "none" else 2
+    if device.interpreter and not E2E_LEVER_UNDER_INTERPRETER:
+        return None
     if not device.supports_tma or (shape.inter_dim * a_bytes) % 16:
         return None
     first, second = plan
