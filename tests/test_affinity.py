@@ -97,3 +97,24 @@ def test_tuner_on_two_workers_interleaves_problems_and_widens_its_claim_window(t
     assert pipeline._claim_window() == 2 * (64 + 12)  # refilled at half: every compile process and GPU still fed
     Pool.slots = 0
     assert pipeline._claim_window() == tuner.CLAIM_WINDOW  # the floor
+
+
+def test_an_executor_lent_to_two_passes_starts_its_workers_once(tmp_path):
+    from tritune.tuning.tuner import make_executor
+
+    log = tmp_path / "make_inputs.log"
+    settings = TuneSettings(journal_path=tmp_path / "j.sqlite", bench=FAST, progress=False, compile_workers=1,
+                            finalists=0)
+    tunable = SlowAdds(str(log))
+    executor = make_executor(tunable, current_device(), settings)
+    try:
+        first = tune(tunable, [AddProblem(100)], current_device(), settings, executor)[1]
+        second = tune(tunable, [AddProblem(200)], current_device(), settings, executor)[1]
+    finally:
+        executor.close()
+    assert first.measured == second.measured == 6
+    assert first.executor_lines == second.executor_lines == []  # the lender reports the executor, once
+    pids = {line.split()[0] for line in log.read_text().splitlines()}
+    assert len(pids) == 1  # the same worker process served both passes
+    (line,) = executor.summary_lines()
+    assert "12 measurement(s)" in line

@@ -35,7 +35,7 @@ from tritune.tuners.fused_moe_tunable import (
 )
 from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
-from tritune.tuning.tuner import TuneSettings, tune
+from tritune.tuning.tuner import TuneSettings, make_executor, tune
 from tritune.tuning.types import Measurement, Objective
 
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
@@ -304,7 +304,28 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     if settings.time_limit_s is not None:  # the stage search gets three quarters of the limit, the re-time the rest
         first = dataclasses.replace(first, time_limit_s=0.75 * settings.time_limit_s)
         e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
-    results, summary = tune(tunable, problems, device, first)
+    # One set of GPU workers for both passes (the re-time would otherwise start and initialise them again).
+    executor = make_executor(tunable, device, settings)
+    try:
+        _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, report)
+    finally:
+        executor.close()
+        if report.summaries:  # the executor's lines once, under the last pass's summary
+            report.summaries[-1].executor_lines += getattr(executor, "summary_lines", list)()
+    if report.written:
+        with path_lock(req.output):
+            existing = read_tuned(req.output) if req.output.exists() else []
+            write_tuned(req.output, merge_tuned(existing, report.written))
+    if req.profile_file is not None:
+        write_profile(req.profile_file, report.results)
+    return report
+
+
+def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings, first: TuneSettings,
+                       e2e_settings: TuneSettings, tunable: FusedMoeTunable, todo: list[FmoeShape],
+                       problems: list[MoeProblem], executor, report: MoeTuneReport) -> None:
+    """The stage search over every row, then each row's end-to-end re-time; results and rows into `report`."""
+    results, summary = tune(tunable, problems, device, first, executor)
     report.summaries.append(summary)
     report.results.extend(results)
     by = {(r.problem.shape, r.problem.kind): r for r in results}
@@ -322,7 +343,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
             choices[p.key()] = c
             e2e_problems.append(p)
     if e2e_problems:
-        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings)
+        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings, executor)
         report.summaries.append(e2e_summary)
         report.results.extend(e2e_results)
         for shape in todo:
@@ -336,13 +357,6 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
             objective = settings.objective
             e2e, choice, problem = min(timed, key=lambda t: (t[0].objective_time(objective), t[0].time_us))
             report.written.append(_tuned_row(shape, choice, e2e, tunable, problem, device, objective))
-    if report.written:
-        with path_lock(req.output):
-            existing = read_tuned(req.output) if req.output.exists() else []
-            write_tuned(req.output, merge_tuned(existing, report.written))
-    if req.profile_file is not None:
-        write_profile(req.profile_file, report.results)
-    return report
 
 
 def write_profile(path: Path, results: Sequence[ProblemResult]) -> None:

@@ -80,17 +80,15 @@ class _Pipeline:
     """Evaluates (problem, config) pairs: journal first, then compile pool, then GPU executor."""
 
     def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
-                 summary: TuneSummary):
+                 summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        self.executor: LocalExecutor | RayExecutor
         if settings.ray is not None:  # each candidate is compiled on the node whose GPU runs it, not here
             self.pool: CompilePool | DeferredCompiles = DeferredCompiles()
-            self.executor = RayExecutor(tunable, settings.bench, settings.ray, device, settings.progress)
         else:
             self.pool = CompilePool(tunable, settings.compile_workers)
-            devices = list(settings.devices) if settings.devices else None
-            self.executor = LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
+        self.owns_executor = executor is None  # one lent by the caller outlives this pipeline
+        self.executor = executor if executor is not None else make_executor(tunable, device, settings)
         self.compiled: dict[str, Future[CompileOutcome]] = {}
         self.bars: dict[str, tqdm] = {}
         self.next_id = 0  # task ids are unique over the pipeline's life, so a late result is never mistaken
@@ -132,8 +130,13 @@ class _Pipeline:
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
-        self.executor.close()
-        self.summary.executor_lines += getattr(self.executor, "summary_lines", list)()
+        if self.owns_executor:
+            self.executor.close()
+            self.summary.executor_lines += getattr(self.executor, "summary_lines", list)()
+        else:  # a lent executor serves the next pass: what this one left in flight is finished (and journaled) first
+            while self.executor.pending():
+                for m in self.executor.poll(0.05):
+                    self._take_late(m)
         self.pool.shutdown(cancel=True)
 
     def _claim_window(self) -> int:
@@ -378,9 +381,20 @@ def _task_id(m: Measurement, tasks: dict[int, tuple[Any, Config, str]]) -> int:
     return task_id
 
 
-def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
-         settings: TuneSettings) -> tuple[list[ProblemResult], TuneSummary]:
+def make_executor(tunable: Tunable, device: DeviceInfo, settings: TuneSettings) -> LocalExecutor | RayExecutor:
+    """The executor `settings` asks for: the Ray cluster's GPUs, or one worker per local GPU."""
+    if settings.ray is not None:
+        return RayExecutor(tunable, settings.bench, settings.ray, device, settings.progress)
+    devices = list(settings.devices) if settings.devices else None
+    return LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
+
+
+def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings: TuneSettings,
+         executor: LocalExecutor | RayExecutor | None = None) -> tuple[list[ProblemResult], TuneSummary]:
     """Tune every problem; returns per-problem results and the run summary.
+
+    `executor` (from `make_executor`, same tunable and bench settings): one the caller keeps across several passes,
+    so the GPU workers start once; the caller closes it and reports its `summary_lines()`. Default: one of this run.
 
     The first pass measures GPU time (every candidate, or what the strategy and budget pick); then the
     `settings.finalists` fastest per problem are re-timed as the op runs and `settings.objective` picks the
@@ -405,7 +419,7 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo,
         spaces.append((problem, space.size, pruned))
     results: list[ProblemResult] = []
     with Journal(settings.journal_path) as journal:
-        pipeline = _Pipeline(tunable, device, settings, journal, summary)
+        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor)
         try:
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
