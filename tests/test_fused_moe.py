@@ -479,7 +479,7 @@ def test_1stage_validates_like_2stage() -> None:
 
 
 def test_quantize_weights_rejects_none() -> None:
-    with pytest.raises(ValueError, match="not an fp8 type"):
+    with pytest.raises(ValueError, match="not a quantized type; expected per_token, per_1x128 or per_1x32"):
         quantize_weights(torch.zeros(2, 4, 4), "none")
 
 

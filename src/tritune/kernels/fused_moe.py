@@ -28,10 +28,13 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, check_con
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting
+from tritune.kernels.mxfp4 import mxfp4_tile
+from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
-_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2}
+_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, "per_1x32": 3}
+MXFP4 = "per_1x32"  # issue 16, stage functions only so far: 16-bit activations, MXFP4 weights decoded in registers
 FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's)
 
 
@@ -52,14 +55,38 @@ def _pid_mn(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
                EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
-               A_QUANT_ON_LOAD: tl.constexpr = False):
+               A_QUANT_ON_LOAD: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
+
+    QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
+    stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py).
 
     With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
     past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
     `quant_group` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
+    if QUANT == 3:
+        wg = mxfp4_tile(w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                        tl.float32).to(a.dtype).T
+        acc_g = tl.dot(a, wg, acc_g)
+        if GATED:
+            wu = mxfp4_tile(w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                            tl.float32).to(a.dtype).T
+            acc_u = tl.dot(a, wu, acc_u)
+    else:
+        acc_g, acc_u = _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn, a_scale_ptr, stride_asm,
+                                       w_scale_ptr, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u, w_desc, tma_row,
+                                       USE_TMA, A_QUANT_ON_LOAD)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
+                    a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
+                    EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
+                    A_QUANT_ON_LOAD: tl.constexpr):
+    """`_gated_dot` for 16-bit and fp8 weights (QUANT 0-2)."""
     w_ptrs = w_base + offs_n[None, :] * stride_wn + (k + offs_k)[:, None]
     if USE_TMA:
         wg = w_desc.load([tma_row, k]).T
@@ -138,7 +165,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / row_scale[:, None], -448.0, 448.0)).to(FP8_TL)
         acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                                   a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD)
+                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K)
         a_ptrs += BLOCK_SIZE_K
     if QUANT == 1:
         if A_QUANT_ON_LOAD:
@@ -256,9 +283,9 @@ def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
 
 
 def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights [E, N, K] float -> fp8 and the scales the kernels read.
+    """Weights [E, N, K] float -> fp8 (MXFP4 for per_1x32) and the scales the kernels read.
 
-    Scales: per_token [E, N]; per_1x128 [E, ⌈N/128⌉, ⌈K/128⌉].
+    Scales: per_token [E, N]; per_1x128 [E, ⌈N/128⌉, ⌈K/128⌉]; per_1x32 e8m0 [E, N, K/32] (values packed [E, N, K/2]).
     """
     experts, n, k = w.shape
     if quant == "per_token":
@@ -267,12 +294,15 @@ def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.T
     if quant == "per_1x128":
         parts = [quantize_blocks(w[e], SCALE_BLOCK, SCALE_BLOCK) for e in range(experts)]
         return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
-    raise ValueError(f"quantize_weights: quant {quant!r} is not an fp8 type; expected per_token or per_1x128")
+    if quant == MXFP4:  # packed e2m1 [E, N, K/2] and e8m0 scales [E, N, K/32], both uint8
+        return quantize_mxfp4(w)
+    raise ValueError(f"quantize_weights: quant {quant!r} is not a quantized type; expected per_token, per_1x128 "
+                     f"or {MXFP4}")
 
 
 def quantize_activations(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Activations [R, C] as the kernels read them (one Triton launch for fp8; unchanged for "none")."""
-    if quant == "none":
+    if quant in ("none", MXFP4):  # MXFP4 quantizes the weights only: A stays 16-bit
         return x, None
     return quantize_fp8(x, 0 if quant == "per_token" else SCALE_BLOCK)
 
@@ -303,6 +333,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if any(getattr(cfg, name) for name in PLAN_FIELDS):
         raise ValueError(f"{' and '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
                          "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
+    if quant == MXFP4:
+        _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
     num_pid_m = sorting.expert_ids.numel()
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
@@ -332,6 +364,21 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         target, out, weights, sorting.sorted_token_ids, n, numel, target.stride(0), target.stride(1),
         KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, SORTED=False, num_warps=4)
     return out
+
+
+def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: MoeConfig) -> None:
+    """One line for what the MXFP4 GEMM cannot run: packed uint8 [E, N, K/2] with uint8 scales [E, N, K/32], K a
+    multiple of 32, BLOCK_SIZE_K >= 32 (whole scale blocks per K step), no TMA (the decode reads bytes by pointers)."""
+    if w.dtype != torch.uint8 or w.shape[2] * 2 != k or k % 32:
+        raise ValueError(f"{MXFP4}: weights must be packed uint8 [E, N, K/2] with K a multiple of 32; got {w.dtype} "
+                         f"{tuple(w.shape)} for K={k}")
+    want = (w.shape[0], w.shape[1], k // 32)
+    if w_scale is None or w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != want:
+        got = "None" if w_scale is None else f"{w_scale.dtype} {tuple(w_scale.shape)}"
+        raise ValueError(f"{MXFP4}: scales must be uint8 e8m0 {want}; got {got}")
+    if cfg.BLOCK_SIZE_K < 32 or cfg.USE_TMA:
+        raise ValueError(f"{MXFP4}: needs BLOCK_SIZE_K >= 32 and USE_TMA 0; got BLOCK_SIZE_K={cfg.BLOCK_SIZE_K}, "
+                         f"USE_TMA={cfg.USE_TMA}")
 
 
 def _check_sorting(sorting: MoeSorting, config: MoeConfig, numel: int) -> None:

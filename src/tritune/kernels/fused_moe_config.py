@@ -97,6 +97,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
         raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
+    if quant == "per_1x32" and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
+        raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) runs on the stage kernels only, with "
+                         "BLOCK_SIZE_K >= 32 (whole scale blocks) and no TMA")
     if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1):
         raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2 and TOPK_ATOMIC 0 or 1")
     if kernel == "1stage":

@@ -9,14 +9,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tritune.kernels.mxfp4_format import dequantize_mxfp4
 from tritune.kernels.quant import quantize_blocks, quantize_rows
 
 SCALE_BLOCK = 128
 
 
 def _dequant_rows(x: torch.Tensor, quant: str) -> torch.Tensor:
-    """Activations [R, C] through the op's quantizer and back, in fp32."""
-    if quant == "none":
+    """Activations [R, C] through the op's quantizer and back, in fp32 (per_1x32 keeps them 16-bit)."""
+    if quant in ("none", "per_1x32"):
         return x.float()
     if quant == "per_token":
         q, s = quantize_rows(x)
@@ -26,9 +27,12 @@ def _dequant_rows(x: torch.Tensor, quant: str) -> torch.Tensor:
 
 
 def _dequant_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -> torch.Tensor:
-    """One expert's weight [N, K] in fp32 (scale: per_token [N]; per_1x128 [⌈N/128⌉, ⌈K/128⌉])."""
+    """One expert's weight [N, K] in fp32 (scale: per_token [N]; per_1x128 [⌈N/128⌉, ⌈K/128⌉]; per_1x32: w packed
+    MXFP4 [N, K/2], scale e8m0 [N, K/32])."""
     if quant == "none":
         return w.float()
+    if quant == "per_1x32":
+        return dequantize_mxfp4(w, scale)
     if quant == "per_token":
         return w.float() * scale[:, None]
     n, k = w.shape

@@ -1,0 +1,99 @@
+"""MXFP4 (per_1x32) weights in the fused-MoE stage kernels (issue 16): 16-bit activations, packed e2m1 weights and
+e8m0 scales decoded in registers, against the torch reference on the dequantized weights. Without a GPU these run in
+Triton's interpreter: fp16 activations, tiny odd shapes (K a multiple of 32 but not of BLOCK_SIZE_K, N under a tile,
+idle experts, split-K)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tritune.kernels import fused_moe as fm
+from tritune.kernels.fused_moe import MoeConfig, check_config, moe_stage1, moe_stage2, quantize_weights
+from tritune.kernels.moe_align import moe_align_block_size
+from tritune.kernels.moe_reference import stage1_reference, stage2_reference
+from tritune.kernels.mxfp4_format import dequantize_mxfp4
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CFG = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+TOKENS, D, INTER, E, TOPK = 7, 96, 40, 4, 2  # K 96 and 40 -> 64: stage 1 K not a multiple of BLOCK_K; N under tiles
+
+
+def operands(dtype=torch.float16, topk: int = TOPK, inter: int = INTER, gated: bool = True, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = (torch.randn(TOKENS, D, generator=gen) / 2).to(dtype)
+    w1 = torch.randn(E, (2 if gated else 1) * inter, D, generator=gen) / D**0.5
+    w2 = torch.randn(E, D, inter, generator=gen) / inter**0.5
+    ids = torch.randint(0, E - 1, (TOKENS, topk), generator=gen, dtype=torch.int32)  # expert E-1 idle
+    weights = torch.rand(TOKENS, topk, generator=gen)
+    return hidden, w1, w2, ids, weights
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("ksplit", [1, 2], ids=["ksplit1", "ksplit2"])
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "plain"])
+def test_stage1_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, gated):
+    inter = 64 if not gated else INTER  # stage 2 below needs K (= inter) a multiple of 32
+    hidden, w1, _, ids, weights = operands(gated=gated, inter=inter)
+    q1, s1 = quantize_weights(w1, fm.MXFP4)
+    assert q1.dtype == s1.dtype == torch.uint8 and q1.shape == (E, w1.shape[1], D // 2)
+    cfg = dataclasses.replace(CFG, KSPLIT=ksplit)
+    sorting = moe_align_block_size(ids.to(DEVICE), cfg.BLOCK_SIZE_M, E)
+    out = moe_stage1(hidden.to(DEVICE), q1.to(DEVICE), weights.to(DEVICE), sorting, cfg, inter_dim=inter,
+                     quant=fm.MXFP4, w1_scale=s1)
+    ref = stage1_reference(hidden, q1, weights, ids, inter_dim=inter, quant=fm.MXFP4, w1_scale=s1)
+    assert out.shape == (TOKENS * TOPK, inter) and out.dtype == hidden.dtype
+    assert rel_l2(out.cpu(), ref) < 2e-3
+
+
+@pytest.mark.parametrize("ksplit", [1, 2], ids=["ksplit1", "ksplit2"])
+def test_stage2_with_mxfp4_weights_matches_the_dequantized_reference(ksplit):
+    _, _, w2, ids, weights = operands(inter=64)
+    inter = (torch.randn(TOKENS * TOPK, 64, generator=torch.Generator().manual_seed(3)) / 2).half()
+    q2, s2 = quantize_weights(w2, fm.MXFP4)
+    cfg = dataclasses.replace(CFG, KSPLIT=ksplit, BLOCK_SIZE_K=32)
+    sorting = moe_align_block_size(ids.to(DEVICE), cfg.BLOCK_SIZE_M, E)
+    out = moe_stage2(inter.to(DEVICE), q2.to(DEVICE), weights.to(DEVICE), sorting, cfg, quant=fm.MXFP4,
+                     w2_scale=s2.to(DEVICE))
+    ref = stage2_reference(inter, q2, weights, ids, quant=fm.MXFP4, w2_scale=s2)
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
+
+
+def test_the_reference_is_the_plain_moe_on_the_dequantized_weights():
+    hidden, w1, _, ids, weights = operands()
+    q1, s1 = quantize_weights(w1, fm.MXFP4)
+    plain = stage1_reference(hidden, dequantize_mxfp4(q1, s1), weights, ids, inter_dim=INTER)
+    assert torch.equal(stage1_reference(hidden, q1, weights, ids, inter_dim=INTER, quant=fm.MXFP4, w1_scale=s1),
+                       plain)
+
+
+def test_what_the_mxfp4_gemm_refuses():
+    hidden, w1, _, ids, weights = operands()
+    q1, s1 = quantize_weights(w1, fm.MXFP4)
+    sorting = moe_align_block_size(ids.to(DEVICE), CFG.BLOCK_SIZE_M, E)
+    args = (hidden.to(DEVICE), q1.to(DEVICE), weights.to(DEVICE), sorting)
+    s1 = s1.to(DEVICE)
+
+    def run(cfg=CFG, scale=s1):
+        return moe_stage1(*args, cfg, inter_dim=INTER, quant=fm.MXFP4, w1_scale=scale)
+
+    with pytest.raises(ValueError, match="BLOCK_SIZE_K >= 32 and USE_TMA 0"):
+        run(dataclasses.replace(CFG, BLOCK_SIZE_K=16))
+    with pytest.raises(ValueError, match="BLOCK_SIZE_K >= 32 and USE_TMA 0"):
+        run(dataclasses.replace(CFG, USE_TMA=1))
+    with pytest.raises(ValueError, match=r"scales must be uint8 e8m0 \(4, 80, 3\); got None"):
+        run(scale=None)
+    with pytest.raises(ValueError, match="scales must be uint8"):
+        run(scale=s1.float())
+    with pytest.raises(ValueError, match=r"packed uint8 \[E, N, K/2\]"):
+        moe_stage1(hidden.to(DEVICE), w1.half().to(DEVICE), weights.to(DEVICE), sorting, CFG, inter_dim=INTER,
+                   quant=fm.MXFP4, w1_scale=s1)
+    with pytest.raises(ValueError, match="stage kernels only"):
+        check_config(dataclasses.replace(CFG, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
+    check_config(CFG, "stage1", fm.MXFP4)  # what the tests above run passes
+    assert fm.MXFP4 not in fm.QUANT_TYPES  # not an op quantization yet: the op, tuner and CSV refuse it
