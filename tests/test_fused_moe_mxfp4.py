@@ -97,3 +97,13 @@ def test_what_the_mxfp4_gemm_refuses():
         check_config(dataclasses.replace(CFG, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
     check_config(CFG, "stage1", fm.MXFP4)  # what the tests above run passes
     assert fm.MXFP4 not in fm.QUANT_TYPES  # not an op quantization yet: the op, tuner and CSV refuse it
+
+
+def test_whole_reference_reads_the_intermediate_size_through_the_packing():
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    got = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    plain = fused_moe_reference(hidden, dequantize_mxfp4(q1, s1), dequantize_mxfp4(q2, s2), weights, ids)
+    assert torch.equal(got, plain)

@@ -97,7 +97,8 @@ def fused_moe_reference(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 
     requantize_intermediate=False follows the 1-stage kernel, which keeps the fp8 paths' intermediate in 16 bits.
     """
-    inter = stage1_reference(hidden, w1, topk_weights, topk_ids, inter_dim=w2.shape[2], activation=activation,
+    inter_dim = w2.shape[2] * (2 if quant == "per_1x32" else 1)  # MXFP4 packs two values per byte along K
+    inter = stage1_reference(hidden, w1, topk_weights, topk_ids, inter_dim=inter_dim, activation=activation,
                              quant=quant, w1_scale=w1_scale, doweight_stage1=doweight_stage1)
     if quant != "none" and not requantize_intermediate:
         # Dequantize the weights up front and run stage 2 unquantized: same as the 1-stage kernel's data path.

@@ -1,0 +1,126 @@
+"""MXFP4 (per_1x32) fused-MoE stages against the same stages on bf16 weights, and the MXFP4 roofline floor (issue 16).
+
+Measures what issue 16's targets need before the op and tuner exist: stage 1 + stage 2 (`moe_stage1`, `moe_stage2`
+on one ready sort; the sort itself is not timed) with MXFP4 weights decoded in registers against the same stages
+with bf16 weights, on gpt-oss-120b's MoE shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule
+table's bf16 choice for both (MXFP4 without TMA, BLOCK_K >= 32), plus for MXFP4 a small sweep at <= 256 tokens
+(what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales 1/32 byte per
+weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
+
+    PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --out $OUT/bench_mxfp4_stages.json      # on the GPU
+    PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --tiny --out F                          # interpreter
+
+Each contestant is checked first against the fp32 reference on its own weights (MXFP4: the dequantized ones; rel_l2
+in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+
+import torch
+
+SHAPE = (2880, 2880, 128, 4)  # gpt-oss-120b: model_dim, inter_dim, experts, topk
+TINY = (64, 32, 4, 2)
+TOKENS = (1, 16, 64, 256, 1024, 4096)
+PEAKS = {"bf16_flops": 730e12, "bytes_per_s": 3.0e12}  # H100 SXM, as the other benchmarks
+SWEEP_TOKENS = 256  # sweep MXFP4 tiles up to this many tokens
+SWEEP = [dict(BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_stages=st) for bn in (32, 64, 128) for bk in (128, 256)
+         for st in (3, 4)]
+
+
+def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_weight: float) -> float:
+    flops = 2.0 * tokens * topk * 3 * d * inter
+    weights = routed * 3 * d * inter * bytes_per_weight
+    return max(flops / PEAKS["bf16_flops"], (weights + 2 * tokens * d * 2) / PEAKS["bytes_per_s"]) * 1e6
+
+
+def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int) -> dict:
+    from tritune.kernels import fused_moe as fm
+    from tritune.kernels.moe_align import moe_align_block_size
+    from tritune.kernels.moe_reference import fused_moe_reference
+    from tritune.ops.heuristics import moe_heuristic
+    from tritune.ops.routing import sample_routing
+    from tritune.tuning.bench import time_kernel
+
+    d, inter, e, topk = dims
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter's dot is wrong on bf16
+    gen = torch.Generator().manual_seed(tokens)
+    hidden = (torch.randn(tokens, d, generator=gen) / 2).to(dtype).to(device)
+    w1 = (torch.randn(e, 2 * inter, d, generator=gen) / d**0.5).to(device)
+    w2 = (torch.randn(e, d, inter, generator=gen) / inter**0.5).to(device)
+    tw, ti = sample_routing(tokens, e, topk, seed=tokens, device=device)
+    routed = int(torch.unique(ti).numel())
+    q1, s1 = fm.quantize_weights(w1, fm.MXFP4)
+    q2, s2 = fm.quantize_weights(w2, fm.MXFP4)
+    b1, b2 = w1.to(dtype), w2.to(dtype)
+    refs = {fm.MXFP4: fused_moe_reference(hidden, q1, q2, tw, ti, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2),
+            "none": fused_moe_reference(hidden, b1, b2, tw, ti)}
+    _, c1, c2 = moe_heuristic(max(tokens, 2 * 8 // topk + 1), d, inter, e, topk, "none",
+                              capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
+    c1, c2 = (dataclasses.replace(c, SORTED_INTER=0, TOPK_ATOMIC=0) for c in (c1, c2))
+    row = {"tokens": tokens, "routed_experts": routed,
+           "floor_mxfp4_us": floor_us(tokens, d, inter, topk, routed, 0.5 + 1 / 32),
+           "floor_bf16_us": floor_us(tokens, d, inter, topk, routed, 2.0)}
+
+    def run(quant: str, cfg1, cfg2, w1_, w2_, sc1, sc2):
+        sorting = moe_align_block_size(ti, cfg1.BLOCK_SIZE_M, e)
+        kw = {"quant": quant}
+
+        def call():
+            mid = fm.moe_stage1(hidden, w1_, tw, sorting, cfg1, inter_dim=inter, w1_scale=sc1, **kw)
+            return fm.moe_stage2(mid, w2_, tw, sorting, cfg2, w2_scale=sc2, **kw)
+
+        ref = refs[quant]
+        rel = float((call().float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        return rel, time_kernel(call, iters=iters, warmup=min(3, iters)).median_us
+
+    mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
+    contestants = {"bf16": ("none", c1, c2, b1, b2, None, None), "mxfp4": (fm.MXFP4, mx(c1), mx(c2), q1, q2, s1, s2)}
+    if tokens <= SWEEP_TOKENS and device == "cuda":
+        for i, fields in enumerate(SWEEP):
+            contestants[f"mxfp4 sweep {i}"] = (fm.MXFP4, dataclasses.replace(mx(c1), **fields),
+                                               dataclasses.replace(mx(c2), **fields), q1, q2, s1, s2)
+    for name, (quant, cfg1, cfg2, *tensors) in contestants.items():
+        try:
+            row[f"{name}_rel_l2"], row[f"{name}_us"] = run(quant, cfg1, cfg2, *tensors)
+            row[f"{name}_configs"] = [cfg1.name("stage1", quant), cfg2.name("stage2", quant)]
+        except Exception as err:  # noqa: BLE001 - a config the compiler refuses is a result
+            row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
+    swept = [v for k, v in row.items() if k.startswith("mxfp4") and k.endswith("_us")]
+    row["mxfp4_best_us"] = min(swept) if swept else math.nan
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (no GPU)")
+    ap.add_argument("--tokens", default=None, help="comma list (default: 1..4096, or 3,9 with --tiny)")
+    ap.add_argument("--iters", type=int, default=30)
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    dims = TINY if args.tiny else SHAPE
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
+    rows = []
+    for t in tokens:
+        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters))
+        args.out.write_text(json.dumps({"dims": dims, "device": device, "rows": rows}, indent=1))
+    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 (rule table) µs | MXFP4 best µs | best / floor | "
+          "bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        best = r["mxfp4_best_us"]
+        print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
+              f"{r.get('mxfp4_us', math.nan):.1f} | {best:.1f} | {best / r['floor_mxfp4_us']:.2f} | "
+              f"{r.get('bf16_us', math.nan) / best:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""benchmarks/bench_mxfp4_stages.py without a GPU: the floor by hand and one tiny point through the interpreter."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_mxfp4_stages", ROOT / "benchmarks" / "bench_mxfp4_stages.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_floor_counts_mxfp4_values_and_scales():
+    # gpt-oss-120b, 1 token, 4 routed experts: 4 * 3 * 2880 * 2880 weights at 17/32 byte + 2 * 2880 * 2 B at 3 TB/s
+    want = (4 * 3 * 2880 * 2880 * (0.5 + 1 / 32) + 2 * 2880 * 2) / 3.0e12 * 1e6
+    assert abs(bench.floor_us(1, 2880, 2880, 4, 4, 0.5 + 1 / 32) - want) < 1e-9
+    assert bench.floor_us(1, 2880, 2880, 4, 4, 2.0) / want > 3.7  # the point of MXFP4: 3.76x fewer bytes
+
+
+def test_tiny_point_runs_and_checks_both_contestants(tmp_path):
+    out = tmp_path / "mx.json"
+    assert bench.main(["--tiny", "--tokens", "3", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["bf16_rel_l2"] < 1e-2 and row["mxfp4_rel_l2"] < 1e-2
+    assert row["mxfp4_configs"][0].startswith("moe_stage1_per_1x32_") and row["mxfp4_us"] > 0
