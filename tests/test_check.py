@@ -145,3 +145,32 @@ def test_shape_mismatch() -> None:
         check_output(torch.zeros(4, 4), torch.zeros(4, 5), TIGHT)
     with pytest.raises(ValueError, match="shape"):
         check_output(torch.zeros(16), torch.zeros(4, 4), TIGHT)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_a_prepared_reference_gives_the_same_verdict_and_figures(dtype):
+    """The worker prepares each problem's reference once; its short path must judge exactly as the general one, on
+    clean, unwritten, non-finite and mismatching outputs, and on references it cannot take the short path for."""
+    from tritune.tuning.check import prepare_reference
+
+    gen = torch.Generator().manual_seed(7)
+    tol = Tolerance(atol=1e-2, rtol=1e-2, max_mismatch_ratio=0.05)
+    ref = torch.randn(37, 29, generator=gen)
+    ref_inf = ref.clone()
+    ref_inf[3, 4] = float("inf")
+    ref_poison = ref.clone()
+    ref_poison[0, 0] = poison_value(dtype)  # rounds to the poison: unwritten there is not counted
+    for reference, plain in ((ref, True), (ref_inf, False), (ref_poison, False)):
+        prepared = prepare_reference(reference, dtype, tol)
+        assert prepared.plain is plain
+        good = reference.clamp(-400, 400).to(dtype)
+        noisy = (reference + 0.05 * torch.randn(reference.shape, generator=gen)).clamp(-400, 400).to(dtype)
+        partial = good.clone()
+        poison(partial[5:9])
+        nan = good.clone()
+        if dtype.itemsize > 1:
+            nan[2, :3] = float("nan")
+        for out in (good, noisy, partial, nan):
+            assert check_output(out, prepared, tol) == check_output(out, reference, tol)
+    other = Tolerance(atol=0.0, rtol=0.0)  # a prepared reference judged under another tolerance: general path
+    assert check_output(good, prepare_reference(ref, dtype, tol), other) == check_output(good, ref, other)

@@ -17,13 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tritune.tuning.errors import classify_exception, is_sticky, short_message
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import BenchSettings, CheckResult, Config, Measurement, Status, Task
+
+if TYPE_CHECKING:
+    from tritune.tuning.check import PreparedReference
 
 _DEFAULT_L2_BYTES = 50 * 2**20
 _STICKY_EXIT_CODE = 3
@@ -35,7 +38,7 @@ class _ProblemState:
 
     key: str
     inputs: Any
-    ref: torch.Tensor
+    ref: PreparedReference  # the reference with what depends on it alone computed once
     out: torch.Tensor
 
 
@@ -44,7 +47,7 @@ class _Runner:
 
     def __init__(self, tunable: Any, device: torch.device, settings: BenchSettings) -> None:
         # Imported in the worker only, so importing the executor in the parent does not pull them in.
-        from tritune.tuning.check import check_output, poison
+        from tritune.tuning.check import check_output, poison, prepare_reference
 
         self.tunable = tunable
         self.device = device
@@ -54,6 +57,7 @@ class _Runner:
         self.phases: dict[str, float] = {}  # the current candidate's milliseconds per phase (see `run`)
         self._mark = time.perf_counter()
         self._check_output = check_output
+        self._prepare_reference = prepare_reference
         self._poison = poison
 
     def prepare(self, problem: Any) -> _ProblemState:
@@ -64,6 +68,7 @@ class _Runner:
             inputs = self.tunable.make_inputs(problem, self.device, self.settings.seed)
             ref = self.tunable.reference(problem, inputs)
             out = self.tunable.alloc_output(problem, inputs)
+            ref = self._prepare_reference(ref, out.dtype, self.tunable.tolerance(problem))  # once, not per check
             self._sync()
             self.state = _ProblemState(key, inputs, ref, out)
         return self.state
