@@ -108,6 +108,7 @@ BAD = [
     ("q_dtype_a", "dtypes.int8", "expected one of dtypes.bf16, dtypes.fp16, dtypes.fp8"),
     ("q_dtype_w", "", "empty value"),  # empty cell
     ("q_type", "QuantType.per_Tensor", "QuantType.per_1x128"),  # aiter's per-tensor is not supported
+    ("q_type", "QuantType.per_1x32", "MXFP4 weights) is not tunable in this version"),  # stage kernels only so far
     ("use_g1u1", "yes", "expected one of True, False"),  # bool words outside the table
     ("doweight_stage1", "2", "unknown value"),
     ("token", "0", "integer >= 1"),  # zero tokens

@@ -265,7 +265,15 @@ def _kernel_name(text: str) -> str:
 _ACT_PARSE = _table(_ACT, list(_ACT_OUT.values()))
 _DTYPE_PARSE = _table(_DTYPE, list(_DTYPE_OUT.values()))
 _QDTYPE_PARSE = _table(_QDTYPE, list(_QDTYPE_OUT.values()))
-_QTYPE_PARSE = _table(_QTYPE, list(_QTYPE_OUT.values()))
+_QTYPE_TABLE = _table(_QTYPE, list(_QTYPE_OUT.values()))
+_NOT_YET = ("QuantType.per_1x32", "per_1x32")  # MXFP4: the stage kernels exist, the op and the tuner not yet
+
+
+def _q_type(text: str) -> str:
+    if text in _NOT_YET:
+        raise ValueError(f"{text!r} (MXFP4 weights) is not tunable in this version: its stage kernels exist, the op "
+                         f"and the tuner do not yet; expected one of {', '.join(_QTYPE_OUT.values())}")
+    return _QTYPE_TABLE(text)
 _BOOL_PARSE = _table(_BOOL, list(_BOOL))
 
 
@@ -273,7 +281,7 @@ def _shape(row: _Row) -> FmoeShape:
     ints = {name: row.take(name, _pos_int) for name in ("token", "model_dim", "inter_dim", "expert", "topk")}
     if ints["topk"] > ints["expert"]:
         raise row.error("topk", f"value {row.cells['topk']!r} exceeds expert={ints['expert']}; expected topk <= expert")
-    dtype, q_type = row.take("dtype", _dtype), row.take("q_type", _QTYPE_PARSE)
+    dtype, q_type = row.take("dtype", _dtype), row.take("q_type", _q_type)
     q_dtype_a, q_dtype_w = row.take("q_dtype_a", _QDTYPE_PARSE), row.take("q_dtype_w", _QDTYPE_PARSE)
     fault = _quant_fault(dtype, q_type, q_dtype_a, q_dtype_w)
     if fault:
