@@ -26,16 +26,18 @@ class TimedCall:
 
 @dataclass(frozen=True)
 class ScriptedMoeTunable(FusedMoeTunable):
-    """End to end, a stage pair with the plan-level levers on (SORTED_INTER) takes `lever_us`, one without `pair_us`;
-    everything else (stage candidates, the 1-stage) `other_us`."""
+    """End to end, a stage pair with the plan-level levers on (SORTED_INTER) takes `lever_us` (or its row's entry in
+    `lever_us_by_token`), one without `pair_us`; everything else (stage candidates, the 1-stage) `other_us`."""
 
     lever_us: float = 50.0
     pair_us: float = 100.0
     other_us: float = 1000.0
+    lever_us_by_token: tuple[tuple[int, float], ...] = ()  # rows (by token count) whose lever time differs
 
     def launcher(self, problem: MoeProblem, inputs: dict, config: Config, out) -> TimedCall:
         fn = super().launcher(problem, inputs, config, out)
         us = self.other_us
         if problem.kind == "e2e" and problem.plan[1] is not None:
-            us = self.lever_us if problem.plan[0].SORTED_INTER else self.pair_us
+            lever = dict(self.lever_us_by_token).get(problem.shape.token, self.lever_us)
+            us = lever if problem.plan[0].SORTED_INTER else self.pair_us
         return TimedCall(fn, us)

@@ -64,12 +64,12 @@ def test_two_workers_on_interleaved_problems_build_each_problems_inputs_about_on
 
 
 class SlowAdds(ScriptedAdd):
-    """Six slow candidates per problem (module level: the spawned workers unpickle it)."""
+    """Four slow candidates per problem (module level: the spawned workers unpickle it)."""
 
     def space(self, problem, device):
         from tritune.tuning.space import SearchSpace
 
-        return SearchSpace({"mode": ["slow"], "i": list(range(6))})
+        return SearchSpace({"mode": ["slow"], "i": list(range(4))})
 
 
 def test_tuner_on_two_workers_interleaves_problems_and_widens_its_claim_window(tmp_path):
@@ -80,10 +80,10 @@ def test_tuner_on_two_workers_interleaves_problems_and_widens_its_claim_window(t
     settings = TuneSettings(journal_path=tmp_path / "j.sqlite", bench=FAST, progress=False, num_gpus=2,
                             compile_workers=1, finalists=0, devices=(0, 0) if torch.cuda.is_available() else None)
     results, summary = tune(SlowAdds(str(log)), problems, current_device(), settings)
-    assert all(r.best is not None and r.best.ok for r in results) and summary.measured == 24
+    assert all(r.best is not None and r.best.ok for r in results) and summary.measured == 16
     assert len(log.read_text().splitlines()) <= len(problems) + 2
     (line,) = summary.executor_lines
-    assert line.startswith("local: 2 worker(s)") and "24 measurement(s)" in line
+    assert line.startswith("local: 2 worker(s)") and "16 measurement(s)" in line
 
     class Pool:
         slots = 64
@@ -112,9 +112,9 @@ def test_an_executor_lent_to_two_passes_starts_its_workers_once(tmp_path):
         second = tune(tunable, [AddProblem(200)], current_device(), settings, executor)[1]
     finally:
         executor.close()
-    assert first.measured == second.measured == 6
+    assert first.measured == second.measured == 4
     assert first.executor_lines == second.executor_lines == []  # the lender reports the executor, once
     pids = {line.split()[0] for line in log.read_text().splitlines()}
     assert len(pids) == 1  # the same worker process served both passes
     (line,) = executor.summary_lines()
-    assert "12 measurement(s)" in line
+    assert "8 measurement(s)" in line

@@ -281,11 +281,10 @@ def test_lever_variant_switched_off_leaves_the_candidates(monkeypatch):
     assert fmoe_tuner.with_lever_variant([fast], SHAPE_A, DEV) == [fast]
 
 
-# A slower variant loses as a tie does (the plain pair is listed first); two cases keep the suite short.
-@pytest.mark.parametrize(("lever_us", "levers_written"), [(50.0, True), (100.0, False)], ids=["variant-faster", "tie"])
-def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, monkeypatch, lever_us, levers_written):
-    """Through the engine with scripted timers: every candidate runs through the interpreter (the variant passes the
-    correctness gate on real kernels), and the end-to-end times, scripted per plan, decide."""
+def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, monkeypatch):
+    """Through the engine with scripted timers, two rows in one run: every candidate runs through the interpreter (the
+    variant passes the correctness gate on real kernels), and the end-to-end times, scripted per plan, decide: row A's
+    variant is faster and written, row B's ties and loses (the plain pair is listed first; a slower one loses too)."""
     monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_VARIANT", True)
     monkeypatch.setattr(fmoe_tuner, "E2E_LEVER_UNDER_INTERPRETER", True)
     from fake_tunables import scripted_gpu_time, scripted_graph_time
@@ -301,13 +300,16 @@ def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, mon
                                                 timers=timers))
     tunable = ScriptedMoeTunable(
         stage_space=tuple({**fmoe_tuner.INTERPRETER_STAGE_SPACE, "KSPLIT": (1,)}.items()),
-        one_stage_space=tuple(fmoe_tuner.INTERPRETER_ONE_STAGE_SPACE.items()), lever_us=lever_us)
-    req = fmoe_tuner.MoeTuneRequest(write_input(tmp_path / "untuned.csv", ROW_A), tmp_path / "tuned.csv")
+        one_stage_space=tuple(fmoe_tuner.INTERPRETER_ONE_STAGE_SPACE.items()),
+        lever_us_by_token=((SHAPE_A.token, 50.0), (SHAPE_B.token, 100.0)))
+    req = fmoe_tuner.MoeTuneRequest(write_input(tmp_path / "untuned.csv", ROW_A, ROW_B), tmp_path / "tuned.csv")
     report = fmoe_tuner.tune_fmoe(req, DEV, settings, tunable=tunable)
     e2e = [r for r in report.results if r.problem.kind == "e2e"]
-    assert len(e2e) == 3 and all(r.best is not None and r.best.ok for r in e2e)  # pair, its variant, 1-stage
-    (row,) = report.written
-    assert row.us == (50.0 if levers_written else 100.0)
-    for name in (row.kernelName1, row.kernelName2):
-        assert name.endswith("_SI2") == levers_written
-    assert [(t.kernelName1, t.kernelName2) for t in read_tuned(req.output)] == [(row.kernelName1, row.kernelName2)]
+    assert len(e2e) == 6 and all(r.best is not None and r.best.ok for r in e2e)  # per row: pair, variant, 1-stage
+    rows = {row.shape.token: row for row in report.written}
+    assert rows[SHAPE_A.token].us == 50.0 and rows[SHAPE_B.token].us == 100.0
+    for token, levers_written in ((SHAPE_A.token, True), (SHAPE_B.token, False)):
+        for name in (rows[token].kernelName1, rows[token].kernelName2):
+            assert name.endswith("_SI2") == levers_written
+    assert sorted((t.kernelName1, t.kernelName2) for t in read_tuned(req.output)) == sorted(
+        (r.kernelName1, r.kernelName2) for r in report.written)
