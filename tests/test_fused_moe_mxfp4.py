@@ -107,3 +107,41 @@ def test_whole_reference_reads_the_intermediate_size_through_the_packing():
     got = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
     plain = fused_moe_reference(hidden, dequantize_mxfp4(q1, s1), dequantize_mxfp4(q2, s2), weights, ids)
     assert torch.equal(got, plain)
+
+
+@pytest.mark.parametrize("levers", [{}, {"SORTED_INTER": 1}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}, {"KSPLIT": 2}],
+                         ids=["plain", "sorted", "sorted-atomic", "ksplit2"])
+def test_whole_two_stage_call_with_mxfp4_weights(levers):
+    """The bound 2-stage call (sort, both GEMMs, the top-k sum): activations stay 16-bit, no quantization launch,
+    the same answer as the reference on the dequantized weights, with the plan levers and split-K too."""
+    from tritune.kernels.fused_moe import fused_moe_2stage
+    from tritune.kernels.fused_moe_launch import MoeLaunch
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    cfg1 = dataclasses.replace(CFG, **levers)
+    cfg2 = dataclasses.replace(CFG, BLOCK_SIZE_K=32, **levers)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
+    launch = MoeLaunch(*on[:5], on[5], on[6], stage1=cfg1, stage2=cfg2, quant=fm.MXFP4)
+    assert launch.quant2 is None and not launch.fused_quant  # nothing quantizes the activations or the intermediate
+
+
+def test_the_whole_call_refuses_bad_mxfp4_operands():
+    from tritune.kernels.fused_moe import fused_moe_2stage
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    cfg2 = dataclasses.replace(CFG, BLOCK_SIZE_K=32)
+    with pytest.raises(ValueError, match=r"per_1x32 wants w2_scale uint8 contiguous \(4, 96, 2\), got None"):
+        fused_moe_2stage(hidden, q1, q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1)
+    with pytest.raises(ValueError, match="shapes disagree"):  # unpacked weights: K twice what MXFP4 stores
+        fused_moe_2stage(hidden, w1.half(), q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    with pytest.raises(ValueError, match="wants w1/w2 of torch.uint8, got torch.int8"):
+        fused_moe_2stage(hidden, q1.view(torch.int8), q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1,
+                         w2_scale=s2)
+    with pytest.raises(ValueError, match="expected 2·inter_dim = 128"):
+        fused_moe_2stage(hidden, q1[:, :100], q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)

@@ -443,15 +443,22 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
-    if quant not in QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {QUANT_TYPES}")
+    if quant not in (*QUANT_TYPES, MXFP4):
+        raise ValueError(f"quant {quant!r}; expected one of {(*QUANT_TYPES, MXFP4)}")
     if hidden.dim() != 2 or hidden.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden.shape)} {hidden.dtype}")
     if w1.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"w1 and w2 must be 3-D [E, N, K], got {tuple(w1.shape)} and {tuple(w2.shape)}")
     experts, model_dim, inter_dim = w2.shape
-    gated_of(w1, w2)
-    if w1.shape[0] != experts or w1.shape[2] != model_dim or hidden.shape[1] != model_dim:
+    packed = quant == MXFP4  # two e2m1 values per byte along K
+    if packed:
+        inter_dim *= 2
+        if w1.shape[1] not in (inter_dim, 2 * inter_dim):
+            raise ValueError(f"w1 has {w1.shape[1]} rows per expert; expected 2·inter_dim = {2 * inter_dim} (gate and "
+                             f"up) or inter_dim = {inter_dim}, with inter_dim = 2 × w2's packed {w2.shape[2]}")
+    else:
+        gated_of(w1, w2)
+    if w1.shape[0] != experts or w1.shape[2] * (2 if packed else 1) != model_dim or hidden.shape[1] != model_dim:
         raise ValueError(f"shapes disagree: hidden {tuple(hidden.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
@@ -461,17 +468,21 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     for name, t in (("hidden_states", hidden), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    want_w = FP8 if quant != "none" else hidden.dtype
+    want_w = {"none": hidden.dtype, MXFP4: torch.uint8}.get(quant, FP8)
     if w1.dtype != want_w or w2.dtype != want_w:
         raise ValueError(f"quant {quant!r} wants w1/w2 of {want_w}, got {w1.dtype}/{w2.dtype}")
     if quant != "none":
         wanted = {"per_token": ((experts, w1.shape[1]), (experts, model_dim)),
                   "per_1x128": ((experts, triton.cdiv(w1.shape[1], 128), triton.cdiv(model_dim, 128)),
-                                (experts, triton.cdiv(model_dim, 128), triton.cdiv(inter_dim, 128)))}[quant]
+                                (experts, triton.cdiv(model_dim, 128), triton.cdiv(inter_dim, 128))),
+                  MXFP4: ((experts, w1.shape[1], model_dim // 32), (experts, model_dim, inter_dim // 32))}[quant]
+        scale_dtype = torch.uint8 if packed else torch.float32
         for name, s, shape in (("w1_scale", w1_scale, wanted[0]), ("w2_scale", w2_scale, wanted[1])):
-            if s is None or tuple(s.shape) != shape or s.dtype != torch.float32 or not s.is_contiguous():
+            if s is None or tuple(s.shape) != shape or s.dtype != scale_dtype or not s.is_contiguous():
                 got = "None" if s is None else f"{tuple(s.shape)} {s.dtype}"
-                raise ValueError(f"{quant} wants {name} fp32 contiguous {shape}, got {got}")
+                raise ValueError(f"{quant} wants {name} {'uint8' if packed else 'fp32'} contiguous {shape}, got {got}")
+    if packed and (model_dim % 32 or inter_dim % 32):
+        raise ValueError(f"{MXFP4}: model_dim {model_dim} and inter_dim {inter_dim} must be multiples of 32")
     return experts, inter_dim, model_dim
 
 

@@ -35,6 +35,8 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
 
+FP8_QUANTS = ("per_token", "per_1x128")  # quantizations with fp8 activations (MXFP4 keeps them 16-bit)
+
 __all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 
 # An fp8 2-stage call quantizes its intermediate inside the GEMMs (stage 1 records the amax of what it stores, stage 2
@@ -55,7 +57,7 @@ def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, i
     epilogue sees whole outputs), only while the 16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`,
     and only when stage 2's pipeline of `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no
     such limit, the interpreter)."""
-    if not FUSE_INTERMEDIATE_QUANT or quant == "none" or stage1.KSPLIT != 1:
+    if not FUSE_INTERMEDIATE_QUANT or quant not in FP8_QUANTS or stage1.KSPLIT != 1:
         return False
     if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
         return False
@@ -139,7 +141,8 @@ class MoeLaunch:
         self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
-        ride = RideAlong(x=hidden if quant != "none" else None, rows=tokens if quant != "none" else 0,
+        act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
+        ride = RideAlong(x=hidden if act_quant else None, rows=tokens if act_quant else 0,
                          cols=model_dim, stride=hidden.stride(0), group=group, zero=zero, zero2=zero2)
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
@@ -276,7 +279,7 @@ class MoeLaunch:
                    "w2_scale": w2_scale, "out": torch.empty((tokens, model_dim), device=hidden.device,
                                                             dtype=hidden.dtype)}
         dummy = ("p", self.dummy)
-        quantized = quant != "none"
+        quantized = quant in FP8_QUANTS  # the activations and the intermediate; MXFP4 keeps them 16-bit
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
         rows = self.inter_rows  # numel, or the sort's padded length with SORTED_INTER
@@ -284,7 +287,7 @@ class MoeLaunch:
         n_w1 = inter_dim * (2 if self.gated else 1)
         split1 = cfg1.KSPLIT > 1
         target1 = pieces.add(_F32, cfg1.KSPLIT * rows * n_w1) if split1 else inter
-        ws1 = ("t", "w1_scale") if quantized else dummy
+        ws1 = ("t", "w1_scale") if quant != "none" else dummy
         fused = self.fused_quant  # stage 1 records the intermediate's amax, stage 2 quantizes as it loads
         amax = ("p", self.align.zero_piece) if fused else dummy
         amax_out = (2 if quant == "per_1x128" else 1) if fused else 0
@@ -317,7 +320,7 @@ class MoeLaunch:
             target2 = ("p", self.align.zero2_piece)
         else:
             target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))
-        ws2 = ("t", "w2_scale") if quantized else dummy
+        ws2 = ("t", "w2_scale") if quant != "none" else dummy
         self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2,
                    amax=dummy, stride_amax=0, amax_out=0, quant_on_load=fused, n=model_dim, k=inter_dim,
                    numel=numel, cfg=cfg2, stride_om=model_dim, stride_ok=numel * model_dim if split2 else 0,
