@@ -108,7 +108,7 @@ BAD = [
     ("q_dtype_a", "dtypes.int8", "expected one of dtypes.bf16, dtypes.fp16, dtypes.fp8"),
     ("q_dtype_w", "", "empty value"),  # empty cell
     ("q_type", "QuantType.per_Tensor", "QuantType.per_1x128"),  # aiter's per-tensor is not supported
-    ("q_type", "QuantType.per_1x32", "MXFP4 weights) is not tunable in this version"),  # stage kernels only so far
+    ("dtype", "dtypes.fp4x2", "not allowed as dtype"),  # packed fp4 is only for weights
     ("use_g1u1", "yes", "expected one of True, False"),  # bool words outside the table
     ("doweight_stage1", "2", "unknown value"),
     ("token", "0", "integer >= 1"),  # zero tokens
@@ -484,3 +484,14 @@ def test_shape_keys():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a table without duplicates never warns
         assert FmoeConfigTable([tuned()]).lookup(132, SHAPE, 16) == tuned()
+
+
+def test_mxfp4_rows_read_and_check_their_dtypes(tmp_path):
+    mx = {**BASE, "q_dtype_a": "dtypes.bf16", "q_dtype_w": "dtypes.fp4x2", "q_type": "QuantType.per_1x32"}
+    [shape] = fc.read_untuned(write_rows(tmp_path / "mx.csv", [mx]))
+    assert (shape.q_type, shape.q_dtype_a, shape.q_dtype_w) == ("per_1x32", "bf16", "fp4x2")
+    with pytest.raises(FmoeCsvError, match="'q_dtype_w': value 'dtypes.fp8' does not fit q_type QuantType.per_1x32; "
+                                           "expected dtypes.fp4x2"):
+        fc.read_untuned(write_rows(tmp_path / "bad.csv", [{**mx, "q_dtype_w": "dtypes.fp8"}]))
+    with pytest.raises(FmoeCsvError, match="'q_dtype_a': .* expected dtypes.bf16"):  # MXFP4 keeps A in dtype
+        fc.read_untuned(write_rows(tmp_path / "bad_a.csv", [{**mx, "q_dtype_a": "dtypes.fp8"}]))

@@ -145,3 +145,43 @@ def test_the_whole_call_refuses_bad_mxfp4_operands():
                          w2_scale=s2)
     with pytest.raises(ValueError, match="expected 2·inter_dim = 128"):
         fused_moe_2stage(hidden, q1[:, :100], q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+
+
+def test_the_op_serves_mxfp4_with_the_rule_tables_2_stage_kernels():
+    from tritune import ops
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    choice = ops.fused_moe_choice(on[0], on[1], on[2], on[4], quant=fm.MXFP4)
+    assert not choice.run_1stage and choice.source == "heuristic"
+    assert all(c.USE_TMA == 0 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32 for c in (choice.stage1, choice.stage2))
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    first = ops.fused_moe_mxfp4(*on)
+    assert first.shape == (TOKENS, D) and rel_l2(first.cpu(), ref) < 2e-3
+    assert torch.equal(ops.fused_moe_mxfp4(*on), first)  # the bound plan, again
+
+
+def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():
+    from tritune.ops.heuristics import moe_heuristic
+
+    for tokens in (1, 3, 64, 4096):
+        run_1stage, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, fm.MXFP4)
+        assert not run_1stage and s2 is not None
+        for cfg, kernel in ((s1, "stage1"), (s2, "stage2")):
+            check_config(cfg, kernel, fm.MXFP4)
+            assert cfg.USE_TMA == 0 and cfg.SORTED_INTER == 0
+
+
+def test_the_tuner_refuses_an_mxfp4_row_with_what_is_missing(tmp_path, capsys):
+    from tritune.cli import main
+
+    row = "16,64,64,4,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp4x2,QuantType.per_1x32,True,False"
+    inp = tmp_path / "untuned.csv"
+    inp.write_text("token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
+                   "doweight_stage1\n" + row + "\n")
+    assert main(["moe", "-i", str(inp), "-o", str(tmp_path / "tuned.csv")]) != 0
+    err = capsys.readouterr().err
+    assert "row 1" in err and "QuantType.per_1x32 (MXFP4 weights) is not tunable in this version" in err
+    assert not (tmp_path / "tuned.csv").exists()

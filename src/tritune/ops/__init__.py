@@ -6,12 +6,13 @@ from tritune.ops.fused_moe import (
     fused_moe_a8w8,
     fused_moe_a8w8_blockscale,
     fused_moe_choice,
+    fused_moe_mxfp4,
     heuristic_moe_choice,
     reload_moe_configs,
 )
 from tritune.ops.gemm import gemm, gemm_a8w8, gemm_a8w8_blockscale, reload_configs, select_config
 from tritune.ops.routing import sample_routing, topk_softmax
 
-__all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice", "gemm",
-           "gemm_a8w8", "gemm_a8w8_blockscale", "heuristic_moe_choice", "reload_configs", "reload_moe_configs",
-           "sample_routing", "select_config", "topk_softmax"]
+__all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscale", "fused_moe_choice",
+           "fused_moe_mxfp4", "gemm", "gemm_a8w8", "gemm_a8w8_blockscale", "heuristic_moe_choice", "reload_configs",
+           "reload_moe_configs", "sample_routing", "select_config", "topk_softmax"]

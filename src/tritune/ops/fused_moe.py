@@ -38,6 +38,7 @@ __all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscal
            "heuristic_moe_choice", "reload_moe_configs"]
 
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+OP_QUANTS = (*fm.QUANT_TYPES, fm.MXFP4)  # what the op takes; the tuner searches QUANT_TYPES
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ class MoeChoice:
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
                          sm_count: int = 132, max_shared: int = 232448, gated: bool = True) -> MoeChoice:
     """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape."""
-    if quant not in fm.QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {fm.QUANT_TYPES}")
+    if quant not in OP_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
                                                max_shared, gated=gated)
     return MoeChoice(run_1stage, stage1, stage2, "heuristic")
@@ -91,8 +92,8 @@ def _call_shape(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     """The FmoeShape of a call; ValueError (one line) for an unknown activation, quant or dtype, or wrong ranks."""
     if activation not in fm.ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {fm.ACTIVATIONS}")
-    if quant not in fm.QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {fm.QUANT_TYPES}")
+    if quant not in OP_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     if hidden_states.dim() != 2 or hidden_states.dtype not in _DTYPE_NAME:
         raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden_states.shape)} "
                          f"{hidden_states.dtype}")
@@ -100,12 +101,16 @@ def _call_shape(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         raise ValueError(f"w1, w2 must be 3-D and topk_ids 2-D, got {tuple(w1.shape)}, {tuple(w2.shape)}, "
                          f"{tuple(topk_ids.shape)}")
     dtype = _DTYPE_NAME[hidden_states.dtype]
-    q_dtype = "fp8" if quant != "none" else dtype
     experts, model_dim, inter_dim = w2.shape
+    if quant == fm.MXFP4:  # two e2m1 values per byte along K; activations stay in dtype
+        inter_dim *= 2
+        q_dtype_a, q_dtype_w, gated = dtype, "fp4x2", w1.shape[1] == 2 * inter_dim
+    else:
+        q_dtype_a = q_dtype_w = "fp8" if quant != "none" else dtype
+        gated = fm.gated_of(w1, w2)
     return FmoeShape(token=max(hidden_states.shape[0], 1), model_dim=model_dim, inter_dim=inter_dim,
-                     expert=experts, topk=topk_ids.shape[1], act_type=activation, dtype=dtype, q_dtype_a=q_dtype,
-                     q_dtype_w=q_dtype, q_type=quant, use_g1u1=fm.gated_of(w1, w2),
-                     doweight_stage1=bool(doweight_stage1))
+                     expert=experts, topk=topk_ids.shape[1], act_type=activation, dtype=dtype, q_dtype_a=q_dtype_a,
+                     q_dtype_w=q_dtype_w, q_type=quant, use_g1u1=gated, doweight_stage1=bool(doweight_stage1))
 
 
 def _parse_stage(name: str, kernel: str, quant: str, activation: str) -> MoeConfig:
@@ -146,7 +151,8 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
             rows.append(MoeRow(row.shape.token, choice.run_1stage, choice.stage1, choice.stage2, row.us))
             origins[row.shape.token] = origin
     if not rows:
-        if online and maybe_tune("fused_moe", MoeRequest(shape.with_token(tokens), index)):  # TRITUNE_ONLINE_TUNE=1
+        tunable = shape.q_type != fm.MXFP4  # the tuner does not search MXFP4 yet
+        if online and tunable and maybe_tune("fused_moe", MoeRequest(shape.with_token(tokens), index)):
             reload_moe_configs()
             return _choose(index, shape, tokens, online=False)
         return heuristic
@@ -259,6 +265,18 @@ def fused_moe_a8w8(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
     """`fused_moe` with fp8 per-token activations and per-channel fp8 weights (w1_scale fp32 [E, 2I or I],
     w2_scale fp32 [E, D])."""
     return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, activation=activation, quant="per_token",
+                     w1_scale=w1_scale, w2_scale=w2_scale, doweight_stage1=doweight_stage1)
+
+
+def fused_moe_mxfp4(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, w1_scale: torch.Tensor, w2_scale: torch.Tensor, *,
+                    activation: str = "silu", doweight_stage1: bool = False) -> torch.Tensor:
+    """`fused_moe` with MXFP4 weights (quant "per_1x32": w1 uint8 [E, 2I or I, D/2] and w2 [E, D, I/2], two e2m1 values
+    per byte, element 2j in the low nibble; w1_scale uint8 e8m0 [E, 2I or I, D/32], w2_scale [E, D, I/32];
+    `kernels.fused_moe.quantize_weights(w, "per_1x32")` makes both) and bf16/fp16 activations, which stay 16-bit:
+    the weights are decoded in registers (Hopper has no fp4 MMA). Served by the rule table (the tuner does not
+    search MXFP4 yet)."""
+    return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, activation=activation, quant=fm.MXFP4,
                      w1_scale=w1_scale, w2_scale=w2_scale, doweight_stage1=doweight_stage1)
 
 

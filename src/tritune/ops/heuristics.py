@@ -48,6 +48,7 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - weight tiles through TMA (USE_TMA) when m > 64 on Hopper with 16-byte weight rows (tuned: from m = 128);
 - bf16/fp16 from m = 64 on Hopper (intermediate rows 16-byte multiples): `SORTED_INTER` 2 on both stages (stage 1
   writes the intermediate in the sort's order, stage 2 reads it through TMA);
+- MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -225,19 +226,27 @@ def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str
 
 def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str,
                   sm_count: int = 132, max_shared: int = 232448, *,
-                  gated: bool = True, capability: tuple[int, int] = (9, 0)) -> tuple[bool, MoeConfig, MoeConfig | None]:
+                  gated: bool = True, capability: tuple[int, int] = (9, 0),
+                  one_stage: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
     """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
     hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
-    model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128". Rules: module docstring."""
+    model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights). `one_stage` False:
+    never the 1-stage kernel. Rules: module docstring."""
+    if quant == fm.MXFP4:
+        # 16-bit activations, weights decoded in registers: the bf16 tiles, 2-stage (no MXFP4 1-stage kernel), without
+        # TMA (the decode reads bytes by pointers) or the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
+        _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
+                                  gated=gated, capability=capability, one_stage=False)
+        return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K)) for c in (s1, s2))
     if quant not in fm.QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {fm.QUANT_TYPES}")
+        raise ValueError(f"quant {quant!r}; expected one of {(*fm.QUANT_TYPES, fm.MXFP4)}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")
     elt = 1 if quant != "none" else 2
     pairs = tokens * topk
     halves = 2 if gated else 1
-    if pairs <= ONE_STAGE_PAIRS:
+    if pairs <= ONE_STAGE_PAIRS and one_stage:
         return True, _one_stage(model_dim, inter_dim, quant, halves, elt, max_shared), None
     m = pairs / experts
     mean = max(1, math.ceil(m))

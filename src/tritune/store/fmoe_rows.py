@@ -26,12 +26,14 @@ TUNED_COLUMNS = ("cu_num", *UNTUNED_COLUMNS, "block_m", "ksplit", "us1", "kernel
 _ACT = {"ActivationType.Silu": "silu", "ActivationType.Gelu": "gelu",
         "Silu": "silu", "Gelu": "gelu", "silu": "silu", "gelu": "gelu"}
 _QTYPE = {"QuantType.No": "none", "QuantType.per_Token": "per_token", "QuantType.per_1x128": "per_1x128",
-          "No": "none", "per_Token": "per_token", "per_1x128": "per_1x128"}
+          "QuantType.per_1x32": "per_1x32",
+          "No": "none", "per_Token": "per_token", "per_1x128": "per_1x128", "per_1x32": "per_1x32"}
 # Both fp8 spellings of aiter's (AMD) files mean fp8 e4m3 here: NVIDIA has only the "fn" variant.
 _QDTYPE = {"dtypes.bf16": "bf16", "dtypes.fp16": "fp16", "dtypes.fp8": "fp8",
            "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float8_e4m3fn": "fp8",
-           "torch.float8_e4m3fnuz": "fp8", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
-_DTYPE = {text: value for text, value in _QDTYPE.items() if value != "fp8"}
+           "torch.float8_e4m3fnuz": "fp8", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8",
+           "dtypes.fp4x2": "fp4x2", "fp4x2": "fp4x2"}  # aiter's name for MXFP4's packed e2m1 pairs (weights only)
+_DTYPE = {text: value for text, value in _QDTYPE.items() if value not in ("fp8", "fp4x2")}
 _BOOL = {"True": True, "False": False, "true": True, "false": False, "1": True, "0": False}
 
 
@@ -66,10 +68,11 @@ class FmoeCsvError(ValueError):
 def _quant_fault(dtype: str, q_type: str, q_dtype_a: str, q_dtype_w: str) -> tuple[str, str] | None:
     """(column, why) when the quantised dtypes do not fit q_type, else None.
 
-    q_type none: activations and weights stay in `dtype`; per_token / per_1x128: both are fp8.
+    q_type none: activations and weights stay in `dtype`; per_token / per_1x128: both are fp8; per_1x32 (MXFP4):
+    activations in `dtype`, weights fp4x2.
     """
-    want = dtype if q_type == "none" else "fp8"
-    for column, value in (("q_dtype_a", q_dtype_a), ("q_dtype_w", q_dtype_w)):
+    want_a, want_w = {"none": (dtype, dtype), "per_1x32": (dtype, "fp4x2")}.get(q_type, ("fp8", "fp8"))
+    for column, value, want in (("q_dtype_a", q_dtype_a, want_a), ("q_dtype_w", q_dtype_w, want_w)):
         if value != want:
             return column, (f"value {_QDTYPE_OUT.get(value, value)!r} does not fit q_type "
                             f"{_QTYPE_OUT.get(q_type, q_type)}; expected {_QDTYPE_OUT.get(want, want)}")
@@ -95,7 +98,8 @@ class FmoeShape:
     """One fused-MoE problem (one untuned row): hidden states [token, model_dim] routed to `topk` of `expert`
     experts with up/gate weights [(2 if use_g1u1 else 1) * inter_dim, model_dim] and down [model_dim, inter_dim].
     Canonical values, checked on construction (ValueError): act_type "silu"|"gelu"; dtype "bf16"|"fp16";
-    q_dtype_a/q_dtype_w "bf16"|"fp16"|"fp8"; q_type "none"|"per_token"|"per_1x128"."""
+    q_dtype_a/q_dtype_w "bf16"|"fp16"|"fp8" (q_dtype_w also "fp4x2"); q_type "none"|"per_token"|"per_1x128"|
+    "per_1x32" (MXFP4: activations in dtype, weights fp4x2)."""
 
     token: int
     model_dim: int
@@ -230,8 +234,8 @@ def _table(table: dict[str, T], expected: Sequence[str]) -> Callable[[str], T]:
 
 
 def _dtype(text: str) -> str:
-    if _QDTYPE.get(text) == "fp8":
-        raise ValueError(f"value {text!r} is not allowed as dtype (only q_dtype_a/q_dtype_w may be fp8); "
+    if _QDTYPE.get(text) in ("fp8", "fp4x2"):
+        raise ValueError(f"value {text!r} is not allowed as dtype (only q_dtype_a/q_dtype_w may be fp8 or fp4x2); "
                          f"expected one of {', '.join(_DTYPE_OUT.values())}")
     return _DTYPE_PARSE(text)
 
@@ -265,15 +269,7 @@ def _kernel_name(text: str) -> str:
 _ACT_PARSE = _table(_ACT, list(_ACT_OUT.values()))
 _DTYPE_PARSE = _table(_DTYPE, list(_DTYPE_OUT.values()))
 _QDTYPE_PARSE = _table(_QDTYPE, list(_QDTYPE_OUT.values()))
-_QTYPE_TABLE = _table(_QTYPE, list(_QTYPE_OUT.values()))
-_NOT_YET = ("QuantType.per_1x32", "per_1x32")  # MXFP4: the stage kernels exist, the op and the tuner not yet
-
-
-def _q_type(text: str) -> str:
-    if text in _NOT_YET:
-        raise ValueError(f"{text!r} (MXFP4 weights) is not tunable in this version: its stage kernels exist, the op "
-                         f"and the tuner do not yet; expected one of {', '.join(_QTYPE_OUT.values())}")
-    return _QTYPE_TABLE(text)
+_QTYPE_PARSE = _table(_QTYPE, list(_QTYPE_OUT.values()))
 _BOOL_PARSE = _table(_BOOL, list(_BOOL))
 
 
@@ -281,7 +277,7 @@ def _shape(row: _Row) -> FmoeShape:
     ints = {name: row.take(name, _pos_int) for name in ("token", "model_dim", "inter_dim", "expert", "topk")}
     if ints["topk"] > ints["expert"]:
         raise row.error("topk", f"value {row.cells['topk']!r} exceeds expert={ints['expert']}; expected topk <= expert")
-    dtype, q_type = row.take("dtype", _dtype), row.take("q_type", _q_type)
+    dtype, q_type = row.take("dtype", _dtype), row.take("q_type", _QTYPE_PARSE)
     q_dtype_a, q_dtype_w = row.take("q_dtype_a", _QDTYPE_PARSE), row.take("q_dtype_w", _QDTYPE_PARSE)
     fault = _quant_fault(dtype, q_type, q_dtype_a, q_dtype_w)
     if fault:

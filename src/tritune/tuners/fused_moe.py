@@ -152,6 +152,10 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
         first.setdefault(shape, number)
     todo, skipped = [], []
     for shape, number in first.items():
+        if shape.q_type == "per_1x32":
+            raise ValueError(f"{req.input}: row {number} ({row_name(shape)}): q_type QuantType.per_1x32 (MXFP4 "
+                             "weights) is not tunable in this version: tritune.ops.fused_moe_mxfp4 runs it with the "
+                             "rule table's kernels; the tuner does not search it yet")
         if shape in done and not req.retune_all:
             skipped.append(shape)
             continue
