@@ -16,9 +16,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, check_config, check_plan: re-exported)
+from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANTS, check_config, check_plan: re-exported)
     ACTIVATIONS,
+    FP8_QUANTS,
     KERNELS,
+    MXFP4,
     PLAN_FIELDS,
     QUANT_TYPES,
     SCALE_BLOCK,
@@ -33,8 +35,7 @@ from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
-_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, "per_1x32": 3}
-MXFP4 = "per_1x32"  # issue 16, stage functions only so far: 16-bit activations, MXFP4 weights decoded in registers
+_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3}
 FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's)
 
 
@@ -302,7 +303,7 @@ def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.T
 
 def quantize_activations(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Activations [R, C] as the kernels read them (one Triton launch for fp8; unchanged for "none")."""
-    if quant in ("none", MXFP4):  # MXFP4 quantizes the weights only: A stays 16-bit
+    if quant not in FP8_QUANTS:  # MXFP4 quantizes the weights only: A stays 16-bit
         return x, None
     return quantize_fp8(x, 0 if quant == "per_token" else SCALE_BLOCK)
 

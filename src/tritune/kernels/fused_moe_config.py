@@ -10,7 +10,9 @@ import re
 from dataclasses import dataclass, fields
 
 ACTIVATIONS = ("silu", "gelu")
-QUANT_TYPES = ("none", "per_token", "per_1x128")
+QUANT_TYPES = ("none", "per_token", "per_1x128")  # what the tuner searches
+FP8_QUANTS = ("per_token", "per_1x128")  # quantizations with fp8 activations (and a quantized intermediate)
+MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations; the op serves it, the tuner not yet
 KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128
 # Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
@@ -97,7 +99,7 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
         raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
-    if quant == "per_1x32" and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
+    if quant == MXFP4 and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) runs on the stage kernels only, with "
                          "BLOCK_SIZE_K >= 32 (whole scale blocks) and no TMA")
     if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1):

@@ -21,6 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from tritune.kernels.fused_moe import (
     _ACT_ID,
     _QUANT_ID,
+    FP8_QUANTS,
     SCALE_BLOCK,
     MoeConfig,
     _moe_gemm_kernel,
@@ -34,8 +35,6 @@ from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_ker
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
-
-FP8_QUANTS = ("per_token", "per_1x128")  # quantizations with fp8 activations (MXFP4 keeps them 16-bit)
 
 __all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
+from tritune.kernels.fused_moe_config import MXFP4
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
@@ -152,7 +153,7 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
         first.setdefault(shape, number)
     todo, skipped = [], []
     for shape, number in first.items():
-        if shape.q_type == "per_1x32":
+        if shape.q_type == MXFP4:
             raise ValueError(f"{req.input}: row {number} ({row_name(shape)}): q_type QuantType.per_1x32 (MXFP4 "
                              "weights) is not tunable in this version: tritune.ops.fused_moe_mxfp4 runs it with the "
                              "rule table's kernels; the tuner does not search it yet")

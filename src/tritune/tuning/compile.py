@@ -43,15 +43,20 @@ def compile_one(tunable: Any, problem: Any, config: Config) -> CompileOutcome:
 COMPILE_NICENESS = 5  # below the GPU workers and the driver: a compile waits, a timed candidate's host side does not
 
 
-def _compile_process_init() -> None:
-    # Ctrl-C reaches the whole process group; the parent decides what stops, workers must not die mid-task.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # With a pool as large as the machine, compiles would take CPU from the benchmark workers' host side (launch,
-    # check, timing loop); on 4 GPUs and 64 cores that slowed every candidate (issue 17).
+def lower_compile_priority() -> None:
+    """Run this (compile) process at COMPILE_NICENESS. With a pool as large as the machine, compiles would take CPU
+    from the benchmark workers' host side (launch, check, timing loop); on 4 GPUs and 64 cores that slowed every
+    candidate (issue 17). Where the OS refuses, compiles keep their priority."""
     try:
         os.nice(COMPILE_NICENESS)
     except OSError:
         pass
+
+
+def _compile_process_init() -> None:
+    # Ctrl-C reaches the whole process group; the parent decides what stops, workers must not die mid-task.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lower_compile_priority()
 
 
 @dataclass(eq=False)

@@ -94,15 +94,12 @@ def compile_on_node(tunable_blob: bytes, candidate: bytes):
     The binary stays in this node's Triton cache, where the benchmark actor of this node finds it.
     """
     _settle_interpreter()
-    from tritune.tuning.compile import COMPILE_NICENESS, compile_one
+    from tritune.tuning.compile import compile_one, lower_compile_priority
 
     tunable = _TUNABLES.get(tunable_blob)
     if tunable is None:
         if not _TUNABLES:  # this process's first compile: below the benchmark actors, as the local pool is
-            try:
-                os.nice(COMPILE_NICENESS)
-            except OSError:
-                pass
+            lower_compile_priority()
         tunable = _TUNABLES.setdefault(tunable_blob, pickle.loads(tunable_blob))
     problem, config = pickle.loads(candidate)
     assert isinstance(config, Config)

@@ -81,7 +81,7 @@ class _Runner:
         both checked runs; time: the timer): what sets a tuning run's pace besides the GPU time itself."""
         problem, config = task.problem, task.config
         key = _safe_key(problem)
-        self.phases: dict[str, float] = {}
+        self.phases = {}
         self._mark = time.perf_counter()
         try:
             state = self.prepare(problem)
