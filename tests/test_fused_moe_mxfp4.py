@@ -45,7 +45,7 @@ def test_stage1_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, gat
     cfg = dataclasses.replace(CFG, KSPLIT=ksplit)
     sorting = moe_align_block_size(ids.to(DEVICE), cfg.BLOCK_SIZE_M, E)
     out = moe_stage1(hidden.to(DEVICE), q1.to(DEVICE), weights.to(DEVICE), sorting, cfg, inter_dim=inter,
-                     quant=fm.MXFP4, w1_scale=s1)
+                     quant=fm.MXFP4, w1_scale=s1.to(DEVICE))
     ref = stage1_reference(hidden, q1, weights, ids, inter_dim=inter, quant=fm.MXFP4, w1_scale=s1)
     assert out.shape == (TOKENS * TOPK, inter) and out.dtype == hidden.dtype
     assert rel_l2(out.cpu(), ref) < 2e-3
@@ -90,6 +90,8 @@ def test_what_the_mxfp4_gemm_refuses():
         run(scale=None)
     with pytest.raises(ValueError, match="scales must be uint8"):
         run(scale=s1.float())
+    with pytest.raises(ValueError, match="scales are on meta"):
+        run(scale=s1.to("meta"))
     with pytest.raises(ValueError, match=r"packed uint8 \[E, N, K/2\]"):
         moe_stage1(hidden.to(DEVICE), w1.half().to(DEVICE), weights.to(DEVICE), sorting, CFG, inter_dim=INTER,
                    quant=fm.MXFP4, w1_scale=s1)

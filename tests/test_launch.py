@@ -192,10 +192,11 @@ def counted(monkeypatch):
     # 2-stage, 200 pairs: count (first launch) + scatter that scans for itself
     ("none", MoeChoice(False, S, S, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
                                                 "_moe_gemm_kernel": 2, "_topk_sum_kernel": 1}),
-    # fp8: the activations are quantized in the sort's launch; the intermediate inside the two GEMMs (stage 1
-    # records its amax into a buffer the sort's launch zeroes, stage 2 quantizes A as it loads it)
+    # fp8: the activations are quantized in the sort's launch; per_token's intermediate inside the two GEMMs (stage 1
+    # records its amax into a buffer the sort's launch zeroes, stage 2 quantizes A as it loads it), per_1x128's by
+    # its own launch (FUSED_QUANTS: measured faster)
     ("per_1x128", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
-                                                   "_topk_sum_kernel": 1}),
+                                                   "_quant_fp8_kernel": 1, "_topk_sum_kernel": 1}),
     ("per_token", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
                                                    "_topk_sum_kernel": 1}),
     # fp8 with a split-K stage 1 (no epilogue to record the amax): the intermediate by its own launch
@@ -208,7 +209,7 @@ def counted(monkeypatch):
     # levers: stage 2 adds into an fp32 accumulator the sort's launch zeroes; its cast replaces the top-k sum
     ("none", MoeChoice(False, SL, SL, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
                                                 "_acc_to_out_kernel": 1}),
-    ("per_1x128", MoeChoice(False, SL, SL, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
+    ("per_token", MoeChoice(False, SL, SL, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
                                                        "_moe_gemm_kernel": 2, "_acc_to_out_kernel": 1}),
     # levers behind a split stage 1: its finish and the intermediate's quantization run over the sorted rows
     ("per_token", MoeChoice(False, SL_KS2, SL_KS2, ""), T,
@@ -248,9 +249,11 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
 def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monkeypatch, request, quant, inter, bn1,
                                                                             levers):
     """Stage 1's amax and stage 2's quantize-on-load give the quantization launch's fp8 values and scales, so the
-    result is the same bit for bit."""
+    result is the same bit for bit (per_1x128 too, although the op keeps it to its own launch: FUSED_QUANTS)."""
     request.addfinalizer(reload_moe_configs)  # no plan bound with the patched threshold outlives the test
     from tritune.kernels import fused_moe_launch
+
+    monkeypatch.setattr(fused_moe_launch, "FUSED_QUANTS", fused_moe_launch.FP8_QUANTS)
     from tritune.kernels.fused_moe import quantize_weights
 
     g = torch.Generator().manual_seed(3)
@@ -278,7 +281,7 @@ def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monke
 @pytest.mark.parametrize(("quant", "cfg1", "cfg2"), [
     ("none", S, S),  # the plain plan reads nothing unwritten either
     ("none", SL, SL),  # a sorted intermediate: padding rows written as zeros, rows past the padded count never read
-    ("per_1x128", SL, SL),  # the amax and the top-k accumulator: both zeroed by the sort's first launch
+    ("per_token", SL, SL),  # the amax and the top-k accumulator: both zeroed by the sort's first launch
     ("per_token", SL_KS2, SL_KS2),  # the finish and the quantization launch over every sorted row
 ])
 def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, cfg1, cfg2):
@@ -379,12 +382,13 @@ def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe():
 
     l2, smem = 50 * 2**20, 232448  # the H100's
     big = MoeConfig(128, 256, 128, 8, 8, 4)  # stage 2 with 16-bit A: 4 x (128x128x2 + 256x128) = 256 KiB of tiles
-    assert fuses_intermediate_quant("per_1x128", S, S, 2**20, 2, l2, smem)
+    assert fuses_intermediate_quant("per_token", S, S, 2**20, 2, l2, smem)
+    assert not fuses_intermediate_quant("per_1x128", S, S, 2**20, 2, l2, smem)  # measured slower (FUSED_QUANTS)
     assert not fuses_intermediate_quant("none", S, S, 2**20, 2, l2, smem)  # nothing to quantize
     assert not fuses_intermediate_quant("per_token", MoeConfig(16, 32, 32, 1, 4, 2, KSPLIT=2), S, 2**20, 2, l2, smem)
     assert not fuses_intermediate_quant("per_token", S, S, l2 // 2, 2, l2, smem)  # the intermediate leaves L2
-    assert not fuses_intermediate_quant("per_1x128", S, big, 2**20, 2, l2, smem)  # its A tiles would not fit
-    assert fuses_intermediate_quant("per_1x128", S, big, l2, 2, None, None)  # the interpreter has no such limits
+    assert not fuses_intermediate_quant("per_token", S, big, 2**20, 2, l2, smem)  # its A tiles would not fit
+    assert fuses_intermediate_quant("per_token", S, big, l2, 2, None, None)  # the interpreter has no such limits
 
 
 def test_gemm_launches_and_allocations_per_call(binds, counted):

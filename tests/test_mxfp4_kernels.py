@@ -16,6 +16,7 @@ import triton.language as tl
 from tritune.kernels.mxfp4 import decode_e2m1, dequantize_mxfp4_triton, e8m0_to_fp32, mxfp4_tile
 from tritune.kernels.mxfp4_format import dequantize_mxfp4, e2m1_values, pack_e2m1, quantize_mxfp4, unpack_e2m1
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where the data is; compared on the CPU
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
@@ -53,15 +54,16 @@ def _tile_t_probe(w_ptr, s_ptr, out_ptr, k0, K, stride_wn, stride_sn,
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
 def test_decode_e2m1_all_codes(dtype):
-    out = torch.full((16,), float("nan"))
-    _decode_probe[(1,)](torch.arange(16).to(dtype), out, N=16)
-    _assert_bits_equal(out, e2m1_values())  # entry 8 is -0.0: the bit compare checks the sign
+    out = torch.full((16,), float("nan"), device=DEVICE)
+    _decode_probe[(1,)](torch.arange(16).to(dtype).to(DEVICE), out, N=16)
+    _assert_bits_equal(out.cpu(), e2m1_values())  # entry 8 is -0.0: the bit compare checks the sign
 
 
 def test_e8m0_to_fp32_every_code():
-    codes = torch.arange(256).to(torch.uint8)
-    out = torch.zeros(256)
+    codes = torch.arange(256).to(torch.uint8).to(DEVICE)
+    out = torch.zeros(256, device=DEVICE)
     _e8m0_probe[(1,)](codes, out, N=256)
+    out = out.cpu()
     want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float32)  # 2**-127 is fp32's subnormal
     _assert_bits_equal(out[:255], want)
     for c in (0, 1, 100, 127, 128, 200, 254):
@@ -91,7 +93,7 @@ def test_dequant_matches_reference_on_quantized_data(shape, dtype):
     assert bool((unpack_e2m1(packed) == 8).any())  # some -0 codes
     nonzero = scales[scales != 0]
     assert int(nonzero.min()) >= 104 and int(nonzero.max()) <= 140  # fp16's exact range (mxfp4_format)
-    got = dequantize_mxfp4_triton(packed, scales, dtype)
+    got = dequantize_mxfp4_triton(packed.to(DEVICE), scales.to(DEVICE), dtype).cpu()
     assert got.shape == (*shape[:-1], shape[-1])
     _assert_bits_equal(got, dequantize_mxfp4(packed, scales, dtype))
 
@@ -104,7 +106,7 @@ def test_dequant_random_codes_whole_scale_range(dtype, lo):
     scales = torch.randint(lo, 253, (n, k // 32), dtype=torch.uint8, generator=gen)  # 253, 254 overflow to inf
     scales[0, 0], scales[1, 6] = lo, 252
     scales[2, 3] = 255  # NaN: the whole block is NaN
-    got = dequantize_mxfp4_triton(packed, scales, dtype, block_n=16, block_k=64)
+    got = dequantize_mxfp4_triton(packed.to(DEVICE), scales.to(DEVICE), dtype, block_n=16, block_k=64).cpu()
     want = dequantize_mxfp4(packed, scales, dtype)
     assert bool(torch.isnan(got[2, 96:128]).all()) and int(torch.isnan(got).sum()) == 32
     _assert_bits_equal(got, want)
@@ -122,7 +124,8 @@ def test_k_tail_masked_and_rows_wrapped(n, k, block_n, block_k):
     wide_s[:, :k // 32] = torch.randint(120, 135, (n, k // 32), dtype=torch.uint8, generator=gen)
     packed, scales = wide_w[:, :k // 2], wide_s[:, :k // 32]
     assert packed.stride(0) > k // 2
-    got = dequantize_mxfp4_triton(packed, scales, torch.float16, block_n=block_n, block_k=block_k)
+    got = dequantize_mxfp4_triton(packed.to(DEVICE), scales.to(DEVICE), torch.float16, block_n=block_n,
+                                  block_k=block_k).cpu()
     _assert_bits_equal(got, dequantize_mxfp4(packed, scales, torch.float16))
 
 
@@ -134,8 +137,10 @@ def test_tile_transposed_for_dot_and_zero_past_k():
     wide_s = torch.full((n, k // 32 + 2), 255, dtype=torch.uint8)
     wide_w[:, :k // 2] = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
     wide_s[:, :k // 32] = torch.randint(110, 140, (n, k // 32), dtype=torch.uint8, generator=gen)
-    out = torch.full((block_k, n), float("nan"))
-    _tile_t_probe[(1,)](wide_w, wide_s, out, k0, k, wide_w.stride(0), wide_s.stride(0), BLOCK_N=n, BLOCK_K=block_k)
+    out = torch.full((block_k, n), float("nan"), device=DEVICE)
+    _tile_t_probe[(1,)](wide_w.to(DEVICE), wide_s.to(DEVICE), out, k0, k, wide_w.stride(0), wide_s.stride(0),
+                        BLOCK_N=n, BLOCK_K=block_k)
+    out = out.cpu()
     ref = dequantize_mxfp4(wide_w[:, :k // 2], wide_s[:, :k // 32])
     _assert_bits_equal(out[:32], ref[:, k0:].T.contiguous())
     _assert_bits_equal(out[32:], torch.zeros(32, n))

@@ -377,6 +377,8 @@ def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: Moe
     if w_scale is None or w_scale.dtype != torch.uint8 or tuple(w_scale.shape) != want:
         got = "None" if w_scale is None else f"{w_scale.dtype} {tuple(w_scale.shape)}"
         raise ValueError(f"{MXFP4}: scales must be uint8 e8m0 {want}; got {got}")
+    if w_scale.device != w.device:
+        raise ValueError(f"{MXFP4}: scales are on {w_scale.device}, the weights on {w.device}")
     if cfg.BLOCK_SIZE_K < 32 or cfg.USE_TMA:
         raise ValueError(f"{MXFP4}: needs BLOCK_SIZE_K >= 32 and USE_TMA 0; got BLOCK_SIZE_K={cfg.BLOCK_SIZE_K}, "
                          f"USE_TMA={cfg.USE_TMA}")

@@ -36,7 +36,7 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
 
-__all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
+__all__ = ["FUSED_QUANTS", "FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 
 # An fp8 2-stage call quantizes its intermediate inside the GEMMs (stage 1 records the amax of what it stores, stage 2
 # quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits.
@@ -46,8 +46,12 @@ __all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses
 # (4096 tokens) ran 29-52% above their stage sum end to end, not yet told apart from other causes. So the fusion is
 # kept to intermediates of at most FUSE_QUANT_L2_SHARE of L2, and to stage-2 configs whose 16-bit A tiles fit shared
 # memory. FUSE_INTERMEDIATE_QUANT False restores the separate launch everywhere (tests compare both).
+# per_1x128 never fuses: on the H100 (benchmarks/profile_moe_kernels.py, 2026-11-26) its stage 2 with A quantized on
+# load took 2.0-2.6x the time of stage 2 on ready fp8 A (246 against 110 µs, DeepSeek-V2-Lite at 1024 tokens; 297
+# against 112 µs for vLLM's kernel on Qwen3-30B-A3B), far more than the separate quantization launch costs.
 FUSE_INTERMEDIATE_QUANT = True
 FUSE_QUANT_L2_SHARE = 1 / 3
+FUSED_QUANTS = ("per_token",)
 
 
 def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, intermediate_bytes: int,
@@ -56,7 +60,7 @@ def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, i
     epilogue sees whole outputs), only while the 16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`,
     and only when stage 2's pipeline of `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no
     such limit, the interpreter)."""
-    if not FUSE_INTERMEDIATE_QUANT or quant not in FP8_QUANTS or stage1.KSPLIT != 1:
+    if not FUSE_INTERMEDIATE_QUANT or quant not in FUSED_QUANTS or stage1.KSPLIT != 1:
         return False
     if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
         return False

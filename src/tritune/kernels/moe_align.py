@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.launch import BoundKernel
-from tritune.kernels.quant import FP8, quant_group, quant_layout
+from tritune.kernels.quant import FP8, quant_layout, quant_tile
 
 SMALL_MAX = 64  # numel up to this takes the one-launch path (its pair-by-pair compare costs 225 µs at 256 on H100)
 CHUNK = 128  # pairs per program in the multi-launch path; the rank step compares a CHUNK×CHUNK tile
@@ -111,19 +111,20 @@ def _count_chunk(
 
 
 @triton.jit(do_not_specialize=["numel", "max_padded", "num_blocks", "sort_programs", "quant_programs", "n_zero",
-                               "n_zero2"])
+                               "n_zero2", "R"])
 def _moe_align_first_kernel(
     ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,  # as in _align_small
     counts_ptr,  # int32 [num_chunks, num_experts] (multi-launch path; unused when SMALL)
     x_ptr, q_ptr, s_ptr,  # riding along: x [rows, C] quantized to fp8 q [rows, C] and fp32 s [rows, groups]
     zero_ptr, zero2_ptr,  # riding along: fp32 [n_zero] and fp32 [n_zero2] set to zero
-    numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, n_zero2, C, stride_x, groups,
+    numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, n_zero2, R, C, stride_x, groups,
     SMALL: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
-    CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, ZBLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, QROWS: tl.constexpr,
+    ZBLOCK: tl.constexpr,
 ):
     """The sort's first launch (all of it for few pairs, else the chunk counts), with independent work the fused
     MoE needs before its GEMMs riding along in the same launch: the fp8 quantization of the activations (one
-    program per row and scale group) and the zeroing of up to two fp32 buffers (the 1-stage or top-k accumulator,
+    program per QROWS rows and scale group) and the zeroing of up to two fp32 buffers (the 1-stage or top-k accumulator,
     the fused fp8 quantization's amax). One launch instead of three or four.
 
     Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉ + ⌈n_zero2/ZBLOCK⌉,).
@@ -137,7 +138,8 @@ def _moe_align_first_kernel(
             _count_chunk(pid, ids_ptr, counts_ptr, numel, num_experts, CHUNK, NB)
     elif pid < sort_programs + quant_programs:
         q = pid - sort_programs
-        quant_group(x_ptr, q_ptr, s_ptr, q // groups, q % groups, C, stride_x, C, groups, GROUP, QBLOCK)
+        quant_tile(x_ptr, q_ptr, s_ptr, (q // groups) * QROWS, q % groups, R, C, stride_x, C, groups, GROUP, QBLOCK,
+                   QROWS)
     else:
         z = pid - sort_programs - quant_programs
         first = tl.cdiv(n_zero, ZBLOCK)
@@ -333,7 +335,8 @@ class AlignLaunch:
         pieces = [(i32, self.max_padded), (i32, num_blocks), (i32, 1),
                   (i32, 1 if small else num_chunks * num_experts),  # 3: per-chunk counts (or their prefix)
                   (i32, 1 if small else (num_chunks if self_scan else 2) * num_experts)]  # 4: scratch / expert info
-        groups, qblock, qwarps = quant_layout(ride.cols, ride.group) if ride.rows else (1, 16, 1)
+        qlay = quant_layout(ride.cols, ride.group) if ride.rows else None
+        groups = qlay.groups if qlay else 1
         self.q_piece = self.zero_piece = self.zero2_piece = None
         if ride.rows:
             self.q_piece = len(pieces)
@@ -350,7 +353,7 @@ class AlignLaunch:
         n_p2 = _p2(numel)
         e_p2 = _p2(num_experts)
         sort_programs = 1 if small else num_chunks
-        quant_programs = ride.rows * groups
+        quant_programs = qlay.programs(ride.rows) if qlay else 0
         self.launches: list[tuple[BoundKernel, tuple[int, ...], bool]] = []  # kernel, its pieces, takes ids?
         uses = (0, 1, 2, 3, self.q_piece or 0, (self.q_piece or 0) + bool(ride.rows), self.zero_piece or 0,
                 self.zero2_piece or 0)
@@ -358,10 +361,10 @@ class AlignLaunch:
         first = (flat_ids, *(pieces[i][0] for i in uses[:4]), ride.x if ride.rows else flat_ids,
                  *(pieces[i][0] for i in uses[4:]),
                  numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero, ride.zero2,
-                 ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
-                 _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group, qblock,
-                 _ZBLOCK)
-        warps = max(8 if small and n_p2 > 64 else 4, qwarps)
+                 ride.rows, ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
+                 _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group,
+                 qlay.block if qlay else 16, qlay.rows if qlay else 1, _ZBLOCK)
+        warps = max(8 if small and n_p2 > 64 else 4, qlay.warps if qlay else 1)
         zero_programs = triton.cdiv(ride.zero, _ZBLOCK) + triton.cdiv(ride.zero2, _ZBLOCK)
         self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs + zero_programs,),
                                   first, varying=10, num_warps=warps, num_stages=1)

@@ -105,7 +105,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # even multiple of the step is always the code with mantissa bit 0 (a tie rounding up across 2 or 4 lands on it).
     step = torch.where(mag < 2, 0.5, torch.where(mag < 4, 1.0, 2.0))
     rounded = (torch.round(mag / step) * step).clamp_max(E2M1_MAX)
-    codes = torch.searchsorted(e2m1_values()[:8], rounded).to(torch.uint8)
+    codes = torch.searchsorted(e2m1_values()[:8].to(rounded.device), rounded).to(torch.uint8)
     codes |= torch.signbit(scaled).to(torch.uint8) << 3
     return pack_e2m1(codes.flatten(-2)), biased.to(torch.uint8)
 
