@@ -130,13 +130,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variant", action="append", default=[], help="as bench_fused_moe_gen2 --variant (repeatable)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", type=pathlib.Path)
-    ap.add_argument("--no-fused-quant", action="store_true",
-                    help="fp8: quantize the intermediate in its own launch (FUSE_INTERMEDIATE_QUANT off)")
+    ap.add_argument("--fused-quant", action="store_true",
+                    help="fp8: quantize the intermediate inside the GEMMs (FUSE_INTERMEDIATE_QUANT on; off by default)")
     args = ap.parse_args(argv)
-    if args.no_fused_quant:
+    if args.fused_quant:
         from tritune.kernels import fused_moe_launch
 
-        fused_moe_launch.FUSE_INTERMEDIATE_QUANT = False
+        fused_moe_launch.FUSE_INTERMEDIATE_QUANT = True
     sys.path[:0] = [str(ROOT / "benchmarks"), str(pathlib.Path(args.vendor_dir).resolve())]
     import bench_fused_moe_gen2 as gen2
 

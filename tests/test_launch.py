@@ -131,6 +131,7 @@ S = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1,
 LEVERS = {"SORTED_INTER": 2, "TOPK_ATOMIC": 1}  # the sorted intermediate through TMA, the top-k sum in stage 2
 SL = dataclasses.replace(S, **LEVERS)
 SL_KS2 = dataclasses.replace(SL, KSPLIT=2, SORTED_INTER=1)  # split-K, pointer loads of the sorted rows
+SL1 = dataclasses.replace(SL, SORTED_INTER=1)  # pointer loads of the sorted rows
 
 
 def moe_problem(quant: str = "none", tokens: int = T, seed: int = 0) -> dict:
@@ -192,13 +193,12 @@ def counted(monkeypatch):
     # 2-stage, 200 pairs: count (first launch) + scatter that scans for itself
     ("none", MoeChoice(False, S, S, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
                                                 "_moe_gemm_kernel": 2, "_topk_sum_kernel": 1}),
-    # fp8: the activations are quantized in the sort's launch; per_token's intermediate inside the two GEMMs (stage 1
-    # records its amax into a buffer the sort's launch zeroes, stage 2 quantizes A as it loads it), per_1x128's by
-    # its own launch (FUSED_QUANTS: measured faster)
+    # fp8: the activations are quantized in the sort's launch, the intermediate by its own launch (its fusion into
+    # the GEMMs is off: FUSE_INTERMEDIATE_QUANT, measured slower)
     ("per_1x128", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
                                                    "_quant_fp8_kernel": 1, "_topk_sum_kernel": 1}),
     ("per_token", MoeChoice(False, S, S, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
-                                                   "_topk_sum_kernel": 1}),
+                                                   "_quant_fp8_kernel": 1, "_topk_sum_kernel": 1}),
     # fp8 with a split-K stage 1 (no epilogue to record the amax): the intermediate by its own launch
     ("per_1x128", MoeChoice(False, MoeConfig(16, 32, 32, 1, 4, 2, KSPLIT=2), S, ""), T,
      {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2, "_stage1_finish_kernel": 1, "_quant_fp8_kernel": 1,
@@ -209,8 +209,10 @@ def counted(monkeypatch):
     # levers: stage 2 adds into an fp32 accumulator the sort's launch zeroes; its cast replaces the top-k sum
     ("none", MoeChoice(False, SL, SL, ""), T, {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2,
                                                 "_acc_to_out_kernel": 1}),
-    ("per_token", MoeChoice(False, SL, SL, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
-                                                       "_moe_gemm_kernel": 2, "_acc_to_out_kernel": 1}),
+    # (fp8 A rows of INTER = 24 bytes are no TMA rows: the sorted intermediate by pointer loads)
+    ("per_1x128", MoeChoice(False, SL1, SL1, ""), 100, {"_moe_align_first_kernel": 1, "_moe_scatter_kernel": 1,
+                                                         "_moe_gemm_kernel": 2, "_quant_fp8_kernel": 1,
+                                                         "_acc_to_out_kernel": 1}),
     # levers behind a split stage 1: its finish and the intermediate's quantization run over the sorted rows
     ("per_token", MoeChoice(False, SL_KS2, SL_KS2, ""), T,
      {"_moe_align_first_kernel": 1, "_moe_gemm_kernel": 2, "_stage1_finish_kernel": 1, "_quant_fp8_kernel": 1,
@@ -249,11 +251,11 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
 def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monkeypatch, request, quant, inter, bn1,
                                                                             levers):
     """Stage 1's amax and stage 2's quantize-on-load give the quantization launch's fp8 values and scales, so the
-    result is the same bit for bit (per_1x128 too, although the op keeps it to its own launch: FUSED_QUANTS)."""
+    result is the same bit for bit (the fusion is off by default: FUSE_INTERMEDIATE_QUANT)."""
     request.addfinalizer(reload_moe_configs)  # no plan bound with the patched threshold outlives the test
     from tritune.kernels import fused_moe_launch
 
-    monkeypatch.setattr(fused_moe_launch, "FUSED_QUANTS", fused_moe_launch.FP8_QUANTS)
+    monkeypatch.setattr(fused_moe_launch, "FUSE_INTERMEDIATE_QUANT", True)
     from tritune.kernels.fused_moe import quantize_weights
 
     g = torch.Generator().manual_seed(3)
@@ -286,8 +288,12 @@ def test_fp8_intermediate_quantized_inside_the_gemms_equals_its_own_launch(monke
 ])
 def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, cfg1, cfg2):
     """Every scratch byte starts as 0xFF (NaN in fp32, fp16 and e4m3): the output is still right, and a sorted
-    intermediate holds each pair's stage-1 row at its position in sorted_token_ids and zeros in padding rows."""
+    intermediate holds each pair's stage-1 row at its position in sorted_token_ids and zeros in padding rows. The
+    intermediate's fp8 quantization fused into the GEMMs (off by default) is on: it has the most scratch."""
+    from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe_launch import MoeLaunch
+
+    monkeypatch.setattr(fused_moe_launch, "FUSE_INTERMEDIATE_QUANT", True)
     from tritune.kernels.moe_reference import stage1_reference
 
     real, seen = Workspace.allocate, {}
@@ -377,13 +383,16 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
     assert isinstance(built["a_desc"], tuple) == (kernel == "stage2" and cfg.SORTED_INTER == 2)
 
 
-def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe():
+def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe(monkeypatch):
+    from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe_launch import fuses_intermediate_quant
 
     l2, smem = 50 * 2**20, 232448  # the H100's
     big = MoeConfig(128, 256, 128, 8, 8, 4)  # stage 2 with 16-bit A: 4 x (128x128x2 + 256x128) = 256 KiB of tiles
+    assert not fuses_intermediate_quant("per_token", S, S, 2**20, 2, l2, smem)  # off by default: measured slower
+    monkeypatch.setattr(fused_moe_launch, "FUSE_INTERMEDIATE_QUANT", True)
+    assert fuses_intermediate_quant("per_1x128", S, S, 2**20, 2, l2, smem)
     assert fuses_intermediate_quant("per_token", S, S, 2**20, 2, l2, smem)
-    assert not fuses_intermediate_quant("per_1x128", S, S, 2**20, 2, l2, smem)  # measured slower (FUSED_QUANTS)
     assert not fuses_intermediate_quant("none", S, S, 2**20, 2, l2, smem)  # nothing to quantize
     assert not fuses_intermediate_quant("per_token", MoeConfig(16, 32, 32, 1, 4, 2, KSPLIT=2), S, 2**20, 2, l2, smem)
     assert not fuses_intermediate_quant("per_token", S, S, l2 // 2, 2, l2, smem)  # the intermediate leaves L2

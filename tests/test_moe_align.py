@@ -11,6 +11,13 @@ from tritune.kernels.moe_align import (
     moe_align_block_size_reference,
 )
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sort(ids: torch.Tensor, block_size: int, experts: int) -> MoeSorting:
+    """The Triton sort, run where the kernels run (the GPU when there is one; ids built on the CPU move there)."""
+    return moe_align_block_size(ids.to(DEVICE), block_size, experts)
+
 
 def _ids(tokens: int, topk: int, experts: int, seed: int, *, only: list[int] | None = None,
          dtype: torch.dtype = torch.int32) -> torch.Tensor:
@@ -22,9 +29,9 @@ def _ids(tokens: int, topk: int, experts: int, seed: int, *, only: list[int] | N
 
 def _assert_same(got: MoeSorting, want: MoeSorting) -> None:
     assert got.sorted_token_ids.dtype == got.expert_ids.dtype == got.num_tokens_post_padded.dtype == torch.int32
-    assert torch.equal(got.num_tokens_post_padded, want.num_tokens_post_padded)
-    assert torch.equal(got.expert_ids, want.expert_ids)
-    assert torch.equal(got.sorted_token_ids, want.sorted_token_ids)
+    assert torch.equal(got.num_tokens_post_padded.cpu(), want.num_tokens_post_padded.cpu())
+    assert torch.equal(got.expert_ids.cpu(), want.expert_ids.cpu())
+    assert torch.equal(got.sorted_token_ids.cpu(), want.sorted_token_ids.cpu())
     assert (got.block_size, got.numel) == (want.block_size, want.numel)
 
 
@@ -34,7 +41,7 @@ def test_example_literal():
     pad = 16
     want_sorted = [1, 3, 5, 7, 9, 11, 14, pad, 2, 6, 10, 13, 15, pad, pad, pad, 4, 12, pad, pad, 0, 8, pad, pad]
     want_sorted += [pad] * (max_padded_size(16, 4, 4) - 24)
-    for fn in (moe_align_block_size_reference, moe_align_block_size):
+    for fn in (moe_align_block_size_reference, _sort):
         out = fn(flat.view(8, 2), 4, 4)
         assert out.num_tokens_post_padded.tolist() == [24]
         assert out.expert_ids.tolist() == [0, 0, 1, 1, 2, 3, -1]
@@ -75,13 +82,13 @@ def test_both_multi_launch_paths_equal_reference(limit, monkeypatch):
 
     monkeypatch.setattr(moe_align, "SELF_SCAN_COUNTS", limit)
     ids = _ids(600, 8, 61, seed=7)  # 4800 pairs: 38 chunks of 61 experts
-    _assert_same(moe_align_block_size(ids, 32, 61), moe_align_block_size_reference(ids, 32, 61))
+    _assert_same(_sort(ids, 32, 61), moe_align_block_size_reference(ids, 32, 61))
 
 
 @pytest.mark.parametrize("tokens,topk,experts,block_size,only", CASES)
 def test_triton_equals_reference(tokens, topk, experts, block_size, only):
     ids = _ids(tokens, topk, experts, seed=tokens * 31 + experts, only=only)
-    _assert_same(moe_align_block_size(ids, block_size, experts),
+    _assert_same(_sort(ids, block_size, experts),
                  moe_align_block_size_reference(ids, block_size, experts))
 
 
@@ -91,14 +98,15 @@ def test_triton_equals_reference(tokens, topk, experts, block_size, only):
 ])
 def test_int64_ids(tokens):
     ids = _ids(tokens, 4, 12, seed=5, dtype=torch.int64)
-    got = moe_align_block_size(ids, 16, 12)
+    got = _sort(ids, 16, 12)
     _assert_same(got, moe_align_block_size_reference(ids.int(), 16, 12))
 
 
 def test_non_contiguous_ids():
     # Flat pair index follows the logical [T, topk] layout, not the storage of a strided view.
-    ids = _ids(80, 8, 16, seed=9)[:, ::2]
-    _assert_same(moe_align_block_size(ids, 16, 16), moe_align_block_size_reference(ids.contiguous(), 16, 16))
+    ids = _ids(80, 8, 16, seed=9).to(DEVICE)[:, ::2]
+    assert not ids.is_contiguous()
+    _assert_same(_sort(ids, 16, 16), moe_align_block_size_reference(ids.contiguous(), 16, 16))
 
 
 @pytest.mark.parametrize("tokens", [pytest.param(20, id="small"), pytest.param(200, id="multi-chunk")])
@@ -107,12 +115,12 @@ def test_out_of_range_ids_are_left_out(tokens):
     ids = _ids(tokens, 2, 8, seed=3)
     ids[::3, 0] = 8
     ids[1::5, 1] = -1
-    _assert_same(moe_align_block_size(ids, 16, 8), moe_align_block_size_reference(ids, 16, 8))
+    _assert_same(_sort(ids, 16, 8), moe_align_block_size_reference(ids, 16, 8))
 
 
 def test_sizes_come_from_the_host():
     ids = _ids(SMALL_MAX + 1, 1, 8, seed=1)
-    out = moe_align_block_size(ids, 32, 8)
+    out = _sort(ids, 32, 8)
     assert out.sorted_token_ids.shape == (max_padded_size(SMALL_MAX + 1, 8, 32),)
     assert out.expert_ids.shape == (-(-out.sorted_token_ids.numel() // 32),)
     assert out.num_tokens_post_padded.shape == (1,)
@@ -156,3 +164,9 @@ def test_reference_layout(seed):
     assert out.num_tokens_post_padded.tolist() == [pos]
     assert sorted_ids[pos:] == [numel] * (len(sorted_ids) - pos)
     assert expert_ids[pos // block_size:] == [-1] * (len(expert_ids) - pos // block_size)
+
+
+def test_ids_off_the_gpu_are_refused_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="topk_ids is on cpu; the sort's kernels run on a CUDA device"):
+        moe_align_block_size(_ids(4, 2, 8, seed=0), 16, 8)

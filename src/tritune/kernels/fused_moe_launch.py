@@ -36,31 +36,29 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
 
-__all__ = ["FUSED_QUANTS", "FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
+__all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 
-# An fp8 2-stage call quantizes its intermediate inside the GEMMs (stage 1 records the amax of what it stores, stage 2
-# quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits.
-# Measured on the H100 (benchmarks/bench_fused_quant.py, rule-table configs): 0.95-1.03x the GPU time of the separate
-# launch from 2 to 131072 pairs. But stage 2 then reads A in 16 bits and re-quantizes it for every N tile, cheap while
-# the 16-bit intermediate stays in L2, and its configs were tuned on fp8 A: tuned rows whose intermediate is 2-8x L2
-# (4096 tokens) ran 29-52% above their stage sum end to end, not yet told apart from other causes. So the fusion is
-# kept to intermediates of at most FUSE_QUANT_L2_SHARE of L2, and to stage-2 configs whose 16-bit A tiles fit shared
-# memory. FUSE_INTERMEDIATE_QUANT False restores the separate launch everywhere (tests compare both).
-# per_1x128 never fuses: on the H100 (benchmarks/profile_moe_kernels.py, 2026-11-26) its stage 2 with A quantized on
-# load took 2.0-2.6x the time of stage 2 on ready fp8 A (246 against 110 µs, DeepSeek-V2-Lite at 1024 tokens; 297
-# against 112 µs for vLLM's kernel on Qwen3-30B-A3B), far more than the separate quantization launch costs.
-FUSE_INTERMEDIATE_QUANT = True
+# An fp8 2-stage call can quantize its intermediate inside the GEMMs (stage 1 records the amax of what it stores,
+# stage 2 quantizes A as it loads it) instead of in a launch between them: one launch fewer per call, the same bits.
+# It is off: on the H100 (benchmarks/profile_moe_kernels.py, 2026-11-26, rule-table configs) stage 2 quantizing A on
+# load took 1.2-3.0x the time of stage 2 on ready fp8 A (per_1x128: 246 against 110 µs on DeepSeek-V2-Lite at 1024
+# tokens; per_token: 229 against 77 µs on DeepSeek-V2-Lite at 256 tokens, 177 against 149 µs on Qwen3-30B-A3B at
+# 1024), far more than the separate quantization launch costs (2.5-10 µs there, since quant_tile). Stage 2 then
+# reads A in 16 bits and re-quantizes it for every N tile, and the tuner times stage 2 on fp8 A. The paths stay (and
+# tested, bit-equal to the separate launch) behind FUSE_INTERMEDIATE_QUANT for a kernel that makes them pay; when on,
+# they are kept to intermediates of at most FUSE_QUANT_L2_SHARE of L2 and stage-2 configs whose 16-bit A tiles fit
+# shared memory.
+FUSE_INTERMEDIATE_QUANT = False
 FUSE_QUANT_L2_SHARE = 1 / 3
-FUSED_QUANTS = ("per_token",)
 
 
 def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, intermediate_bytes: int,
                              a_bytes: int, l2_bytes: int | None, max_shared: int | None) -> bool:
-    """Whether a 2-stage fp8 call skips the intermediate's quantization launch: not behind a split-K stage 1 (no
-    epilogue sees whole outputs), only while the 16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`,
-    and only when stage 2's pipeline of `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no
-    such limit, the interpreter)."""
-    if not FUSE_INTERMEDIATE_QUANT or quant not in FUSED_QUANTS or stage1.KSPLIT != 1:
+    """Whether a 2-stage fp8 call skips the intermediate's quantization launch: only with FUSE_INTERMEDIATE_QUANT on
+    (off by default: measured slower), not behind a split-K stage 1 (no epilogue sees whole outputs), only while the
+    16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`, and only when stage 2's pipeline of
+    `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no such limit, the interpreter)."""
+    if not FUSE_INTERMEDIATE_QUANT or quant not in FP8_QUANTS or stage1.KSPLIT != 1:
         return False
     if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
         return False

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from tritune.kernels.launch import BoundKernel
 from tritune.kernels.quant import FP8, quant_layout, quant_tile
+from tritune.knobs import interpreting
 
 SMALL_MAX = 64  # numel up to this takes the one-launch path (its pair-by-pair compare costs 225 µs at 256 on H100)
 CHUNK = 128  # pairs per program in the multi-launch path; the rank step compares a CHUNK×CHUNK tile
@@ -422,6 +423,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     an `AlignLaunch` in its plan instead.
     """
     _validate(topk_ids, block_size, num_experts)
+    if topk_ids.device.type != "cuda" and not interpreting():
+        raise ValueError(f"moe_align_block_size: topk_ids is on {topk_ids.device}; the sort's kernels run on a CUDA "
+                         "device (or on the CPU under TRITON_INTERPRET=1)")
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
