@@ -61,6 +61,8 @@ def phase_seconds(out: Path) -> dict[str, float]:
     counted = 0
     for path in out.rglob("journal-*.sqlite"):
         with sqlite3.connect(path) as conn:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'measurements'").fetchone():
+                continue  # a journal file opened but never written
             for (extra,) in conn.execute("SELECT extra FROM measurements"):
                 phases = json.loads(extra).get("phase_ms")
                 if phases:
@@ -107,13 +109,18 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "tritune.cli", *COMMANDS[kind](out), "--no-progress", "--executor", executor]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as err:  # a result too: how far it got (the journal) in how long
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+        rc, stdout, stderr = f"timeout after {timeout_s:.0f} s", text(err.stdout), text(err.stderr)
     wall = time.perf_counter() - t0
     shutil.rmtree(cache, ignore_errors=True)
-    (out / "stdout.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
-    return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": proc.returncode,
-            "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(proc.stdout),
+    return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": rc,
+            "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out),
             "winners": winners}
 
@@ -129,7 +136,9 @@ def compare(runs: list[dict], spread: float) -> list[dict]:
         busy = sum(r["idle_s_per_gpu"])
         span = r["wall_s"] * max(1, len(r["idle_s_per_gpu"]))
         row["idle_fraction_of_wall"] = round(busy / span, 3) if span else None
-        if ref:
+        if ref and r["rc"] != 0:
+            row["efficiency_at_most"] = round(ref["wall_s"] / (r["gpus"] * r["wall_s"]), 3)  # unfinished: a bound
+        elif ref:
             row["efficiency"] = round(ref["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
             same = differ = 0
             worst = 1.0

@@ -66,3 +66,13 @@ def test_worker_phases_summed_from_the_journal(tmp_path):
             journal.record(Measurement("p", Config.of(i=i), Status.OK, time_us=1.0, extra=extra))
     assert scaling.phase_seconds(tmp_path) == {"bind": 0.0, "check": 0.0, "inputs": 1.0, "time": 0.0,
                                                "measurements": 2}
+
+
+def test_a_run_past_its_timeout_is_recorded_not_raised(tmp_path):
+    run = scaling.run_one("gemm", "local", 1, tmp_path, timeout_s=0.01)  # killed long before the CLI starts tuning
+    assert run["rc"] == "timeout after 0 s" and run["wall_s"] < 30
+    assert (tmp_path / "gemm-local-1gpu" / "stdout.log").exists()
+    rows = {r["name"]: r for r in scaling.compare([_run("gemm-local-1gpu1", 1, 100.0, {}), {**run, "wall_s": 80.0}],
+                                                  spread=0.05)}
+    late = rows["gemm-local-1gpu"]
+    assert late["efficiency_at_most"] == 1.25 and "efficiency" not in late  # unfinished: only a bound
