@@ -69,14 +69,17 @@ BIG = MoeProblem(shape(), "stage1")  # 1024 pairs, 128 per expert, N=1024 (gate+
 FEW = MoeProblem(shape(token=16, model_dim=256, inter_dim=256), "stage1")  # 4 pairs per expert, K=256
 ONE = MoeProblem(shape(token=16, model_dim=512, inter_dim=256), "1stage")  # 32 pairs, 4 per expert, D=512
 
+P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per thread (128 on 4 warps)"
 # (rule, problem, device, config): the config breaks that rule and no other.
 STAGE_RULES = [
     ("shared memory > device limit", BIG, DEV,
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,
      stage_config(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, GROUP_SIZE_M=1)),  # 2 tiles of 128x128 over 128 threads
-    ("per_1x128 accumulators + scaled product > 192 registers per thread", MoeProblem(shape("per_1x128"), "stage2"),
+    (P1X128_REGS, MoeProblem(shape("per_1x128"), "stage2"),
      DEV, stage_config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128)),  # (1 + 1) tiles of 64x256 over 128 threads: 256
+    (P1X128_REGS, MoeProblem(shape("per_1x128"), "stage1"),
+     DEV, stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128)),  # (2 + 1) tiles of 64x128 over 128 threads: 192 > 128
     ("8 warps on a tile under 128x64", BIG, DEV, stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
     ("BLOCK_SIZE_M above 2x the pairs per expert", FEW, DEV,
      stage_config(BLOCK_SIZE_M=32, GROUP_SIZE_M=1)),  # 4 pairs per expert: BLOCK_SIZE_M up to 16
