@@ -3,9 +3,10 @@
 Measures what issue 16's targets need before the op and tuner exist: stage 1 + stage 2 (`moe_stage1`, `moe_stage2`
 on one ready sort; the sort itself is not timed) with MXFP4 weights decoded in registers against the same stages
 with bf16 weights, on gpt-oss-120b's MoE shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule
-table's bf16 choice for both (MXFP4 without TMA, BLOCK_K >= 32), plus for MXFP4 a small sweep at <= 256 tokens
-(what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales 1/32 byte per
-weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
+table's bf16 choice for both (MXFP4 without TMA, BLOCK_K >= 32; its weight tile decoded in registers, and through
+tl.dot_scaled), plus with --sweep 12 MXFP4 tile configs per path at <= 256 tokens (what a tuner would find first).
+Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales 1/32 byte per weight) and the bf16 activations at
+the copy bandwidth, or the FLOPs at the bf16 peak.
 
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --out $OUT/bench_mxfp4_stages.json      # on the GPU
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --tiny --out F                          # interpreter
@@ -40,7 +41,7 @@ def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_
     return max(flops / PEAKS["bf16_flops"], (weights + 2 * tokens * d * 2) / PEAKS["bytes_per_s"]) * 1e6
 
 
-def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int) -> dict:
+def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int, sweep: bool = False) -> dict:
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -68,7 +69,8 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int)
            "floor_mxfp4_us": floor_us(tokens, d, inter, topk, routed, 0.5 + 1 / 32),
            "floor_bf16_us": floor_us(tokens, d, inter, topk, routed, 2.0)}
 
-    def run(quant: str, cfg1, cfg2, w1_, w2_, sc1, sc2):
+    def run(quant: str, dot_scaled: bool, cfg1, cfg2, w1_, w2_, sc1, sc2):
+        fm.MXFP4_DOT_SCALED = dot_scaled  # read at each launch: moe_stage1/2 launch through Triton's JIT
         sorting = moe_align_block_size(ti, cfg1.BLOCK_SIZE_M, e)
         kw = {"quant": quant}
 
@@ -81,14 +83,17 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int)
         return rel, time_kernel(call, iters=iters, warmup=min(3, iters)).median_us
 
     mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
-    contestants = {"bf16": ("none", c1, c2, b1, b2, None, None), "mxfp4": (fm.MXFP4, mx(c1), mx(c2), q1, q2, s1, s2)}
-    if tokens <= SWEEP_TOKENS and device == "cuda":
+    contestants = {"bf16": ("none", False, c1, c2, b1, b2, None, None),
+                   "mxfp4": (fm.MXFP4, False, mx(c1), mx(c2), q1, q2, s1, s2),
+                   "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2)}
+    if sweep and tokens <= SWEEP_TOKENS and device == "cuda":
         for i, fields in enumerate(SWEEP):
-            contestants[f"mxfp4 sweep {i}"] = (fm.MXFP4, dataclasses.replace(mx(c1), **fields),
-                                               dataclasses.replace(mx(c2), **fields), q1, q2, s1, s2)
-    for name, (quant, cfg1, cfg2, *tensors) in contestants.items():
+            for label, ds in (("", False), (" dot_scaled", True)):
+                contestants[f"mxfp4{label} sweep {i}"] = (fm.MXFP4, ds, dataclasses.replace(mx(c1), **fields),
+                                                          dataclasses.replace(mx(c2), **fields), q1, q2, s1, s2)
+    for name, (quant, dot_scaled, cfg1, cfg2, *tensors) in contestants.items():
         try:
-            row[f"{name}_rel_l2"], row[f"{name}_us"] = run(quant, cfg1, cfg2, *tensors)
+            row[f"{name}_rel_l2"], row[f"{name}_us"] = run(quant, dot_scaled, cfg1, cfg2, *tensors)
             row[f"{name}_configs"] = [cfg1.name("stage1", quant), cfg2.name("stage2", quant)]
         except Exception as err:  # noqa: BLE001 - a config the compiler refuses is a result
             row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
@@ -103,22 +108,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (no GPU)")
     ap.add_argument("--tokens", default=None, help="comma list (default: 1..4096, or 3,9 with --tiny)")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--sweep", action="store_true",
+                    help=f"also 12 MXFP4 tile configs per path up to {SWEEP_TOKENS} tokens")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     dims = TINY if args.tiny else SHAPE
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
     rows = []
     for t in tokens:
-        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters))
+        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "rows": rows}, indent=1))
-    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 (rule table) µs | MXFP4 best µs | best / floor | "
-          "bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 best µs | "
+          "best / floor | bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
-              f"{r.get('mxfp4_us', math.nan):.1f} | {best:.1f} | {best / r['floor_mxfp4_us']:.2f} | "
-              f"{r.get('bf16_us', math.nan) / best:.2f} |")
+              f"{r.get('mxfp4_us', math.nan):.1f} | {r.get('mxfp4 dot_scaled_us', math.nan):.1f} | {best:.1f} | "
+              f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
     return 0
 
 

@@ -35,9 +35,16 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+@pytest.fixture(params=[False, True], ids=["decode", "dot_scaled"])
+def mxfp4_gemm(request, monkeypatch):
+    """Both MXFP4 GEMM paths: the weight tile decoded in registers (QUANT 3) and tl.dot_scaled (QUANT 4)."""
+    monkeypatch.setattr(fm, "MXFP4_DOT_SCALED", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("ksplit", [1, 2], ids=["ksplit1", "ksplit2"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "plain"])
-def test_stage1_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, gated):
+def test_stage1_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, gated, mxfp4_gemm):
     inter = 64 if not gated else INTER  # stage 2 below needs K (= inter) a multiple of 32
     hidden, w1, _, ids, weights = operands(gated=gated, inter=inter)
     q1, s1 = quantize_weights(w1, fm.MXFP4)
@@ -52,7 +59,7 @@ def test_stage1_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, gat
 
 
 @pytest.mark.parametrize("ksplit", [1, 2], ids=["ksplit1", "ksplit2"])
-def test_stage2_with_mxfp4_weights_matches_the_dequantized_reference(ksplit):
+def test_stage2_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, mxfp4_gemm):
     _, _, w2, ids, weights = operands(inter=64)
     inter = (torch.randn(TOKENS * TOPK, 64, generator=torch.Generator().manual_seed(3)) / 2).half()
     q2, s2 = quantize_weights(w2, fm.MXFP4)

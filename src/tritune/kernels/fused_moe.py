@@ -30,12 +30,21 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting
-from tritune.kernels.mxfp4 import mxfp4_tile
+from tritune.kernels.mxfp4 import mxfp4_dot_scaled, mxfp4_tile
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
 _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3}
+# MXFP4's GEMM: QUANT 3 decodes each weight tile in registers (`mxfp4_tile`) before tl.dot; QUANT 4 hands the packed
+# codes and scales to tl.dot_scaled (`mxfp4_dot_scaled`). Which one the launches use, until the GPU says which is
+# faster (benchmarks/bench_mxfp4_stages.py times both).
+MXFP4_DOT_SCALED = False
+
+
+def quant_id(quant: str) -> int:
+    """The kernels' QUANT constexpr for `quant` (MXFP4: 3, or 4 with MXFP4_DOT_SCALED)."""
+    return 4 if quant == MXFP4 and MXFP4_DOT_SCALED else _QUANT_ID[quant]
 FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's)
 
 
@@ -60,14 +69,20 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
-    stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py).
+    stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
+    QUANT 4: the same operands through tl.dot_scaled.
 
     With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
     past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
     `quant_group` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
-    if QUANT == 3:
+    if QUANT == 4:
+        acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
+        if GATED:
+            acc_u = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
+                                     BLOCK_SIZE_K)
+    elif QUANT == 3:
         wg = mxfp4_tile(w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
                         tl.float32).to(a.dtype).T
         acc_g = tl.dot(a, wg, acc_g)
@@ -354,7 +369,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         weights, weights, numel, n, k, k_per_split, num_pid_m,
         a.stride(0), stride_asm, w.stride(0), w.stride(1), stride_wse, stride_wsn, target.stride(-2),
         target.stride(0) if cfg.KSPLIT > 1 else 0, 0,
-        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=_QUANT_ID[quant],
+        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=quant_id(quant),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -12,7 +12,15 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tritune.kernels.fused_moe import _ACT_ID, _QUANT_ID, FP8, SCALE_BLOCK, MoeConfig, _moe_gemm_kernel, check_config
+from tritune.kernels.fused_moe import (
+    _ACT_ID,
+    FP8,
+    SCALE_BLOCK,
+    MoeConfig,
+    _moe_gemm_kernel,
+    check_config,
+    quant_id,
+)
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.moe_align import max_padded_size
 
@@ -62,7 +70,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
             a_dt, f32, a_dt, f32, a_dt, f32, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
             d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
             inter * (2 if dims.gated else 1) * d, d, *s1, d * inter, inter, *s2,
-            TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=_QUANT_ID[q],
+            TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(q),
             BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
             WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
@@ -96,7 +104,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         a_dt, a_desc, f32, a_dt, w_desc, f32, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * k, k,
         *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, part_rows * n_w if split else 0, 0,
-        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=_QUANT_ID[q],
+        A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=quant_id(q),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,

@@ -20,7 +20,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.fused_moe import (
     _ACT_ID,
-    _QUANT_ID,
     FP8_QUANTS,
     SCALE_BLOCK,
     MoeConfig,
@@ -30,6 +29,7 @@ from tritune.kernels.fused_moe import (
     _validate,
     check_config,
     check_plan,
+    quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
@@ -256,7 +256,7 @@ class MoeLaunch:
                   ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (
             numel, n, k, k_per_split, num_pid_m, k, stride_asm, w_t.stride(0), w_t.stride(1), *scale_strides,
-            stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, _QUANT_ID[quant], cfg.BLOCK_SIZE_M,
+            stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, quant_id(quant), cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk)]
         grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
@@ -356,7 +356,7 @@ class MoeLaunch:
             numel, inter_dim, model_dim, num_pid_m, model_dim,
             self.align.groups if quant == "per_1x128" else 0,
             w1.stride(0), w1.stride(1), *self._w_strides[0], w2.stride(0), w2.stride(1), *self._w_strides[1],
-            topk, self.gated, _ACT_ID[activation], _QUANT_ID[quant], cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N,
+            topk, self.gated, _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N,
             cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0,
             hidden.dtype == torch.float16)]
         grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
