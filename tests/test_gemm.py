@@ -150,6 +150,18 @@ def test_persistent_tma(kernel: str, dtype: torch.dtype, BLOCK_SIZE_N: int, M: i
     _assert_close_fp32(_run_fp32(kernel, ops, cfg), _reference(kernel, ops), dtype)
 
 
+@pytest.mark.parametrize(("warp_specialize", "subtile"), [(True, False), (False, True), (True, True)],
+                         ids=["ws", "subtile", "ws-subtile"])
+@pytest.mark.parametrize(("kernel", "dtype"), FLAVOURS, ids=FLAVOUR_IDS)
+def test_persistent_tma_options(kernel: str, dtype: torch.dtype, warp_specialize: bool, subtile: bool) -> None:
+    """M, N past the tiles (the right half of the last column tile is all clipped: N 72 = 64 + 8), 20 tiles over the
+    interpreter's 4 "SMs"."""
+    ops = _operands(kernel, 145, 72, 144, dtype)
+    cfg = gk.GemmConfig(16, 64, 32, 8, 4, 2, PERSISTENT_TMA=True, WARP_SPECIALIZE=warp_specialize,
+                        EPILOGUE_SUBTILE=subtile)
+    _assert_close_fp32(_run_fp32(kernel, ops, cfg), _reference(kernel, ops), dtype)
+
+
 @pytest.mark.parametrize(
     ("M", "N", "K"),
     [
@@ -277,6 +289,10 @@ def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) 
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 256, 128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),
          "BLOCK_SIZE_N <= 128"),
         (_bad("bf16", K=36, cfg=gk.GemmConfig(16, 32, 32, PERSISTENT_TMA=True)), "16-byte aligned"),  # 72-byte rows
+        (_bad("bf16", cfg=gk.GemmConfig(16, 32, 32, WARP_SPECIALIZE=True)), "options of the persistent TMA kernel"),
+        (_bad("bf16", cfg=gk.GemmConfig(16, 32, 32, EPILOGUE_SUBTILE=True)), "options of the persistent TMA kernel"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 32, 128, PERSISTENT_TMA=True, SCALE_PIPELINE=True,
+                                                    WARP_SPECIALIZE=True)), "two schedules of one loop"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )

@@ -49,6 +49,8 @@ class GemmConfig:
     cache_modifier: str = ""  # "" or ".cg" (skip L1 for the streamed operands)
     PERSISTENT_TMA: bool = False  # persistent grid of one program per SM, TMA descriptor loads/stores (Hopper)
     SCALE_PIPELINE: bool = False  # block-scaled TMA only: rescale block k-1 while the MMA of block k runs
+    WARP_SPECIALIZE: bool = False  # persistent TMA only: the tile loop split into load and MMA warps (Triton >= 3.5)
+    EPILOGUE_SUBTILE: bool = False  # persistent TMA only: C converted and stored as two [BM, BN/2] halves
 
     @staticmethod
     def from_params(params: dict) -> GemmConfig:
@@ -163,8 +165,13 @@ def _gemm_tma_persistent_kernel(
     QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr, SCALE_PIPELINE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr = False, FLATTEN: tl.constexpr = True, EPILOGUE_SUBTILE: tl.constexpr = False,
 ):
     """Each program walks tiles start, start+NUM_SMS, ...; TMA zero-fills edge loads and clips edge stores.
+
+    WARP_SPECIALIZE hands the tile loop to Triton's warp specialisation (TMA-load warps feeding MMA warps; FLATTEN
+    off with it, as Triton's persistent tutorial runs it on Hopper). EPILOGUE_SUBTILE stores C as two [BM, BN/2]
+    halves (c_desc's block), so the conversion and store of the first overlap the second and fewer registers hold C.
 
     Grid: (min(NUM_SMS, tiles),).
     """
@@ -174,7 +181,7 @@ def _gemm_tma_persistent_kernel(
     k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
     num_tiles = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         group_id = tile_id // num_pid_in_group
         first_pid_m = group_id * GROUP_SIZE_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
@@ -223,7 +230,24 @@ def _gemm_tma_persistent_kernel(
             a_s = tl.load(a_scale_ptr + offs_m, mask=offs_m < M, other=0.0)
             b_s = tl.load(b_scale_ptr + offs_n, mask=offs_n < N, other=0.0)
             acc = acc * (a_s[:, None] * b_s[None, :])
-        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        if EPILOGUE_SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_SIZE_M, 2, BLOCK_SIZE_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_SIZE_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def tma_options(cfg: GemmConfig) -> dict:
+    """The persistent TMA kernel's option constexprs of `cfg` (shared by the launch and compile_only)."""
+    return {"WARP_SPECIALIZE": cfg.WARP_SPECIALIZE, "FLATTEN": not cfg.WARP_SPECIALIZE,
+            "EPILOGUE_SUBTILE": cfg.EPILOGUE_SUBTILE}
+
+
+def c_block(cfg: GemmConfig) -> list[int]:
+    """The TMA block of C: the whole tile, or half its columns with EPILOGUE_SUBTILE."""
+    return [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N // 2 if cfg.EPILOGUE_SUBTILE else cfg.BLOCK_SIZE_N]
 
 
 def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
@@ -255,6 +279,9 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"K mismatch: A is {M}x{K} but B is {N}x{Kb} (B must be N x K)")
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"empty GEMM: M={M} N={N} K={K}")
+    if (cfg.WARP_SPECIALIZE or cfg.EPILOGUE_SUBTILE) and not cfg.PERSISTENT_TMA:
+        raise ValueError("WARP_SPECIALIZE and EPILOGUE_SUBTILE are options of the persistent TMA kernel "
+                         "(PERSISTENT_TMA=True)")
     if max(M * K, N * K, M * N * cfg.NUM_KSPLIT) >= 2**31:
         raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
@@ -317,9 +344,10 @@ class GemmLaunch:
             _check_tma(a, b, out, quant, cfg)
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            self._blocks = ([bm, bk], [bn, bk], [bm, bn])
+            self._blocks = ([bm, bk], [bn, bk], c_block(cfg))
             num_sms = _num_sms(a.device)
-            self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE)
+            self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE,
+                          *tma_options(cfg).values())
             self.main = BoundKernel(
                 _gemm_tma_persistent_kernel, (min(num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
                 (*(TensorDescriptor.from_tensor(t, blk) for t, blk in zip((a, b, out), self._blocks, strict=True)),
@@ -388,6 +416,8 @@ def _check_tma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, quant: int, 
         raise ValueError("PERSISTENT_TMA does not split K; use NUM_KSPLIT=1")
     if cfg.SCALE_PIPELINE and (quant != QUANT_BLOCK or cfg.BLOCK_SIZE_K != 128 or cfg.BLOCK_SIZE_N > 128):
         raise ValueError("SCALE_PIPELINE needs the block-scaled kernel, BLOCK_SIZE_K 128 and BLOCK_SIZE_N <= 128")
+    if cfg.WARP_SPECIALIZE and cfg.SCALE_PIPELINE:
+        raise ValueError("WARP_SPECIALIZE and SCALE_PIPELINE are two schedules of one loop: choose one")
     if not tma_compatible(a, b, out):
         raise ValueError("PERSISTENT_TMA needs 16-byte aligned A, B, C rows (K and N multiples of 16 bytes)")
 
@@ -455,10 +485,10 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
             return TensorDescriptor(MockTensor(dt), [rows, cols], [cols, 1], block)
 
         _gemm_tma_persistent_kernel.warmup(
-            desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(out_dtype, M, N, [bm, bn]),
+            desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(out_dtype, M, N, c_block(cfg)),
             scale_dtype, scale_dtype, M, N, K, s_a, s_b,
             QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
-            NUM_SMS=_num_sms(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE,
+            NUM_SMS=_num_sms(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE, **tma_options(cfg),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
         )
         return
