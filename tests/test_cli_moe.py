@@ -11,11 +11,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from cli_asserts import one_error_line
 
 from tritune.cli import main
 from tritune.device import current_device
 from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.store.fmoe_csv import read_tuned, write_tuned
 from tritune.store.fmoe_rows import TUNED_COLUMNS, UNTUNED_COLUMNS, FmoeShape, FmoeTuned
 from tritune.tuners import fused_moe as fmoe_tuner
@@ -313,3 +315,45 @@ def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, mon
             assert name.endswith("_SI2") == levers_written
     assert sorted((t.kernelName1, t.kernelName2) for t in read_tuned(req.output)) == sorted(
         (r.kernelName1, r.kernelName2) for r in report.written)
+
+
+def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp_path, capsys, monkeypatch):
+    """QuantType.per_1x32 (MXFP4 weights, fp16 activations): stage 1 and stage 2 only (there is no MXFP4 1-stage
+    kernel), checked against the MoE on the dequantized weights; the written row reads back as the op's choice."""
+    from tritune import knobs
+    from tritune.kernels.fused_moe import quantize_weights
+    from tritune.ops import fused_moe, reload_moe_configs
+    from tritune.ops.fused_moe import fused_moe_choice
+    from tritune.ops.routing import sample_routing
+
+    row = "3,64,64,3,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp4x2,QuantType.per_1x32,True,False"
+    inp = write_input(tmp_path / "untuned.csv", row)
+    out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
+    code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--profile_file", str(profile), *ENGINE])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    (tuned,) = read_tuned(out)
+    assert tuned.shape.q_type == "per_1x32" and tuned.shape.q_dtype_w == "fp4x2" and not tuned.run_1stage
+    assert tuned.kernelName1.startswith("moe_stage1_per_1x32_silu_") and "_TMA0" in tuned.kernelName1
+    assert_consistent(tuned)
+    with profile.open() as f:
+        prof = list(csv.DictReader(f))
+    assert {r["kind"] for r in prof} == {"stage1", "stage2", "e2e"}
+    assert all(r["status"] == "ok" and float(r["rel_l2"]) < 2e-2 for r in prof if r["kind"] != "e2e")
+
+    monkeypatch.setenv(knobs.CONFIG_FMOE, str(out))
+    reload_moe_configs()
+    try:
+        g = torch.Generator().manual_seed(0)
+        hidden = torch.randn(3, 64, generator=g).half()
+        (q1, s1), (q2, s2) = (quantize_weights(torch.randn(3, n, k, generator=g) / k**0.5, "per_1x32")
+                              for n, k in ((128, 64), (64, 64)))
+        weights, ids = sample_routing(3, 3, 2, seed=0)
+        choice = fused_moe_choice(hidden, q1, q2, ids, quant="per_1x32")
+        assert choice.source.startswith("tuned: ") and choice.stage1.name("stage1", "per_1x32") == tuned.kernelName1
+        ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant="per_1x32", w1_scale=s1, w2_scale=s2)
+        got = fused_moe(hidden, q1, q2, weights, ids, quant="per_1x32", w1_scale=s1, w2_scale=s2)
+        assert float((got.float() - ref).norm() / ref.norm()) < 2e-2
+    finally:
+        monkeypatch.delenv(knobs.CONFIG_FMOE)
+        reload_moe_configs()

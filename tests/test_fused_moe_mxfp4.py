@@ -105,7 +105,7 @@ def test_what_the_mxfp4_gemm_refuses():
     with pytest.raises(ValueError, match="stage kernels only"):
         check_config(dataclasses.replace(CFG, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
     check_config(CFG, "stage1", fm.MXFP4)  # what the tests above run passes
-    assert fm.MXFP4 not in fm.QUANT_TYPES  # not an op quantization yet: the op, tuner and CSV refuse it
+    assert fm.MXFP4 not in fm.QUANT_TYPES and fm.MXFP4 in fm.ALL_QUANTS  # the stage kernels only, no 1-stage
 
 
 def test_whole_reference_reads_the_intermediate_size_through_the_packing():
@@ -181,16 +181,3 @@ def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():
         for cfg, kernel in ((s1, "stage1"), (s2, "stage2")):
             check_config(cfg, kernel, fm.MXFP4)
             assert cfg.USE_TMA == 0 and cfg.SORTED_INTER == 0
-
-
-def test_the_tuner_refuses_an_mxfp4_row_with_what_is_missing(tmp_path, capsys):
-    from tritune.cli import main
-
-    row = "16,64,64,4,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp4x2,QuantType.per_1x32,True,False"
-    inp = tmp_path / "untuned.csv"
-    inp.write_text("token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,use_g1u1,"
-                   "doweight_stage1\n" + row + "\n")
-    assert main(["moe", "-i", str(inp), "-o", str(tmp_path / "tuned.csv")]) != 0
-    err = capsys.readouterr().err
-    assert "row 1" in err and "QuantType.per_1x32 (MXFP4 weights) is not tunable in this version" in err
-    assert not (tmp_path / "tuned.csv").exists()

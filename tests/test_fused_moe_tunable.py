@@ -71,7 +71,9 @@ ONE = MoeProblem(shape(token=16, model_dim=512, inter_dim=256), "1stage")  # 32 
 
 P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per thread (128 on 4 warps)"
 # (rule, problem, device, config): the config breaks that rule and no other.
+MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
 STAGE_RULES = [
+    ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
     ("shared memory > device limit", BIG, DEV,
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,
@@ -255,6 +257,9 @@ def test_bytes_count_only_routed_experts() -> None:
         assert grew == (r_many - r_few) * per_expert + io(many, kind) - io(few, kind)
     fp8 = dataclasses.replace(few, q_type="per_token", q_dtype_a="fp8", q_dtype_w="fp8")
     assert t.bytes_moved(MoeProblem(fp8, "stage1")) == r_few * w1_expert // 2 + io(few, "stage1")  # 1-byte weights
+    mx = dataclasses.replace(few, q_type="per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2")
+    # half a byte per weight and one scale byte per 32; the activations and the intermediate stay 16-bit
+    assert t.bytes_moved(MoeProblem(mx, "stage1")) == r_few * w1_expert // 2 * (0.5 + 1 / 32) + io(few, "stage1")
 
 
 def test_skew_concentrates_routing() -> None:
@@ -267,12 +272,14 @@ def test_skew_concentrates_routing() -> None:
 
 
 def test_tolerance() -> None:
-    for quant in ("none", "per_token", "per_1x128"):
-        tol = FusedMoeTunable(err_ratio=0.25).tolerance(MoeProblem(shape(quant), "stage1"))
+    for quant in ("none", "per_token", "per_1x128", "per_1x32"):
+        fix = {"q_dtype_a": "bf16", "q_dtype_w": "fp4x2"} if quant == "per_1x32" else {}
+        tol = FusedMoeTunable(err_ratio=0.25).tolerance(MoeProblem(shape(quant, **fix), "stage1"))
         assert tol.max_mismatch_ratio == 0.25
         assert tol.max_rel_l2 == REL_L2_BOUND[quant]
         assert (tol.atol, tol.rtol) == (FusedMoeTunable().atol, FusedMoeTunable().rtol)
     assert REL_L2_BOUND["none"] <= REL_L2_BOUND["per_token"] == REL_L2_BOUND["per_1x128"]
+    assert REL_L2_BOUND["per_1x32"] == REL_L2_BOUND["none"]  # the reference runs on the dequantized weights
 
 
 # --- what the GPU worker does, on the CPU ---------------------------------------------------------------------------

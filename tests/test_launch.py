@@ -134,13 +134,14 @@ SL_KS2 = dataclasses.replace(SL, KSPLIT=2, SORTED_INTER=1)  # split-K, pointer l
 SL1 = dataclasses.replace(SL, SORTED_INTER=1)  # pointer loads of the sorted rows
 
 
-def moe_problem(quant: str = "none", tokens: int = T, seed: int = 0) -> dict:
+def moe_problem(quant: str = "none", tokens: int = T, seed: int = 0, dims: tuple[int, int] = (D, INTER)) -> dict:
     from tritune.kernels.fused_moe import quantize_weights
 
+    d, inter = dims
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(tokens, D, generator=g).to(DEV, torch.float16)
-    w1 = torch.randn(E, 2 * INTER, D, generator=g) / D**0.5
-    w2 = torch.randn(E, D, INTER, generator=g) / INTER**0.5
+    hidden = torch.randn(tokens, d, generator=g).to(DEV, torch.float16)
+    w1 = torch.randn(E, 2 * inter, d, generator=g) / d**0.5
+    w2 = torch.randn(E, d, inter, generator=g) / inter**0.5
     if quant == "none":
         (w1, s1), (w2, s2) = (w1.to(DEV, torch.float16), None), (w2.to(DEV, torch.float16), None)
     else:
@@ -326,16 +327,18 @@ def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, c
     assert (~real_rows).any() and (inter[~real_rows] == 0).all()
 
 
-@pytest.mark.parametrize(("kernel", "cfg"), [
-    ("stage1", S),
-    ("stage1", dataclasses.replace(S, SORTED_INTER=1)),  # rows stored in the sort's order
-    ("stage1", dataclasses.replace(SL, KSPLIT=2)),  # partials of [KSPLIT, padded rows, 2I]
-    ("stage2", S),
-    ("stage2", SL),  # A descriptor over the sorted rows, fp32 accumulator target
-    ("stage2", SL_KS2),  # split-K adding atomically
-    ("stage2", dataclasses.replace(S, KSPLIT=2, SORTED_INTER=1)),  # split-K partials by pair
+@pytest.mark.parametrize(("kernel", "cfg", "quant"), [
+    ("stage1", S, "none"),
+    ("stage1", dataclasses.replace(S, SORTED_INTER=1), "none"),  # rows stored in the sort's order
+    ("stage1", dataclasses.replace(SL, KSPLIT=2), "none"),  # partials of [KSPLIT, padded rows, 2I]
+    ("stage2", S, "none"),
+    ("stage2", SL, "none"),  # A descriptor over the sorted rows, fp32 accumulator target
+    ("stage2", SL_KS2, "none"),  # split-K adding atomically
+    ("stage2", dataclasses.replace(S, KSPLIT=2, SORTED_INTER=1), "none"),  # split-K partials by pair
+    ("stage1", S, "per_1x32"),  # MXFP4: packed uint8 weights (K/2 per row), uint8 scales [E, N, K/32]
+    ("stage2", dataclasses.replace(S, KSPLIT=2), "per_1x32"),
 ])
-def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel, cfg):
+def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel, cfg, quant):
     """compile_only's pointer dtypes, descriptors, integers and constexprs are the ones MoeLaunch binds its GEMM
     launch with: the compile pool's binary is the one the op runs."""
     import inspect
@@ -358,15 +361,16 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
         compiled.append(signature.bind(*args, **kw).arguments)
 
     monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
-    x = moe_problem(tokens=40)
+    d, inter = (64, 32) if quant == "per_1x32" else (D, INTER)  # MXFP4: K multiples of 32
+    x = moe_problem(quant, tokens=40, dims=(d, inter))
     shared = {name: getattr(cfg, name) for name in LEVERS}
     stage1, stage2 = (cfg, dataclasses.replace(S, **shared)) if kernel == "stage1" else \
         (dataclasses.replace(S, **shared), cfg)
-    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], None, None,
-                               stage1=stage1, stage2=stage2)
+    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
+                               x["w2_scale"], stage1=stage1, stage2=stage2, quant=quant)
     # Only now: on a GPU, BoundKernel itself compiles through the real warmup.
     monkeypatch.setattr(_moe_gemm_kernel, "warmup", warmup, raising=False)
-    compile_only(kernel, MoeDims(40, TOPK, E, D, INTER, dtype=torch.float16), cfg)
+    compile_only(kernel, MoeDims(40, TOPK, E, d, inter, dtype=torch.float16, quant=quant), cfg)
 
     def specialization(arguments: dict) -> dict:
         """Each argument as Triton specializes on it: descriptors by dtype, shape and block; pointers by dtype."""

@@ -18,6 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANTS, check_config, check_plan: re-exported)
     ACTIVATIONS,
+    ALL_QUANTS,
     FP8_QUANTS,
     KERNELS,
     MXFP4,
@@ -461,8 +462,8 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
-    if quant not in (*QUANT_TYPES, MXFP4):
-        raise ValueError(f"quant {quant!r}; expected one of {(*QUANT_TYPES, MXFP4)}")
+    if quant not in ALL_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {ALL_QUANTS}")
     if hidden.dim() != 2 or hidden.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden.shape)} {hidden.dtype}")
     if w1.dim() != 3 or w2.dim() != 3:

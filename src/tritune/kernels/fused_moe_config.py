@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass, fields
 
 ACTIVATIONS = ("silu", "gelu")
-QUANT_TYPES = ("none", "per_token", "per_1x128")  # what the tuner searches
+QUANT_TYPES = ("none", "per_token", "per_1x128")  # every kernel has these, the 1-stage one included
 FP8_QUANTS = ("per_token", "per_1x128")  # quantizations with fp8 activations (and a quantized intermediate)
-MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations; the op serves it, the tuner not yet
+MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations; the stage kernels only
+ALL_QUANTS = (*QUANT_TYPES, MXFP4)  # what the op, the tuner and the CSV take
 KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128
 # Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
@@ -76,7 +77,8 @@ class MoeConfig:
     def parse_name(name: str) -> tuple[str, MoeConfig]:
         """Inverse of `name`: (kernel, config). ValueError naming the text when it is not one of ours."""
         fields_re = r"[A-Z]+\d+(?:_[A-Z]+\d+)*"  # one or more FIELD<int>, joined by single underscores
-        m = re.fullmatch(rf"moe_(stage1|stage2|1stage)_(none|per_token|per_1x128)_(silu|gelu)_({fields_re})", name)
+        quants = "|".join(ALL_QUANTS)
+        m = re.fullmatch(rf"moe_(stage1|stage2|1stage)_({quants})_(silu|gelu)_({fields_re})", name)
         if not m:
             raise ValueError(f"not a tritune fused-MoE kernel name: {name!r}")
         by_short = {short: long for long, short in MoeConfig._SHORT.items()}

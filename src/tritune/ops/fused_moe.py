@@ -38,7 +38,7 @@ __all__ = ["MoeChoice", "fused_moe", "fused_moe_a8w8", "fused_moe_a8w8_blockscal
            "heuristic_moe_choice", "reload_moe_configs"]
 
 _DTYPE_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-OP_QUANTS = (*fm.QUANT_TYPES, fm.MXFP4)  # what the op takes; the tuner searches QUANT_TYPES
+OP_QUANTS = fm.ALL_QUANTS  # what the op takes (the tuner too)
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,7 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
             rows.append(MoeRow(row.shape.token, choice.run_1stage, choice.stage1, choice.stage2, row.us))
             origins[row.shape.token] = origin
     if not rows:
-        tunable = shape.q_type != fm.MXFP4  # the tuner does not search MXFP4 yet
-        if online and tunable and maybe_tune("fused_moe", MoeRequest(shape.with_token(tokens), index)):
+        if online and maybe_tune("fused_moe", MoeRequest(shape.with_token(tokens), index)):
             reload_moe_configs()
             return _choose(index, shape, tokens, online=False)
         return heuristic

@@ -239,7 +239,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
                                   gated=gated, capability=capability, one_stage=False)
         return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K)) for c in (s1, s2))
     if quant not in fm.QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {(*fm.QUANT_TYPES, fm.MXFP4)}")
+        raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")

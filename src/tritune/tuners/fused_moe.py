@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe_config import MXFP4
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
@@ -130,6 +130,11 @@ def _interpreter_fault(shape: FmoeShape) -> str | None:
     return interpreter_cost_fault(FusedMoeTunable().flops(MoeProblem(s, "1stage")), weights + s.token * s.model_dim)
 
 
+def kinds_of(shape: FmoeShape) -> tuple[str, ...]:
+    """The kernel kinds searched for a row: both stages, and the 1-stage kernel except for MXFP4 (it has none)."""
+    return ("stage1", "stage2") if shape.q_type == MXFP4 else ("stage1", "stage2", "1stage")
+
+
 def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
     """(rows to tune, rows skipped as already tuned): reads and validates input and output (FmoeCsvError), and
     refuses (ValueError, one line) an input without rows, an output or profile path that cannot be written, and,
@@ -153,10 +158,6 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
         first.setdefault(shape, number)
     todo, skipped = [], []
     for shape, number in first.items():
-        if shape.q_type == MXFP4:
-            raise ValueError(f"{req.input}: row {number} ({row_name(shape)}): q_type QuantType.per_1x32 (MXFP4 "
-                             "weights) is not tunable in this version: tritune.ops.fused_moe_mxfp4 runs it with the "
-                             "rule table's kernels; the tuner does not search it yet")
         if shape in done and not req.retune_all:
             skipped.append(shape)
             continue
@@ -229,8 +230,10 @@ E2E_LEVER_UNDER_INTERPRETER = False  # a speed lever: not worth an interpreted r
 def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | None:
     """The stage pair with SORTED_INTER 2 in both stages, or None where A cannot go through TMA (no TMA on the
     device, or intermediate rows that are not 16-byte multiples) or the device is Triton's interpreter."""
-    a_bytes = 1 if shape.q_type != "none" else 2
+    a_bytes = 1 if shape.q_type in FP8_QUANTS else 2
     if device.interpreter and not E2E_LEVER_UNDER_INTERPRETER:
+        return None
+    if shape.q_type == MXFP4:  # the sorted intermediate has not run with MXFP4 weights on a GPU yet
         return None
     if not device.supports_tma or (shape.inter_dim * a_bytes) % 16:
         return None
@@ -302,8 +305,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     report = MoeTuneReport(skipped=skipped)
     if not todo:
         return report
-    kinds = ("stage1", "stage2", "1stage")
-    problems = [MoeProblem(shape, kind, req.skew) for shape in todo for kind in kinds]
+    problems = [MoeProblem(shape, kind, req.skew) for shape in todo for kind in kinds_of(shape)]
     # A stage alone is not what the user calls: only the end-to-end step below is timed as the op runs.
     first, e2e_settings = dataclasses.replace(settings, finalists=0), settings
     if settings.time_limit_s is not None:  # the stage search gets three quarters of the limit, the re-time the rest

@@ -30,7 +30,11 @@ from tritune.tuning.types import Config
 KINDS = ("stage1", "stage2", "1stage", "e2e")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Relative L2 error bound per data path, always enforced whatever --errRatio allows.
-REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2}
+# MXFP4 takes the 16-bit bound: its reference is the torch MoE on the dequantized weights, which bf16 and fp16 hold
+# exactly (e2m1 values times a power of two, within the scale codes quantize_mxfp4 writes for these N(0, 1/K) weights:
+# kernels/mxfp4_format.py), so the kernel and the reference differ only in accumulation order and the rounding of
+# the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
+REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2}
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
 
 STAGE_SPACE: dict[str, tuple] = {
@@ -132,7 +136,13 @@ def routed_experts(shape: FmoeShape, skew: float) -> int:
 
 
 def _elt(p: MoeProblem) -> int:
-    return 1 if p.shape.q_type != "none" else 2
+    """Bytes per activation element of a GEMM's A (fp8 for the fp8 quantizations, else 16-bit)."""
+    return 1 if p.shape.q_type in fm.FP8_QUANTS else 2
+
+
+def _w_elt(p: MoeProblem) -> float:
+    """Bytes per weight element: fp8 1, 16-bit 2, MXFP4 half a byte of code plus 1/32 of a byte of scale."""
+    return {fm.MXFP4: 0.5 + 1 / 32, "none": 2}.get(p.shape.q_type, 1)
 
 
 def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
@@ -143,17 +153,19 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     mean = max(1, math.ceil(numel / s.expert))  # pairs per expert under uniform routing
     b_tiles = 2 if stage1 and s.use_g1u1 else 1  # gate and up tiles per K step
     n, k = (s.inter_dim, s.model_dim) if stage1 else (s.model_dim, s.inter_dim)
-    elt = _elt(p)
+    elt, w_elt = _elt(p), _w_elt(p)
     active = min(numel, s.expert)
 
     def blocks(c: Config) -> int:
         return active * max(1, triton.cdiv(mean, c["BLOCK_SIZE_M"]))
 
     def smem(c: Config) -> int:
-        return c["num_stages"] * (c["BLOCK_SIZE_M"] + b_tiles * c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt
+        return int(c["num_stages"] * (c["BLOCK_SIZE_M"] * elt + b_tiles * c["BLOCK_SIZE_N"] * w_elt)
+                   * c["BLOCK_SIZE_K"])
 
     quant = s.q_type
     return (
+        Constraint("MXFP4 weights load by pointers (no TMA)", lambda c: quant != fm.MXFP4 or not c["USE_TMA"]),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
@@ -341,9 +353,10 @@ class FusedMoeTunable:
         return {"stage1": first, "stage2": second}.get(problem.kind, first + second)
 
     def bytes_moved(self, problem: MoeProblem) -> float:
-        """Weights of the routed experts only, activations in and out once (scales ignored: under 1%)."""
+        """Weights of the routed experts only (MXFP4's scales counted; fp8 scales ignored: under 1%), activations in
+        and out once."""
         s = problem.shape
-        elt, act = _elt(problem), 2
+        elt, act = _w_elt(problem), 2
         routed = routed_experts(s, problem.skew)
         w1 = routed * s.inter_dim * (2 if s.use_g1u1 else 1) * s.model_dim * elt
         w2 = routed * s.model_dim * s.inter_dim * elt
