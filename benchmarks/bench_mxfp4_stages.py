@@ -1,12 +1,12 @@
 """MXFP4 (per_1x32) fused-MoE stages against the same stages on bf16 weights, and the MXFP4 roofline floor (issue 16).
 
-Measures what issue 16's targets need before the op and tuner exist: stage 1 + stage 2 (`moe_stage1`, `moe_stage2`
-on one ready sort; the sort itself is not timed) with MXFP4 weights decoded in registers against the same stages
-with bf16 weights, on gpt-oss-120b's MoE shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule
-table's bf16 choice for both (MXFP4 without TMA, BLOCK_K >= 32; its weight tile decoded in registers, and through
-tl.dot_scaled), plus with --sweep 12 MXFP4 tile configs per path at <= 256 tokens (what a tuner would find first).
-Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales 1/32 byte per weight) and the bf16 activations at
-the copy bandwidth, or the FLOPs at the bf16 peak.
+Measures the MXFP4 GEMM paths issue 16 asks about: stage 1 + stage 2 (`moe_stage1`, `moe_stage2` on one ready sort;
+the sort itself is not timed) with MXFP4 weights against the same stages with bf16 weights, on gpt-oss-120b's MoE
+shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule table's bf16 choice for all (MXFP4 without
+TMA, BLOCK_K >= 32). MXFP4 three ways: the weight tile decoded in registers, the same through tl.dot_scaled, and fp8
+per-token activations through tl.dot_scaled (per_1x32_a8); with --sweep also 12 tile configs per 16-bit path at
+<= 256 tokens (what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales
+1/32 byte per weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
 
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --out $OUT/bench_mxfp4_stages.json      # on the GPU
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --tiny --out F                          # interpreter
@@ -60,8 +60,8 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
     q1, s1 = fm.quantize_weights(w1, fm.MXFP4)
     q2, s2 = fm.quantize_weights(w2, fm.MXFP4)
     b1, b2 = w1.to(dtype), w2.to(dtype)
-    refs = {fm.MXFP4: fused_moe_reference(hidden, q1, q2, tw, ti, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2),
-            "none": fused_moe_reference(hidden, b1, b2, tw, ti)}
+    refs = {q: fused_moe_reference(hidden, q1, q2, tw, ti, quant=q, w1_scale=s1, w2_scale=s2)
+            for q in (fm.MXFP4, fm.MXFP4_A8)} | {"none": fused_moe_reference(hidden, b1, b2, tw, ti)}
     _, c1, c2 = moe_heuristic(max(tokens, 2 * 8 // topk + 1), d, inter, e, topk, "none",
                               capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
     c1, c2 = (dataclasses.replace(c, SORTED_INTER=0, TOPK_ATOMIC=0) for c in (c1, c2))
@@ -85,7 +85,8 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
     mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
     contestants = {"bf16": ("none", False, c1, c2, b1, b2, None, None),
                    "mxfp4": (fm.MXFP4, False, mx(c1), mx(c2), q1, q2, s1, s2),
-                   "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2)}
+                   "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2),
+                   "mxfp4 a8": (fm.MXFP4_A8, True, mx(c1), mx(c2), q1, q2, s1, s2)}
     if sweep and tokens <= SWEEP_TOKENS and device == "cuda":
         for i, fields in enumerate(SWEEP):
             for label, ds in (("", False), (" dot_scaled", True)):
@@ -118,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     for t in tokens:
         rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "rows": rows}, indent=1))
-    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 best µs | "
-          "best / floor | bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 fp8 A µs | "
+          "MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
-              f"{r.get('mxfp4_us', math.nan):.1f} | {r.get('mxfp4 dot_scaled_us', math.nan):.1f} | {best:.1f} | "
+              f"{r.get('mxfp4_us', math.nan):.1f} | {r.get('mxfp4 dot_scaled_us', math.nan):.1f} | "
+              f"{r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
               f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
     return 0
 

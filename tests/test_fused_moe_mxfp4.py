@@ -139,6 +139,36 @@ def test_whole_two_stage_call_with_mxfp4_weights(levers):
     assert launch.quant2 is None and not launch.fused_quant  # nothing quantizes the activations or the intermediate
 
 
+@pytest.mark.parametrize("levers", [{}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}, {"KSPLIT": 2}],
+                         ids=["plain", "sorted-atomic", "ksplit2"])
+def test_fp8_activations_with_mxfp4_weights(levers):
+    """per_1x32_a8: the activations and the intermediate quantized to fp8 per token (as per_token does), the MXFP4
+    weights through tl.dot_scaled (e4m3 x e2m1), the per-token scale in the epilogue; against the reference on the
+    same fp8 activations and the dequantized weights, stage by stage and as the bound 2-stage call."""
+    from tritune.kernels.fused_moe import fused_moe_2stage
+    from tritune.kernels.fused_moe_launch import MoeLaunch
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4_A8), quantize_weights(w2, fm.MXFP4_A8)
+    cfg1 = dataclasses.replace(CFG, **levers)
+    cfg2 = dataclasses.replace(CFG, BLOCK_SIZE_K=32, **levers)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    if not levers:
+        sorting = moe_align_block_size(on[4], CFG.BLOCK_SIZE_M, E)
+        inter = moe_stage1(on[0], on[1], on[3], sorting, CFG, inter_dim=64, quant=fm.MXFP4_A8, w1_scale=on[5])
+        ref1 = stage1_reference(hidden, q1, weights, ids, inter_dim=64, quant=fm.MXFP4_A8, w1_scale=s1)
+        assert rel_l2(inter.cpu(), ref1) < 2e-3
+    out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4_A8, w1_scale=on[5], w2_scale=on[6])
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4_A8, w1_scale=s1, w2_scale=s2)
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 1e-2
+    # fp8 activations: far from the 16-bit path's answer only by the activations' quantization
+    mx16 = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    assert 1e-3 < rel_l2(out.cpu(), mx16) < 0.1
+    launch = MoeLaunch(*on[:5], on[5], on[6], stage1=cfg1, stage2=cfg2, quant=fm.MXFP4_A8)
+    assert launch.quant2 is not None  # the intermediate's per-token quantization launch
+
+
 def test_the_whole_call_refuses_bad_mxfp4_operands():
     from tritune.kernels.fused_moe import fused_moe_2stage
 

@@ -20,12 +20,16 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
     ACTIVATIONS,
     ALL_QUANTS,
     FP8_QUANTS,
+    KERNEL_QUANTS,
     KERNELS,
     MXFP4,
+    MXFP4_A8,
+    MXFP4_QUANTS,
     PLAN_FIELDS,
     QUANT_TYPES,
     SCALE_BLOCK,
     MoeConfig,
+    act_group,
     check_config,
     check_plan,
 )
@@ -36,7 +40,7 @@ from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
-_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3}
+_QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3, MXFP4_A8: 5}
 # MXFP4's GEMM: QUANT 3 decodes each weight tile in registers (`mxfp4_tile`) before tl.dot; QUANT 4 hands the packed
 # codes and scales to tl.dot_scaled (`mxfp4_dot_scaled`). Which one the launches use, until the GPU says which is
 # faster (benchmarks/bench_mxfp4_stages.py times both).
@@ -71,14 +75,15 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
     stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
-    QUANT 4: the same operands through tl.dot_scaled.
+    QUANT 4: the same operands through tl.dot_scaled. QUANT 5 (per_1x32_a8): fp8 A (per-token scales, applied by
+    the caller) times MXFP4 w through tl.dot_scaled.
 
     With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
     past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
     `quant_group` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
-    if QUANT == 4:
+    if QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
             acc_u = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
@@ -192,6 +197,11 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
         acc_g = acc_g * a_s * tl.load(ws_base + offs_n)[None, :]
         if GATED:
             acc_u = acc_u * a_s * tl.load(ws_base + offs_n + N)[None, :]
+    elif QUANT == 5:  # MXFP4 weights carry their own scales (in the dot): only A's per-token scale is left
+        a_s = tl.load(a_scale_ptr + a_rows)[:, None]
+        acc_g = acc_g * a_s
+        if GATED:
+            acc_u = acc_u * a_s
     return acc_g, acc_u
 
 
@@ -311,7 +321,7 @@ def quantize_weights(w: torch.Tensor, quant: str) -> tuple[torch.Tensor, torch.T
     if quant == "per_1x128":
         parts = [quantize_blocks(w[e], SCALE_BLOCK, SCALE_BLOCK) for e in range(experts)]
         return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
-    if quant == MXFP4:  # packed e2m1 [E, N, K/2] and e8m0 scales [E, N, K/32], both uint8
+    if quant in MXFP4_QUANTS:  # packed e2m1 [E, N, K/2] and e8m0 scales [E, N, K/32], both uint8
         return quantize_mxfp4(w)
     raise ValueError(f"quantize_weights: quant {quant!r} is not a quantized type; expected per_token, per_1x128 "
                      f"or {MXFP4}")
@@ -321,7 +331,7 @@ def quantize_activations(x: torch.Tensor, quant: str) -> tuple[torch.Tensor, tor
     """Activations [R, C] as the kernels read them (one Triton launch for fp8; unchanged for "none")."""
     if quant not in FP8_QUANTS:  # MXFP4 quantizes the weights only: A stays 16-bit
         return x, None
-    return quantize_fp8(x, 0 if quant == "per_token" else SCALE_BLOCK)
+    return quantize_fp8(x, act_group(quant))
 
 
 def _dummy(device: torch.device) -> torch.Tensor:
@@ -350,7 +360,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if any(getattr(cfg, name) for name in PLAN_FIELDS):
         raise ValueError(f"{' and '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
                          "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
-    if quant == MXFP4:
+    if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
     num_pid_m = sorting.expert_ids.numel()
@@ -462,14 +472,14 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
-    if quant not in ALL_QUANTS:
-        raise ValueError(f"quant {quant!r}; expected one of {ALL_QUANTS}")
+    if quant not in KERNEL_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {KERNEL_QUANTS}")
     if hidden.dim() != 2 or hidden.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden.shape)} {hidden.dtype}")
     if w1.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"w1 and w2 must be 3-D [E, N, K], got {tuple(w1.shape)} and {tuple(w2.shape)}")
     experts, model_dim, inter_dim = w2.shape
-    packed = quant == MXFP4  # two e2m1 values per byte along K
+    packed = quant in MXFP4_QUANTS  # two e2m1 values per byte along K
     if packed:
         inter_dim *= 2
         if w1.shape[1] not in (inter_dim, 2 * inter_dim):
@@ -487,21 +497,22 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     for name, t in (("hidden_states", hidden), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights)):
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    want_w = {"none": hidden.dtype, MXFP4: torch.uint8}.get(quant, FP8)
+    want_w = hidden.dtype if quant == "none" else torch.uint8 if packed else FP8
     if w1.dtype != want_w or w2.dtype != want_w:
         raise ValueError(f"quant {quant!r} wants w1/w2 of {want_w}, got {w1.dtype}/{w2.dtype}")
     if quant != "none":
         wanted = {"per_token": ((experts, w1.shape[1]), (experts, model_dim)),
                   "per_1x128": ((experts, triton.cdiv(w1.shape[1], 128), triton.cdiv(model_dim, 128)),
                                 (experts, triton.cdiv(model_dim, 128), triton.cdiv(inter_dim, 128))),
-                  MXFP4: ((experts, w1.shape[1], model_dim // 32), (experts, model_dim, inter_dim // 32))}[quant]
+                  MXFP4: ((experts, w1.shape[1], model_dim // 32), (experts, model_dim, inter_dim // 32))}[
+            MXFP4 if packed else quant]
         scale_dtype = torch.uint8 if packed else torch.float32
         for name, s, shape in (("w1_scale", w1_scale, wanted[0]), ("w2_scale", w2_scale, wanted[1])):
             if s is None or tuple(s.shape) != shape or s.dtype != scale_dtype or not s.is_contiguous():
                 got = "None" if s is None else f"{tuple(s.shape)} {s.dtype}"
                 raise ValueError(f"{quant} wants {name} {'uint8' if packed else 'fp32'} contiguous {shape}, got {got}")
     if packed and (model_dim % 32 or inter_dim % 32):
-        raise ValueError(f"{MXFP4}: model_dim {model_dim} and inter_dim {inter_dim} must be multiples of 32")
+        raise ValueError(f"{quant}: model_dim {model_dim} and inter_dim {inter_dim} must be multiples of 32")
     return experts, inter_dim, model_dim
 
 

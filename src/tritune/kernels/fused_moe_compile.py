@@ -16,7 +16,7 @@ from tritune.kernels.fused_moe import (
     _ACT_ID,
     FP8,
     FP8_QUANTS,
-    MXFP4,
+    MXFP4_QUANTS,
     SCALE_BLOCK,
     MoeConfig,
     _moe_gemm_kernel,
@@ -62,8 +62,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     cfg, q = config, dims.quant
     f32, i32 = torch.float32, torch.int32
     a_dt = FP8 if q in FP8_QUANTS else dims.dtype
-    w_dt = torch.uint8 if q == MXFP4 else a_dt  # MXFP4: two e2m1 codes per byte along K, uint8 e8m0 scales
-    ws_dt = torch.uint8 if q == MXFP4 else f32
+    w_dt = torch.uint8 if q in MXFP4_QUANTS else a_dt  # MXFP4: two e2m1 codes per byte along K, uint8 e8m0 scales
+    ws_dt = torch.uint8 if q in MXFP4_QUANTS else f32
     numel = dims.numel
     num_pid_m = triton.cdiv(numel + dims.experts * (cfg.BLOCK_SIZE_M - 1), cfg.BLOCK_SIZE_M)
     if kernel == "1stage":
@@ -104,7 +104,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         a_desc = TensorDescriptor(MockTensor(a_dt), [rows, k], [k, 1], [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
     part_rows = rows if stage1 else numel  # split-K partials: stage 1 in the intermediate's order, stage 2 by pair
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
-    w_row = k // 2 if q == MXFP4 else k  # bytes (elements) of a weight row
+    w_row = k // 2 if q in MXFP4_QUANTS else k  # bytes (elements) of a weight row
     _moe_gemm_kernel.warmup(
         a_dt, a_desc, f32, w_dt, w_desc, ws_dt, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
@@ -122,6 +122,6 @@ def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, 
         return n, 0
     if quant == "per_1x128":
         return triton.cdiv(n, SCALE_BLOCK) * triton.cdiv(k, SCALE_BLOCK), triton.cdiv(k, SCALE_BLOCK)
-    if quant == MXFP4:
+    if quant in MXFP4_QUANTS:
         return n * (k // 32), k // 32
     return 0, 0

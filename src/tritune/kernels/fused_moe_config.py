@@ -11,14 +11,24 @@ from dataclasses import dataclass, fields
 
 ACTIVATIONS = ("silu", "gelu")
 QUANT_TYPES = ("none", "per_token", "per_1x128")  # every kernel has these, the 1-stage one included
-FP8_QUANTS = ("per_token", "per_1x128")  # quantizations with fp8 activations (and a quantized intermediate)
 MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations; the stage kernels only
+MXFP4_A8 = "per_1x32_a8"  # MXFP4 weights, fp8 per-token activations (tl.dot_scaled); the stage kernels only
+MXFP4_QUANTS = (MXFP4, MXFP4_A8)  # the quantizations with MXFP4 weights
+# Quantizations with fp8 activations (and a quantized intermediate); MXFP4_A8's are per token, like per_token's.
+FP8_QUANTS = ("per_token", "per_1x128", MXFP4_A8)
 ALL_QUANTS = (*QUANT_TYPES, MXFP4)  # what the op, the tuner and the CSV take
+KERNEL_QUANTS = (*ALL_QUANTS, MXFP4_A8)  # what the stage kernels and the bound 2-stage call take (MXFP4_A8: so far)
+
 KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128
 # Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC")
+
+
+def act_group(quant: str) -> int:
+    """Columns per activation scale for a quantization with fp8 activations: 0 (one per row) or 128 (1×128)."""
+    return SCALE_BLOCK if quant == "per_1x128" else 0
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
         raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
-    if quant == MXFP4 and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
+    if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) runs on the stage kernels only, with "
                          "BLOCK_SIZE_K >= 32 (whole scale blocks) and no TMA")
     if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1):

@@ -58,7 +58,7 @@ def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, i
     (off by default: measured slower), not behind a split-K stage 1 (no epilogue sees whole outputs), only while the
     16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`, and only when stage 2's pipeline of
     `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no such limit, the interpreter)."""
-    if not FUSE_INTERMEDIATE_QUANT or quant not in FP8_QUANTS or stage1.KSPLIT != 1:
+    if not FUSE_INTERMEDIATE_QUANT or quant not in ("per_token", "per_1x128") or stage1.KSPLIT != 1:
         return False
     if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
         return False

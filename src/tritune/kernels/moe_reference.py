@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, act_group
 from tritune.kernels.mxfp4_format import dequantize_mxfp4
 from tritune.kernels.quant import quantize_blocks, quantize_rows
 
@@ -20,7 +20,7 @@ def _dequant_rows(x: torch.Tensor, quant: str) -> torch.Tensor:
     """Activations [R, C] through the op's quantizer and back, in fp32 (per_1x32 keeps them 16-bit)."""
     if quant not in FP8_QUANTS:
         return x.float()
-    if quant == "per_token":
+    if act_group(quant) == 0:
         q, s = quantize_rows(x)
         return q.float() * s[:, None]
     q, s = quantize_blocks(x, 1, SCALE_BLOCK)
@@ -32,7 +32,7 @@ def _dequant_weight(w: torch.Tensor, scale: torch.Tensor | None, quant: str) -> 
     MXFP4 [N, K/2], scale e8m0 [N, K/32])."""
     if quant == "none":
         return w.float()
-    if quant == MXFP4:
+    if quant in MXFP4_QUANTS:
         return dequantize_mxfp4(w, scale)
     if quant == "per_token":
         return w.float() * scale[:, None]
@@ -98,7 +98,7 @@ def fused_moe_reference(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 
     requantize_intermediate=False follows the 1-stage kernel, which keeps the fp8 paths' intermediate in 16 bits.
     """
-    inter_dim = w2.shape[2] * (2 if quant == MXFP4 else 1)  # MXFP4 packs two values per byte along K
+    inter_dim = w2.shape[2] * (2 if quant in MXFP4_QUANTS else 1)  # MXFP4 packs two values per byte along K
     inter = stage1_reference(hidden, w1, topk_weights, topk_ids, inter_dim=inter_dim, activation=activation,
                              quant=quant, w1_scale=w1_scale, doweight_stage1=doweight_stage1)
     if quant != "none" and not requantize_intermediate:
