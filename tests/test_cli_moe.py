@@ -71,14 +71,14 @@ def assert_consistent(row: FmoeTuned) -> None:
     """The kernel names parse, belong to this row's quant/activation, and agree with run_1stage and block_m."""
     s = row.shape
     kind1, cfg1 = MoeConfig.parse_name(row.kernelName1)
-    assert row.kernelName1 == cfg1.name(kind1, s.q_type, s.act_type)
+    assert row.kernelName1 == cfg1.name(kind1, s.quant, s.act_type)
     assert row.block_m == cfg1.BLOCK_SIZE_M
     if row.run_1stage:
         assert kind1 == "1stage" and row.kernelName2 == "" and row.us2 == 0
     else:
         kind2, cfg2 = MoeConfig.parse_name(row.kernelName2)
         assert (kind1, kind2) == ("stage1", "stage2") and cfg2.BLOCK_SIZE_M == cfg1.BLOCK_SIZE_M
-        assert row.kernelName2 == cfg2.name(kind2, s.q_type, s.act_type)
+        assert row.kernelName2 == cfg2.name(kind2, s.quant, s.act_type)
     assert row.us > 0 and row.cu_num == DEV.cu_num
     assert dict(row.extra)["device"] == DEV.name
 
@@ -317,16 +317,19 @@ def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, mon
         (r.kernelName1, r.kernelName2) for r in report.written)
 
 
-def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp_path, capsys, monkeypatch):
-    """QuantType.per_1x32 (MXFP4 weights, fp16 activations): stage 1 and stage 2 only (there is no MXFP4 1-stage
-    kernel), checked against the MoE on the dequantized weights; the written row reads back as the op's choice."""
+@pytest.mark.parametrize(("q_dtype_a", "quant"), [("fp16", "per_1x32"), ("fp8", "per_1x32_a8")])
+def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp_path, capsys, monkeypatch,
+                                                                              q_dtype_a, quant):
+    """QuantType.per_1x32 (MXFP4 weights; fp16 activations, or fp8 per token): stage 1 and stage 2 only (there is no
+    MXFP4 1-stage kernel), checked against the MoE on the dequantized weights; the written row reads back as the op's
+    choice."""
     from tritune import knobs
     from tritune.kernels.fused_moe import quantize_weights
     from tritune.ops import fused_moe, reload_moe_configs
     from tritune.ops.fused_moe import fused_moe_choice
     from tritune.ops.routing import sample_routing
 
-    row = "3,64,64,3,2,ActivationType.Silu,dtypes.fp16,dtypes.fp16,dtypes.fp4x2,QuantType.per_1x32,True,False"
+    row = f"3,64,64,3,2,ActivationType.Silu,dtypes.fp16,dtypes.{q_dtype_a},dtypes.fp4x2,QuantType.per_1x32,True,False"
     inp = write_input(tmp_path / "untuned.csv", row)
     out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
     code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--profile_file", str(profile), *ENGINE])
@@ -334,12 +337,13 @@ def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp
     assert code == 0, captured.err
     (tuned,) = read_tuned(out)
     assert tuned.shape.q_type == "per_1x32" and tuned.shape.q_dtype_w == "fp4x2" and not tuned.run_1stage
-    assert tuned.kernelName1.startswith("moe_stage1_per_1x32_silu_") and "_TMA0" in tuned.kernelName1
+    assert tuned.shape.quant == quant
+    assert tuned.kernelName1.startswith(f"moe_stage1_{quant}_silu_") and "_TMA0" in tuned.kernelName1
     assert_consistent(tuned)
     with profile.open() as f:
         prof = list(csv.DictReader(f))
     assert {r["kind"] for r in prof} == {"stage1", "stage2", "e2e"}
-    assert all(r["status"] == "ok" and float(r["rel_l2"]) < 2e-2 for r in prof if r["kind"] != "e2e")
+    assert all(r["status"] == "ok" and float(r["rel_l2"]) < 3e-2 for r in prof if r["kind"] != "e2e")
 
     monkeypatch.setenv(knobs.CONFIG_FMOE, str(out))
     reload_moe_configs()
@@ -349,11 +353,11 @@ def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp
         (q1, s1), (q2, s2) = (quantize_weights(torch.randn(3, n, k, generator=g) / k**0.5, "per_1x32")
                               for n, k in ((128, 64), (64, 64)))
         weights, ids = sample_routing(3, 3, 2, seed=0)
-        choice = fused_moe_choice(hidden, q1, q2, ids, quant="per_1x32")
-        assert choice.source.startswith("tuned: ") and choice.stage1.name("stage1", "per_1x32") == tuned.kernelName1
-        ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant="per_1x32", w1_scale=s1, w2_scale=s2)
-        got = fused_moe(hidden, q1, q2, weights, ids, quant="per_1x32", w1_scale=s1, w2_scale=s2)
-        assert float((got.float() - ref).norm() / ref.norm()) < 2e-2
+        choice = fused_moe_choice(hidden, q1, q2, ids, quant=quant)
+        assert choice.source.startswith("tuned: ") and choice.stage1.name("stage1", quant) == tuned.kernelName1
+        ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+        got = fused_moe(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+        assert float((got.float() - ref).norm() / ref.norm()) < 3e-2
     finally:
         monkeypatch.delenv(knobs.CONFIG_FMOE)
         reload_moe_configs()

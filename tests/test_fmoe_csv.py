@@ -493,5 +493,11 @@ def test_mxfp4_rows_read_and_check_their_dtypes(tmp_path):
     with pytest.raises(FmoeCsvError, match="'q_dtype_w': value 'dtypes.fp8' does not fit q_type QuantType.per_1x32; "
                                            "expected dtypes.fp4x2"):
         fc.read_untuned(write_rows(tmp_path / "bad.csv", [{**mx, "q_dtype_w": "dtypes.fp8"}]))
-    with pytest.raises(FmoeCsvError, match="'q_dtype_a': .* expected dtypes.bf16"):  # MXFP4 keeps A in dtype
-        fc.read_untuned(write_rows(tmp_path / "bad_a.csv", [{**mx, "q_dtype_a": "dtypes.fp8"}]))
+    assert shape.quant == "per_1x32"
+    [a8] = fc.read_untuned(write_rows(tmp_path / "a8.csv", [{**mx, "q_dtype_a": "dtypes.fp8"}]))  # fp8 activations
+    assert (a8.q_type, a8.q_dtype_a, a8.quant) == ("per_1x32", "fp8", "per_1x32_a8")
+    fc.write_untuned(tmp_path / "again.csv", [a8])  # written back as aiter spells it
+    assert fc.read_untuned(tmp_path / "again.csv") == [a8]
+    assert "dtypes.fp8,dtypes.fp4x2,QuantType.per_1x32" in (tmp_path / "again.csv").read_text()
+    with pytest.raises(FmoeCsvError, match="'q_dtype_a': .* expected dtypes.bf16 or dtypes.fp8"):  # dtype or fp8
+        fc.read_untuned(write_rows(tmp_path / "bad_a.csv", [{**mx, "q_dtype_a": "dtypes.fp16"}]))

@@ -200,6 +200,14 @@ def test_the_op_serves_mxfp4_with_the_rule_tables_2_stage_kernels():
     first = ops.fused_moe_mxfp4(*on)
     assert first.shape == (TOKENS, D) and rel_l2(first.cpu(), ref) < 2e-3
     assert torch.equal(ops.fused_moe_mxfp4(*on), first)  # the bound plan, again
+    # fp8 per-token activations: act_dtype picks per_1x32_a8 on the same MXFP4 weights
+    ref8 = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4_A8, w1_scale=s1, w2_scale=s2)
+    a8 = ops.fused_moe_mxfp4(*on, act_dtype=torch.float8_e4m3fn)
+    assert rel_l2(a8.cpu(), ref8) < 1e-2 and not torch.equal(a8, first)
+    assert ops.fused_moe_choice(on[0], on[1], on[2], on[4], quant=fm.MXFP4_A8).source == "heuristic"
+    with pytest.raises(ValueError, match="act_dtype torch.float32: expected None, torch.float16 or "
+                                         "torch.float8_e4m3fn"):
+        ops.fused_moe_mxfp4(*on, act_dtype=torch.float32)
 
 
 def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():

@@ -20,7 +20,6 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
     ACTIVATIONS,
     ALL_QUANTS,
     FP8_QUANTS,
-    KERNEL_QUANTS,
     KERNELS,
     MXFP4,
     MXFP4_A8,
@@ -472,8 +471,8 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
     """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
-    if quant not in KERNEL_QUANTS:
-        raise ValueError(f"quant {quant!r}; expected one of {KERNEL_QUANTS}")
+    if quant not in ALL_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {ALL_QUANTS}")
     if hidden.dim() != 2 or hidden.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"hidden_states must be 2-D bf16/fp16, got {tuple(hidden.shape)} {hidden.dtype}")
     if w1.dim() != 3 or w2.dim() != 3:

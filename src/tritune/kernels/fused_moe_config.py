@@ -16,8 +16,7 @@ MXFP4_A8 = "per_1x32_a8"  # MXFP4 weights, fp8 per-token activations (tl.dot_sca
 MXFP4_QUANTS = (MXFP4, MXFP4_A8)  # the quantizations with MXFP4 weights
 # Quantizations with fp8 activations (and a quantized intermediate); MXFP4_A8's are per token, like per_token's.
 FP8_QUANTS = ("per_token", "per_1x128", MXFP4_A8)
-ALL_QUANTS = (*QUANT_TYPES, MXFP4)  # what the op, the tuner and the CSV take
-KERNEL_QUANTS = (*ALL_QUANTS, MXFP4_A8)  # what the stage kernels and the bound 2-stage call take (MXFP4_A8: so far)
+ALL_QUANTS = (*QUANT_TYPES, *MXFP4_QUANTS)  # what the op, the tuner and the CSV take
 
 KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128

@@ -102,15 +102,17 @@ def _call_shape(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                          f"{tuple(topk_ids.shape)}")
     dtype = _DTYPE_NAME[hidden_states.dtype]
     experts, model_dim, inter_dim = w2.shape
-    if quant == fm.MXFP4:  # two e2m1 values per byte along K; activations stay in dtype
+    q_type = quant
+    if quant in fm.MXFP4_QUANTS:  # two e2m1 values per byte along K; activations in dtype, or fp8 per token
         inter_dim *= 2
-        q_dtype_a, q_dtype_w, gated = dtype, "fp4x2", w1.shape[1] == 2 * inter_dim
+        q_type, q_dtype_w, gated = fm.MXFP4, "fp4x2", w1.shape[1] == 2 * inter_dim
+        q_dtype_a = "fp8" if quant == fm.MXFP4_A8 else dtype
     else:
         q_dtype_a = q_dtype_w = "fp8" if quant != "none" else dtype
         gated = fm.gated_of(w1, w2)
     return FmoeShape(token=max(hidden_states.shape[0], 1), model_dim=model_dim, inter_dim=inter_dim,
                      expert=experts, topk=topk_ids.shape[1], act_type=activation, dtype=dtype, q_dtype_a=q_dtype_a,
-                     q_dtype_w=q_dtype_w, q_type=quant, use_g1u1=gated, doweight_stage1=bool(doweight_stage1))
+                     q_dtype_w=q_dtype_w, q_type=q_type, use_g1u1=gated, doweight_stage1=bool(doweight_stage1))
 
 
 def _parse_stage(name: str, kernel: str, quant: str, activation: str) -> MoeConfig:
@@ -125,7 +127,7 @@ def _parse_stage(name: str, kernel: str, quant: str, activation: str) -> MoeConf
 
 def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
     """The choice a tuned row names; ValueError (one line) when the row cannot be run."""
-    quant, activation = row.shape.q_type, row.shape.act_type
+    quant, activation = row.shape.quant, row.shape.act_type
     if row.run_1stage:
         return MoeChoice(True, _parse_stage(row.kernelName1, "1stage", quant, activation), None, f"tuned: {origin}")
     stage1 = _parse_stage(row.kernelName1, "stage1", quant, activation)
@@ -137,7 +139,7 @@ def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
 def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> MoeChoice:
     cu_num, max_shared, machine = _device_facts(index)
     heuristic = heuristic_moe_choice(tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk,
-                                     shape.q_type, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
+                                     shape.quant, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
     table = default_table()
     rows, origins = [], {}
     for row in table.rows_of(machine.sm_count, shape, machine=machine):  # the cu_num rows record: 0 interpreted
@@ -156,7 +158,7 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
             return _choose(index, shape, tokens, online=False)
         return heuristic
     run_1stage, stage1, stage2, why = choose_moe_offgrid(
-        tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.q_type, rows, cu_num,
+        tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.quant, rows, cu_num,
         gated=shape.use_g1u1, heuristic=(heuristic.run_1stage, heuristic.stage1, heuristic.stage2))
     if tokens in origins and why.startswith("tuned"):
         return MoeChoice(run_1stage, stage1, stage2, f"tuned: {origins[tokens]}")
@@ -269,13 +271,18 @@ def fused_moe_a8w8(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
 
 def fused_moe_mxfp4(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, w1_scale: torch.Tensor, w2_scale: torch.Tensor, *,
-                    activation: str = "silu", doweight_stage1: bool = False) -> torch.Tensor:
-    """`fused_moe` with MXFP4 weights (quant "per_1x32": w1 uint8 [E, 2I or I, D/2] and w2 [E, D, I/2], two e2m1 values
-    per byte, element 2j in the low nibble; w1_scale uint8 e8m0 [E, 2I or I, D/32], w2_scale [E, D, I/32];
-    `kernels.fused_moe.quantize_weights(w, "per_1x32")` makes both) and bf16/fp16 activations, which stay 16-bit:
-    the weights are decoded in registers (Hopper has no fp4 MMA). Served by the rule table (the tuner does not
-    search MXFP4 yet)."""
-    return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, activation=activation, quant=fm.MXFP4,
+                    activation: str = "silu", doweight_stage1: bool = False,
+                    act_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`fused_moe` with MXFP4 weights (w1 uint8 [E, 2I or I, D/2] and w2 [E, D, I/2], two e2m1 values per byte,
+    element 2j in the low nibble; w1_scale uint8 e8m0 [E, 2I or I, D/32], w2_scale [E, D, I/32];
+    `kernels.fused_moe.quantize_weights(w, "per_1x32")` makes both). `act_dtype` None (or hidden's dtype): the
+    activations stay bf16/fp16 and the weights are decoded to it (quant "per_1x32"); torch.float8_e4m3fn: the
+    activations and the intermediate are quantized to fp8 per token and the MXFP4 weights multiply them through
+    tl.dot_scaled (quant "per_1x32_a8"). Hopper has no fp4 MMA: the weights are upcast in the kernel either way."""
+    if act_dtype not in (None, hidden_states.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"act_dtype {act_dtype}: expected None, {hidden_states.dtype} or torch.float8_e4m3fn")
+    quant = fm.MXFP4_A8 if act_dtype == torch.float8_e4m3fn else fm.MXFP4
+    return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, activation=activation, quant=quant,
                      w1_scale=w1_scale, w2_scale=w2_scale, doweight_stage1=doweight_stage1)
 
 

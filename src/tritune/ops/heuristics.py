@@ -230,11 +230,13 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
                   one_stage: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
     """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
     hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
-    model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights). `one_stage` False:
+    model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights) | "per_1x32_a8" (and
+    fp8 activations). `one_stage` False:
     never the 1-stage kernel. Rules: module docstring."""
-    if quant == fm.MXFP4:
-        # 16-bit activations, weights decoded in registers: the bf16 tiles, 2-stage (no MXFP4 1-stage kernel), without
-        # TMA (the decode reads bytes by pointers) or the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
+    if quant in fm.MXFP4_QUANTS:
+        # Weights upcast in the kernel: the bf16 tiles (fp8 activations too: not measured apart yet), 2-stage (no
+        # MXFP4 1-stage kernel), without TMA (the weights load by pointers) or the sorted intermediate (not measured
+        # with MXFP4), BLOCK_K >= 32.
         _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
                                   gated=gated, capability=capability, one_stage=False)
         return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K)) for c in (s1, s2))

@@ -51,7 +51,7 @@ _FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 # tritune writes its fused-MoE kernel names with their launch fields, BLOCK_SIZE_M first, e.g.
 # "moe_stage1_per_token_silu_BM64_BN128_BK128_GM8_W8_S3_KS1" (tritune.kernels.fused_moe.MoeConfig.name; a test keeps
 # this reading of it in step). Another tool's names (aiter's) carry no BLOCK_SIZE_M tritune can read.
-_OUR_KERNEL_NAME = re.compile(rf"moe_(?:stage1|stage2|1stage)_(?:{'|'.join(_QTYPE_OUT)})_"
+_OUR_KERNEL_NAME = re.compile(rf"moe_(?:stage1|stage2|1stage)_(?:{'|'.join([*_QTYPE_OUT, 'per_1x32_a8'])})_"
                               rf"(?:{'|'.join(_ACT_OUT)})_BM([0-9]+)(?:_[A-Z]+[0-9]+)*")
 
 
@@ -69,13 +69,16 @@ def _quant_fault(dtype: str, q_type: str, q_dtype_a: str, q_dtype_w: str) -> tup
     """(column, why) when the quantised dtypes do not fit q_type, else None.
 
     q_type none: activations and weights stay in `dtype`; per_token / per_1x128: both are fp8; per_1x32 (MXFP4):
-    activations in `dtype`, weights fp4x2.
+    weights fp4x2, activations in `dtype` or fp8 (per token).
     """
     want_a, want_w = {"none": (dtype, dtype), "per_1x32": (dtype, "fp4x2")}.get(q_type, ("fp8", "fp8"))
+    if q_type == "per_1x32" and q_dtype_a == "fp8":
+        want_a = "fp8"
     for column, value, want in (("q_dtype_a", q_dtype_a, want_a), ("q_dtype_w", q_dtype_w, want_w)):
         if value != want:
+            also = f" or {_QDTYPE_OUT['fp8']}" if q_type == "per_1x32" and column == "q_dtype_a" else ""
             return column, (f"value {_QDTYPE_OUT.get(value, value)!r} does not fit q_type "
-                            f"{_QTYPE_OUT.get(q_type, q_type)}; expected {_QDTYPE_OUT.get(want, want)}")
+                            f"{_QTYPE_OUT.get(q_type, q_type)}; expected {_QDTYPE_OUT.get(want, want)}{also}")
     return None
 
 
@@ -99,7 +102,7 @@ class FmoeShape:
     experts with up/gate weights [(2 if use_g1u1 else 1) * inter_dim, model_dim] and down [model_dim, inter_dim].
     Canonical values, checked on construction (ValueError): act_type "silu"|"gelu"; dtype "bf16"|"fp16";
     q_dtype_a/q_dtype_w "bf16"|"fp16"|"fp8" (q_dtype_w also "fp4x2"); q_type "none"|"per_token"|"per_1x128"|
-    "per_1x32" (MXFP4: activations in dtype, weights fp4x2)."""
+    "per_1x32" (MXFP4: weights fp4x2, activations in dtype or fp8). `quant` is the kernels' name for it."""
 
     token: int
     model_dim: int
@@ -126,6 +129,11 @@ class FmoeShape:
         fault = _quant_fault(self.dtype, self.q_type, self.q_dtype_a, self.q_dtype_w)
         if fault:
             raise ValueError(f"FmoeShape.{fault[0]}: {fault[1]}")
+
+    @property
+    def quant(self) -> str:
+        """The kernels' quantization: q_type, except MXFP4 weights with fp8 activations, "per_1x32_a8"."""
+        return "per_1x32_a8" if self.q_type == "per_1x32" and self.q_dtype_a == "fp8" else self.q_type
 
     def shape_key(self) -> tuple:
         """Every field except token: what a run-time lookup matches exactly (token goes by bucket)."""

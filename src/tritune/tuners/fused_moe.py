@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
@@ -132,7 +132,7 @@ def _interpreter_fault(shape: FmoeShape) -> str | None:
 
 def kinds_of(shape: FmoeShape) -> tuple[str, ...]:
     """The kernel kinds searched for a row: both stages, and the 1-stage kernel except for MXFP4 (it has none)."""
-    return ("stage1", "stage2") if shape.q_type == MXFP4 else ("stage1", "stage2", "1stage")
+    return ("stage1", "stage2") if shape.quant in MXFP4_QUANTS else ("stage1", "stage2", "1stage")
 
 
 def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
@@ -178,7 +178,7 @@ def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape],
 
 def _name(p: MoeProblem, m: Measurement) -> str:
     """A stage or 1-stage candidate's kernel name (the profile file's kernelName)."""
-    return config_of(m.config).name(p.kind, p.shape.q_type, p.shape.act_type)
+    return config_of(m.config).name(p.kind, p.shape.quant, p.shape.act_type)
 
 
 # Stage pairs re-timed end to end per row: the best pair of each of this many BLOCK_SIZE_M values (by the sum of their
@@ -230,10 +230,10 @@ E2E_LEVER_UNDER_INTERPRETER = False  # a speed lever: not worth an interpreted r
 def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | None:
     """The stage pair with SORTED_INTER 2 in both stages, or None where A cannot go through TMA (no TMA on the
     device, or intermediate rows that are not 16-byte multiples) or the device is Triton's interpreter."""
-    a_bytes = 1 if shape.q_type in FP8_QUANTS else 2
+    a_bytes = 1 if shape.quant in FP8_QUANTS else 2
     if device.interpreter and not E2E_LEVER_UNDER_INTERPRETER:
         return None
-    if shape.q_type == MXFP4:  # the sorted intermediate has not run with MXFP4 weights on a GPU yet
+    if shape.quant in MXFP4_QUANTS:  # the sorted intermediate has not run with MXFP4 weights on a GPU yet
         return None
     if not device.supports_tma or (shape.inter_dim * a_bytes) % 16:
         return None
@@ -391,7 +391,7 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
     lines = []
     shapes = list(dict.fromkeys(r.problem.shape for r in report.results))
     for shape in shapes:
-        lines.append(f"== row {row_name(shape)} ({shape.act_type}, {shape.dtype}, quant {shape.q_type})")
+        lines.append(f"== row {row_name(shape)} ({shape.act_type}, {shape.dtype}, quant {shape.quant})")
         lines += ["  " + _kind_line(r) for r in report.results if r.problem.shape == shape]
     if report.summaries:
         lines.append(f"== run: {len(shapes)} row(s), stage search and end-to-end re-time together")

@@ -34,7 +34,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # exactly (e2m1 values times a power of two, within the scale codes quantize_mxfp4 writes for these N(0, 1/K) weights:
 # kernels/mxfp4_format.py), so the kernel and the reference differ only in accumulation order and the rounding of
 # the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
-REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2}
+REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2, fm.MXFP4_A8: 3e-2}
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
 
 STAGE_SPACE: dict[str, tuple] = {
@@ -108,7 +108,7 @@ class MoeProblem:
                  }.get(self.kind, "")
         skew = f" zipf{self.skew:g}" if self.skew else ""
         return (f"moe {self.kind}{which} T{s.token} D{s.model_dim} I{s.inter_dim} E{s.expert} k{s.topk} {s.act_type} "
-                f"{s.dtype} {s.q_type}{skew}")
+                f"{s.dtype} {s.quant}{skew}")
 
     @property
     def lever_tag(self) -> str:
@@ -122,7 +122,7 @@ class MoeProblem:
     def dims(self) -> MoeDims:
         s = self.shape
         return MoeDims(s.token, s.topk, s.expert, s.model_dim, s.inter_dim, s.use_g1u1, DTYPES[s.dtype],
-                          s.q_type, s.act_type, s.doweight_stage1)
+                          s.quant, s.act_type, s.doweight_stage1)
 
 
 def routing(shape: FmoeShape, skew: float, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,12 +137,12 @@ def routed_experts(shape: FmoeShape, skew: float) -> int:
 
 def _elt(p: MoeProblem) -> int:
     """Bytes per activation element of a GEMM's A (fp8 for the fp8 quantizations, else 16-bit)."""
-    return 1 if p.shape.q_type in fm.FP8_QUANTS else 2
+    return 1 if p.shape.quant in fm.FP8_QUANTS else 2
 
 
 def _w_elt(p: MoeProblem) -> float:
     """Bytes per weight element: fp8 1, 16-bit 2, MXFP4 half a byte of code plus 1/32 of a byte of scale."""
-    return {fm.MXFP4: 0.5 + 1 / 32, "none": 2}.get(p.shape.q_type, 1)
+    return 0.5 + 1 / 32 if p.shape.quant in fm.MXFP4_QUANTS else 2 if p.shape.quant == "none" else 1
 
 
 def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
@@ -163,9 +163,10 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         return int(c["num_stages"] * (c["BLOCK_SIZE_M"] * elt + b_tiles * c["BLOCK_SIZE_N"] * w_elt)
                    * c["BLOCK_SIZE_K"])
 
-    quant = s.q_type
+    quant = s.quant
     return (
-        Constraint("MXFP4 weights load by pointers (no TMA)", lambda c: quant != fm.MXFP4 or not c["USE_TMA"]),
+        Constraint("MXFP4 weights load by pointers (no TMA)",
+                   lambda c: quant not in fm.MXFP4_QUANTS or not c["USE_TMA"]),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
@@ -221,7 +222,7 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
         Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
                    lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
         Constraint("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128",
-                   lambda c: s.q_type != "per_1x128" or (fm.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0
+                   lambda c: s.quant != "per_1x128" or (fm.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0
                                                          and fm.SCALE_BLOCK % c["BLOCK_SIZE_N"] == 0)),
         Constraint("8 warps on a tile under 32x128",
                    lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_D"] >= 32 * 128),
@@ -240,8 +241,8 @@ def plan_names(plan: Plan, shape: FmoeShape) -> tuple[str, str]:
     plan's second name is ""."""
     first, second = plan
     kind1 = "1stage" if second is None else "stage1"
-    return (first.name(kind1, shape.q_type, shape.act_type),
-            "" if second is None else second.name("stage2", shape.q_type, shape.act_type))
+    return (first.name(kind1, shape.quant, shape.act_type),
+            "" if second is None else second.name("stage2", shape.quant, shape.act_type))
 
 
 @dataclass(frozen=True)
@@ -275,10 +276,10 @@ class FusedMoeTunable:
         hidden = torch.randn(s.token, s.model_dim, device=device, generator=gen).to(dt)
         w1 = torch.randn(s.expert, n_w1, s.model_dim, device=device, generator=gen) / math.sqrt(s.model_dim)
         w2 = torch.randn(s.expert, s.model_dim, s.inter_dim, device=device, generator=gen) / math.sqrt(s.inter_dim)
-        if s.q_type == "none":
+        if s.quant == "none":
             (w1, w1_s), (w2, w2_s) = (w1.to(dt), None), (w2.to(dt), None)
         else:
-            (w1, w1_s), (w2, w2_s) = fm.quantize_weights(w1, s.q_type), fm.quantize_weights(w2, s.q_type)
+            (w1, w1_s), (w2, w2_s) = fm.quantize_weights(w1, s.quant), fm.quantize_weights(w2, s.quant)
         weights, ids = routing(s, problem.skew, device)
         inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
                   "topk_weights": weights, "topk_ids": ids}
@@ -289,7 +290,7 @@ class FusedMoeTunable:
     def _stage1_ref(self, p: MoeProblem, x: dict) -> torch.Tensor:
         s = p.shape
         return stage1_reference(x["hidden"], x["w1"], x["topk_weights"], x["topk_ids"], inter_dim=s.inter_dim,
-                                activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                                activation=s.act_type, quant=s.quant, w1_scale=x["w1_scale"],
                                 doweight_stage1=s.doweight_stage1)
 
     def reference(self, problem: MoeProblem, inputs: dict) -> torch.Tensor:
@@ -297,11 +298,11 @@ class FusedMoeTunable:
         if problem.kind == "stage1":
             return self._stage1_ref(problem, x)
         if problem.kind == "stage2":
-            return stage2_reference(x["inter"], x["w2"], x["topk_weights"], x["topk_ids"], quant=s.q_type,
+            return stage2_reference(x["inter"], x["w2"], x["topk_weights"], x["topk_ids"], quant=s.quant,
                                     w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1)
         one_stage = problem.kind == "1stage" or (problem.kind == "e2e" and problem.plan[1] is None)
         return fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"],
-                                   activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                                   activation=s.act_type, quant=s.quant, w1_scale=x["w1_scale"],
                                    w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1,
                                    requantize_intermediate=not one_stage)
 
@@ -312,7 +313,7 @@ class FusedMoeTunable:
 
     def launcher(self, problem: MoeProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
         s, x = problem.shape, inputs
-        kw = {"activation": s.act_type, "quant": s.q_type, "w1_scale": x["w1_scale"], "w2_scale": x["w2_scale"],
+        kw = {"activation": s.act_type, "quant": s.quant, "w1_scale": x["w1_scale"], "w2_scale": x["w2_scale"],
               "doweight_stage1": s.doweight_stage1}
         args = (x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"])
         if problem.kind in ("e2e", "1stage"):
@@ -321,20 +322,20 @@ class FusedMoeTunable:
                 cfg1, cfg2 = problem.plan
             else:
                 cfg1, cfg2 = config_of(config), None
-                fm.check_config(cfg1, "1stage", s.q_type)
+                fm.check_config(cfg1, "1stage", s.quant)
             choice = MoeChoice(cfg2 is None, cfg1, cfg2, "tuner")
             return lambda: fused_moe(*args, out=out, choice=choice, **kw)
         cfg = config_of(config)
-        fm.check_config(cfg, problem.kind, s.q_type)
+        fm.check_config(cfg, problem.kind, s.quant)
         if problem.kind == "stage1":
             def stage1() -> None:
                 sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
                 fm.moe_stage1(x["hidden"], x["w1"], x["topk_weights"], sorting, cfg, inter_dim=s.inter_dim,
-                              activation=s.act_type, quant=s.q_type, w1_scale=x["w1_scale"],
+                              activation=s.act_type, quant=s.quant, w1_scale=x["w1_scale"],
                               doweight_stage1=s.doweight_stage1, out=out)
             return stage1
         sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
-        return lambda: fm.moe_stage2(x["inter"], x["w2"], x["topk_weights"], sorting, cfg, quant=s.q_type,
+        return lambda: fm.moe_stage2(x["inter"], x["w2"], x["topk_weights"], sorting, cfg, quant=s.quant,
                                      w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1, out=out)
 
     def compile(self, problem: MoeProblem, config: Config) -> None:
@@ -366,4 +367,4 @@ class FusedMoeTunable:
         return float({"stage1": w1 + io1, "stage2": w2 + io2}.get(problem.kind, whole))
 
     def tolerance(self, problem: MoeProblem) -> Tolerance:
-        return Tolerance(self.atol, self.rtol, self.err_ratio, max_rel_l2=REL_L2_BOUND[problem.shape.q_type])
+        return Tolerance(self.atol, self.rtol, self.err_ratio, max_rel_l2=REL_L2_BOUND[problem.shape.quant])
