@@ -49,6 +49,15 @@ SHAPES = {  # name -> (model_dim D, inter_dim I, experts E, topk); none is in ex
     "mixtral-8x22b": (6144, 16384, 8, 2),
     "qwen2-57b-a14b-tp2": (3584, 1280, 64, 8),  # vLLM ships E=64,N=1280 for the H100 (bf16)
 }
+HELD_OUT = tuple(SHAPES)  # the default --shapes: measured untuned, as a user first meets the op
+# Issue 14's target table: each point tuned by `tritune moe` first (--write-untuned, then --tuned-csv).
+TARGET_SHAPES = {
+    "mixtral-8x7b": (4096, 14336, 8, 2),
+    "e128-top8-i384": (4096, 384, 128, 8),  # vLLM ships an H100 file for E=128,N=384
+    "e64-top6-i1536": (2048, 1536, 64, 6),  # vLLM ships an H100 file for E=64,N=1536
+}
+TARGET_TOKENS = (1, 16, 64, 256, 1024, 4096, 8192)
+SHAPES |= TARGET_SHAPES
 FP8_SHAPES = ("qwen3-30b-a3b", "deepseek-v2-lite")  # per_1x128: vLLM's kernel has a 128x128 block-fp8 path
 TOKENS = (1, 8, 64, 333, 1024, 2048, 6000)
 PEAKS = {"bf16_flops": 730e12, "fp8_flops": 1250e12, "bytes_per_s": 3.0e12}  # H100 SXM: the issue's floor
@@ -328,12 +337,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vendor-dir", default="peers_vllm", help="extract_vllm.py's folder, with vllm_moe.py copied in")
     ap.add_argument("--out", type=pathlib.Path, help="JSON, rewritten after every row")
-    ap.add_argument("--shapes", type=names, default=tuple(SHAPES), help=f"bf16 shapes, of {', '.join(SHAPES)}")
+    ap.add_argument("--shapes", type=names, default=HELD_OUT, help=f"bf16 shapes, of {', '.join(SHAPES)}")
     ap.add_argument("--fp8-shapes", type=names, default=FP8_SHAPES, help="per_1x128 shapes ('' for none)")
     ap.add_argument("--tokens", type=ints, default=TOKENS, help="comma list")
     ap.add_argument("--variant", action="append", default=[], metavar="[s1.|s2.]FIELD=INT,...",
                     help="the op's own choice with these MoeConfig fields replaced (repeatable)")
     ap.add_argument("--tune-row", metavar="SHAPE:TOKENS[:QUANT]", help="first time `tritune moe` on this one row")
+    ap.add_argument("--tuned-csv", type=pathlib.Path,
+                    help="a tuned fused-MoE CSV: every row also times the op's choice read from it alone")
+    ap.add_argument("--write-untuned", type=pathlib.Path, metavar="CSV",
+                    help="write the untuned rows of these points (for `tritune moe -i`) and exit; no GPU needed")
     ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant (median)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no row after this many seconds")
     args = ap.parse_args(argv)
@@ -355,6 +368,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.write_untuned:
+        from tritune.store.fmoe_csv import write_untuned
+        from tritune.store.fmoe_rows import FmoeShape
+
+        rows = []
+        for shape, quant, tokens in points(args):
+            q = "fp8" if quant != "none" else "bf16"
+            rows.append(FmoeShape(tokens, *SHAPES[shape], "silu", "bf16", q, q, quant, True, False))
+        write_untuned(args.write_untuned, rows)
+        print(f"wrote {len(rows)} untuned row(s) to {args.write_untuned}")
+        return
     for note in args.notes:
         print("note:", note, flush=True)
     sys.path[:0] = [str(ROOT / "benchmarks"), str(pathlib.Path(args.vendor_dir).resolve()),
@@ -391,8 +415,9 @@ def main(argv: list[str] | None = None) -> None:
                 weights = (None, None)  # free the last shape's weights before making the next
                 torch.cuda.empty_cache()
                 weights = ((shape, quant), make_weights(shape, quant, "cuda" if torch.cuda.is_available() else "cpu"))
-            row = run_point(shape, quant, tokens, weights[1], args,
-                            tuned_csv if args.tune_point == (shape, quant, tokens) else None)
+            csv_of_row = str(args.tuned_csv) if args.tuned_csv else (
+                tuned_csv if args.tune_point == (shape, quant, tokens) else None)
+            row = run_point(shape, quant, tokens, weights[1], args, csv_of_row)
         except Exception as err:  # noqa: BLE001 - the other rows still run (an out-of-memory reference, say)
             row = {"shape": shape, "quant": quant, "tokens": tokens, "floor_us": float("nan"),
                    "ours_error": _error(err)}
@@ -400,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
         doc["rows"].append(row)
         print(json.dumps(row, default=str), flush=True)
         save()
-    print("\n" + "\n".join(table(doc["rows"], [v[0] for v in args.variants], tuned=bool(tuned_csv))))
+    print("\n" + "\n".join(table(doc["rows"], [v[0] for v in args.variants], tuned=bool(tuned_csv or args.tuned_csv))))
     if doc["tune"]:
         print(f"\ntune time of {args.tune_row}: {doc['tune']['wall_s']:.1f} s wall (`tritune moe`, one row)")
     if doc["skipped"]:

@@ -215,3 +215,16 @@ def test_main_runs_a_row_end_to_end_on_the_interpreter(monkeypatch, tmp_path, ca
     assert r["vllm_rel_err"] < 5e-2  # the peer's fp8 path is right on the CPU too (ours reads bf16: see the GPU)
     out = capsys.readouterr().out
     assert "| tiny | per_1x128 | 3 |" in out and "tune time of tiny:3:per_1x128: 1.5 s" in out
+
+
+def test_target_rows_written_for_tritune_moe_and_held_out_shapes_stay_the_default(tmp_path, capsys):
+    from tritune.store.fmoe_csv import read_untuned
+
+    assert gen2.parse_args([]).shapes == gen2.HELD_OUT and not set(gen2.HELD_OUT) & set(gen2.TARGET_SHAPES)
+    out = tmp_path / "targets.csv"
+    gen2.main(["--shapes", ",".join(gen2.TARGET_SHAPES), "--fp8-shapes", "", "--tokens",
+               ",".join(map(str, gen2.TARGET_TOKENS)), "--write-untuned", str(out)])
+    rows = read_untuned(out)
+    assert len(rows) == 21 and f"wrote 21 untuned row(s) to {out}" in capsys.readouterr().out
+    assert {(r.model_dim, r.inter_dim, r.expert, r.topk) for r in rows} == set(gen2.TARGET_SHAPES.values())
+    assert {r.token for r in rows} == set(gen2.TARGET_TOKENS) and {r.q_type for r in rows} == {"none"}
