@@ -317,29 +317,29 @@ def test_lever_variant_is_written_only_when_the_whole_op_is_faster(tmp_path, mon
         (r.kernelName1, r.kernelName2) for r in report.written)
 
 
-@pytest.mark.parametrize(("q_dtype_a", "quant"), [("fp16", "per_1x32"), ("fp8", "per_1x32_a8")])
-def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp_path, capsys, monkeypatch,
-                                                                              q_dtype_a, quant):
-    """QuantType.per_1x32 (MXFP4 weights; fp16 activations, or fp8 per token): stage 1 and stage 2 only (there is no
-    MXFP4 1-stage kernel), checked against the MoE on the dequantized weights; the written row reads back as the op's
-    choice."""
+def test_mxfp4_rows_are_tuned_on_their_stage_kernels_and_served_from_the_file(tmp_path, capsys, monkeypatch):
+    """QuantType.per_1x32 rows (MXFP4 weights; fp16 activations, and fp8 per token: per_1x32_a8), in one run: stage 1
+    and stage 2 only (there is no MXFP4 1-stage kernel), checked against the MoE on the dequantized weights; each
+    written row reads back as the op's choice."""
     from tritune import knobs
     from tritune.kernels.fused_moe import quantize_weights
     from tritune.ops import fused_moe, reload_moe_configs
     from tritune.ops.fused_moe import fused_moe_choice
     from tritune.ops.routing import sample_routing
 
-    row = f"3,64,64,3,2,ActivationType.Silu,dtypes.fp16,dtypes.{q_dtype_a},dtypes.fp4x2,QuantType.per_1x32,True,False"
-    inp = write_input(tmp_path / "untuned.csv", row)
+    rows = [f"3,64,64,3,2,ActivationType.Silu,dtypes.fp16,dtypes.{a},dtypes.fp4x2,QuantType.per_1x32,True,False"
+            for a in ("fp16", "fp8")]
+    inp = write_input(tmp_path / "untuned.csv", *rows)
     out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
     code = run_cli(["moe", "-i", str(inp), "-o", str(out), "--profile_file", str(profile), *ENGINE])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    (tuned,) = read_tuned(out)
-    assert tuned.shape.q_type == "per_1x32" and tuned.shape.q_dtype_w == "fp4x2" and not tuned.run_1stage
-    assert tuned.shape.quant == quant
-    assert tuned.kernelName1.startswith(f"moe_stage1_{quant}_silu_") and "_TMA0" in tuned.kernelName1
-    assert_consistent(tuned)
+    tuned = {row.shape.quant: row for row in read_tuned(out)}
+    assert set(tuned) == {"per_1x32", "per_1x32_a8"}
+    for quant, row in tuned.items():
+        assert row.shape.q_type == "per_1x32" and row.shape.q_dtype_w == "fp4x2" and not row.run_1stage
+        assert row.kernelName1.startswith(f"moe_stage1_{quant}_silu_") and "_TMA0" in row.kernelName1
+        assert_consistent(row)
     with profile.open() as f:
         prof = list(csv.DictReader(f))
     assert {r["kind"] for r in prof} == {"stage1", "stage2", "e2e"}
@@ -353,11 +353,12 @@ def test_an_mxfp4_row_is_tuned_on_its_stage_kernels_and_served_from_the_file(tmp
         (q1, s1), (q2, s2) = (quantize_weights(torch.randn(3, n, k, generator=g) / k**0.5, "per_1x32")
                               for n, k in ((128, 64), (64, 64)))
         weights, ids = sample_routing(3, 3, 2, seed=0)
-        choice = fused_moe_choice(hidden, q1, q2, ids, quant=quant)
-        assert choice.source.startswith("tuned: ") and choice.stage1.name("stage1", quant) == tuned.kernelName1
-        ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
-        got = fused_moe(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
-        assert float((got.float() - ref).norm() / ref.norm()) < 3e-2
+        for quant, row in tuned.items():
+            choice = fused_moe_choice(hidden, q1, q2, ids, quant=quant)
+            assert choice.source.startswith("tuned: ") and choice.stage1.name("stage1", quant) == row.kernelName1
+            ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+            got = fused_moe(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
+            assert float((got.float() - ref).norm() / ref.norm()) < 3e-2
     finally:
         monkeypatch.delenv(knobs.CONFIG_FMOE)
         reload_moe_configs()
