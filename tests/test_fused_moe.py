@@ -168,6 +168,7 @@ CROSSING = Dims(tokens=5, model_dim=136, inter_dim=72, experts=4, topk=2)  # D, 
 TMA_FP8 = Dims(tokens=5, model_dim=48, inter_dim=32, experts=4, topk=2)  # fp8 rows of 48 / 32 bytes: TMA-able
 KS2, KS3 = dataclasses.replace(SMALL, KSPLIT=2), dataclasses.replace(SMALL, KSPLIT=3)
 TMA = dataclasses.replace(SMALL, USE_TMA=1)
+SWAP = dataclasses.replace(SMALL, SWAP_AB=1)
 
 # (dims, config, quant, activation, doweight_stage1)
 STAGE_EDGES = [
@@ -198,6 +199,12 @@ STAGE_EDGES = [
     pytest.param(CROSSING, SMALL, "per_1x128", "gelu", False,
                  id="per_1x128-crossing"),  # K steps in scale blocks 0 and 1; up rows 72..143 span w1 blocks 0, 1
     pytest.param(CROSSING, SMALL, "per_token", "silu", False, id="per_token-crossing"),
+    # SWAP_AB: w · aᵀ accumulated [BLOCK_N, BLOCK_M], transposed once (each quantization, masked K, TMA, split-K)
+    pytest.param(BASE, SWAP, "none", "silu", True, id="swap-ab"),
+    pytest.param(BASE, dataclasses.replace(SWAP, KSPLIT=2), "per_token", "gelu", False, id="swap-ab-ksplit2-per_token"),
+    pytest.param(CROSSING, SWAP, "per_1x128", "silu", False, id="swap-ab-per_1x128-crossing"),
+    pytest.param(TMA_FP8, dataclasses.replace(TMA, SWAP_AB=1), "per_token", "silu", False, id="swap-ab-tma-fp8"),
+    pytest.param(dataclasses.replace(BASE, gated=False), SWAP, "none", "gelu", False, id="swap-ab-gate-up-off"),
 ]
 
 
@@ -233,6 +240,20 @@ OP_EDGES = [
 @pytest.mark.parametrize(("dims", "quant", "activation", "doweight"), OP_EDGES)
 def test_2stage_edges(dims: Dims, quant: str, activation: str, doweight: bool) -> None:
     run_2stage(make_moe(dims, quant, seed=5), SMALL, KS2, activation, doweight)  # stage 2 split, stage 1 not
+
+
+@pytest.mark.parametrize("quant", ["none", "per_1x128"])
+def test_2stage_with_swap_ab_in_both_stages(quant: str) -> None:
+    run_2stage(make_moe(CROSSING, quant, seed=5), SWAP, dataclasses.replace(SWAP, KSPLIT=2), "silu", False)
+
+
+def test_swap_ab_names_and_refusals() -> None:
+    assert SWAP.name("stage1").endswith("_TMA0_SW1") and "SW" not in SMALL.name("stage1")  # shown only when on
+    assert MoeConfig.parse_name(SWAP.name("stage2", "per_token")) == ("stage2", SWAP)
+    with pytest.raises(ValueError, match="SWAP_AB is a stage-kernel option for 16-bit and fp8 weights"):
+        fm.check_config(dataclasses.replace(ONE, SWAP_AB=1), "1stage", "none")
+    with pytest.raises(ValueError, match="SWAP_AB is a stage-kernel option"):
+        fm.check_config(dataclasses.replace(SWAP, BLOCK_SIZE_K=32), "stage1", fm.MXFP4)
 
 
 @pytest.mark.parametrize(("dims", "quant", "activation", "doweight"), OP_EDGES)

@@ -46,7 +46,7 @@ def shape(quant: str = "none", **changes) -> FmoeShape:
 def stage_config(**changes) -> Config:
     """A stage config passing every rule for BIG (below), with `changes`; every STAGE_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
-                  KSPLIT=1, USE_TMA=0)
+                  KSPLIT=1, USE_TMA=0, SWAP_AB=0)
     params.update(changes)
     assert set(params) == set(STAGE_SPACE)
     return Config.of(**params)
@@ -74,6 +74,8 @@ P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per threa
 MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
 STAGE_RULES = [
     ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
+    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)", BIG, DEV,
+     stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
     ("shared memory > device limit", BIG, DEV,
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,
@@ -153,6 +155,7 @@ def test_every_rule_has_a_case() -> None:
     (BIG, stage_config()),
     (dataclasses.replace(BIG, kind="stage2"), stage_config(USE_TMA=1)),  # N=4096, K=1024: 16-byte rows on sm_90
     (FEW, stage_config(BLOCK_SIZE_M=16, GROUP_SIZE_M=1, KSPLIT=2)),  # 32 blocks: split-K allowed, 128*2 <= 256
+    (FEW, stage_config(BLOCK_SIZE_M=16, GROUP_SIZE_M=1, SWAP_AB=1)),  # 16-pair blocks, 64-wide N tiles: swapped
 ])
 def test_stage_config_passing_every_rule(problem: MoeProblem, config: Config) -> None:
     assert _failing(stage_constraints(problem, DEV), config) == []

@@ -215,8 +215,9 @@ def moe_plans(bundle: Path, shape: FmoeShape, device: DeviceInfo, *, kinds: tupl
 def _full_config(params: Mapping[str, int]) -> dict:
     """A config as given by the user (kernel name fields) with every MoeConfig field present."""
     cfg = fm.MoeConfig.from_params(dict(params))
-    if cfg.KSPLIT != 1 or cfg.USE_TMA:
-        raise ValueError(f"aot: {cfg.name('stage1')}: split-K and TMA configs are not supported ahead of time")
+    if cfg.KSPLIT != 1 or cfg.USE_TMA or cfg.SWAP_AB:
+        raise ValueError(f"aot: {cfg.name('stage1')}: split-K, TMA and SWAP_AB configs are not supported ahead of "
+                         "time")
     if any(getattr(cfg, name) for name in fm.PLAN_FIELDS):
         raise ValueError(f"aot: {cfg.name('stage1')}: {' and '.join(fm.PLAN_FIELDS)} are options of the whole op, "
                          "not of one stage's artifact")

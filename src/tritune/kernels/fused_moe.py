@@ -69,8 +69,12 @@ def _pid_mn(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
                EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
-               A_QUANT_ON_LOAD: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+               A_QUANT_ON_LOAD: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+               SWAP_AB: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
+
+    SWAP_AB (QUANT 0-2): the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come
+    from the weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once).
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
     stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
@@ -98,7 +102,7 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     else:
         acc_g, acc_u = _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn, a_scale_ptr, stride_asm,
                                        w_scale_ptr, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u, w_desc, tma_row,
-                                       USE_TMA, A_QUANT_ON_LOAD)
+                                       USE_TMA, A_QUANT_ON_LOAD, SWAP_AB)
     return acc_g, acc_u
 
 
@@ -106,37 +110,64 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 def _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                     a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
                     EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
-                    A_QUANT_ON_LOAD: tl.constexpr):
-    """`_gated_dot` for 16-bit and fp8 weights (QUANT 0-2)."""
-    w_ptrs = w_base + offs_n[None, :] * stride_wn + (k + offs_k)[:, None]
-    if USE_TMA:
-        wg = w_desc.load([tma_row, k]).T
-    elif EVEN_K:
-        wg = tl.load(w_ptrs)
-    else:
-        wg = tl.load(w_ptrs, mask=(k + offs_k)[:, None] < K, other=0.0)
+                    A_QUANT_ON_LOAD: tl.constexpr, SWAP_AB: tl.constexpr = False):
+    """`_gated_dot` for 16-bit and fp8 weights (QUANT 0-2); SWAP_AB: see `_gated_dot`."""
+    a_s = a_rows  # per_1x128 only: this K step's activation scales
     if QUANT == 2:
         a_s = tl.load(a_scale_ptr + a_rows * stride_asm + k // 128)
         if A_QUANT_ON_LOAD:
             a_s = tl.maximum(a_s, 1e-10) / 448.0
-            a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / a_s[:, None], -448.0, 448.0)).to(wg.dtype)
-        wg_s = tl.load(w_scale_ptr + (offs_n // 128) * stride_wsn + k // 128)
-        acc_g += tl.dot(a, wg) * (a_s[:, None] * wg_s[None, :])
-    else:
-        acc_g = tl.dot(a, wg, acc_g)
+            a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / a_s[:, None], -448.0, 448.0)).to(FP8_TL)
+    acc_g = _scaled_dot(a, a_s, _w_tile(w_base, offs_n, offs_k, k, K, stride_wn, w_desc,
+                        tma_row, EVEN_K, USE_TMA, SWAP_AB), w_scale_ptr, offs_n, k, stride_wsn, acc_g, QUANT, SWAP_AB)
     if GATED:
-        if USE_TMA:
-            wu = w_desc.load([tma_row + N, k]).T
-        elif EVEN_K:
-            wu = tl.load(w_ptrs + N * stride_wn)
-        else:
-            wu = tl.load(w_ptrs + N * stride_wn, mask=(k + offs_k)[:, None] < K, other=0.0)
-        if QUANT == 2:
-            wu_s = tl.load(w_scale_ptr + ((offs_n + N) // 128) * stride_wsn + k // 128)
-            acc_u += tl.dot(a, wu) * (a_s[:, None] * wu_s[None, :])
-        else:
-            acc_u = tl.dot(a, wu, acc_u)
+        acc_u = _scaled_dot(a, a_s,
+                            _w_tile(w_base, offs_n + N, offs_k, k, K, stride_wn, w_desc, tma_row + N, EVEN_K, USE_TMA,
+                                    SWAP_AB), w_scale_ptr, offs_n + N, k, stride_wsn, acc_u, QUANT, SWAP_AB)
     return acc_g, acc_u
+
+
+@triton.jit
+def _w_tile(w_base, rows, offs_k, k, K, stride_wn, w_desc, tma_row, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
+            SWAP_AB: tl.constexpr):
+    """The weight tile of rows `rows`, K indices k + offs_k: [BLOCK_K, BLOCK_N] for a · w, or [BLOCK_N, BLOCK_K]
+    (the weight's own row-major orientation) for SWAP_AB's w · aᵀ. Zero past K."""
+    if USE_TMA:
+        w = w_desc.load([tma_row, k])
+        if not SWAP_AB:
+            w = w.T
+    elif SWAP_AB:
+        ptrs = w_base + rows[:, None] * stride_wn + (k + offs_k)[None, :]
+        if EVEN_K:
+            w = tl.load(ptrs)
+        else:
+            w = tl.load(ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+    else:
+        ptrs = w_base + rows[None, :] * stride_wn + (k + offs_k)[:, None]
+        if EVEN_K:
+            w = tl.load(ptrs)
+        else:
+            w = tl.load(ptrs, mask=(k + offs_k)[:, None] < K, other=0.0)
+    return w
+
+
+@triton.jit
+def _scaled_dot(a, a_s, w, w_scale_ptr, rows, k, stride_wsn, acc, QUANT: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc plus this K step's product a · w ([BLOCK_M, BLOCK_N]; SWAP_AB: w · aᵀ, [BLOCK_N, BLOCK_M]), per_1x128
+    (QUANT 2) scaled by a_s (this step's 1×128 scale per row of a) times the 128×128 block scale of each w row."""
+    if SWAP_AB:
+        prod_in = tl.trans(a)
+    if QUANT == 2:
+        w_s = tl.load(w_scale_ptr + (rows // 128) * stride_wsn + k // 128)
+        if SWAP_AB:
+            acc += tl.dot(w, prod_in) * (w_s[:, None] * a_s[None, :])
+        else:
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+    elif SWAP_AB:
+        acc = tl.dot(w, prod_in, acc)
+    else:
+        acc = tl.dot(a, w, acc)
+    return acc
 
 
 @triton.jit
@@ -161,20 +192,25 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
                 ws_base, stride_wsn, w_desc, tma_row, a_desc, a_row0, GATED: tl.constexpr, QUANT: tl.constexpr,
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False):
+                A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
     (per_1x128); each tile is quantized to fp8 as it is loaded, as `quant_group` would have done it.
     A_TMA: the rows are a_row0.. (a_rows = a_row0 + arange, a sorted intermediate) and each A tile comes through
     `a_desc` (TMA zero-fills past K).
+    SWAP_AB: the K loop accumulates w · aᵀ ([BLOCK_N, BLOCK_M]) and the result is transposed once at the end.
     """
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     if QUANT == 1 and A_QUANT_ON_LOAD:
         row_scale = tl.maximum(tl.load(a_scale_ptr + a_rows), 1e-10) / 448.0
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + (k_start + offs_k)[None, :]
-    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_g = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(k_start, k_end, BLOCK_SIZE_K):
         if A_TMA:
             a = a_desc.load([a_row0, k])
@@ -186,8 +222,11 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / row_scale[:, None], -448.0, 448.0)).to(FP8_TL)
         acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                                   a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB)
         a_ptrs += BLOCK_SIZE_K
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     if QUANT == 1:
         if A_QUANT_ON_LOAD:
             a_s = row_scale[:, None]
@@ -229,6 +268,7 @@ def _moe_gemm_kernel(
     OUT_SORTED: tl.constexpr = False,  # stage 1: output rows (and amax, partials) in the sort's order, not by pair
     A_SORTED: tl.constexpr = 0,  # stage 2: A rows in the sort's order; 1 pointer loads, 2 through a_desc (TMA)
     ATOMIC_TOPK: tl.constexpr = 0,  # stage 2: topk > 0 adds weight·row into fp32 out row pair // topk; 0 stores
+    SWAP_AB: tl.constexpr = False,  # QUANT 0-2: accumulate w · aᵀ (a wgmma's 64 rows from N), transposed at the end
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -256,7 +296,7 @@ def _moe_gemm_kernel(
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
                                tma_row, a_desc, (pid_m * BLOCK_SIZE_M).to(tl.int32), GATED, QUANT, EVEN_K, USE_TMA,
-                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2)
+                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2, SWAP_AB)
     n_ok = (offs_n_out < N)[None, :]
     mask = row_ok[:, None] & n_ok
     if OUT_SORTED:
@@ -382,7 +422,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=quant_id(quant),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWAP_AB=bool(cfg.SWAP_AB), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.KSPLIT == 1 or act == _ACT_ID["none"]:
         return target
     block = min(triton.next_power_of_2(n), 1024)

@@ -23,6 +23,8 @@ SCALE_BLOCK = 128
 # Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC")
+# Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB")
 
 
 def act_group(quant: str) -> int:
@@ -39,7 +41,9 @@ class MoeConfig:
     stage 2 reads each block's A rows contiguously (1: pointer loads; 2: through a TMA descriptor, Hopper, rows of
     16-byte multiples) and maps rows back to pairs in its epilogue. TOPK_ATOMIC (2-stage plans): stage 2 adds
     weight x row into an fp32 [T, D] accumulator with atomics instead of writing [T·topk, D] for the top-k sum kernel
-    (not bit-deterministic: the order of the adds varies from run to run).
+    (not bit-deterministic: the order of the adds varies from run to run). SWAP_AB (either stage kernel, not MXFP4):
+    the tile is computed transposed, w · aᵀ, so the wgmma's 64-row operand is the weight tile rather than a block of
+    16 or 32 pairs (what vLLM does on Hopper when BLOCK_SIZE_M < 64 <= BLOCK_SIZE_N).
     """
 
     BLOCK_SIZE_M: int = 64
@@ -53,10 +57,11 @@ class MoeConfig:
     USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
     SORTED_INTER: int = 0  # 2-stage plans: 0 pair order; 1 sorted rows; 2 sorted rows, stage 2 loads A through TMA
     TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
+    SWAP_AB: int = 0  # stage kernels, 16-bit and fp8: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
-              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA"}
+              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -77,7 +82,7 @@ class MoeConfig:
                 return kernel == "1stage"
             if long == "USE_TMA":
                 return kernel != "1stage"
-            return long not in PLAN_FIELDS or getattr(self, long) != 0
+            return long not in OPTIONAL_FIELDS or getattr(self, long) != 0
 
         parts = [f"{short}{getattr(self, long)}" for long, short in self._SHORT.items() if shown(long)]
         return f"moe_{kernel}_{quant}_{activation}_" + "_".join(parts)
@@ -113,8 +118,11 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) runs on the stage kernels only, with "
                          "BLOCK_SIZE_K >= 32 (whole scale blocks) and no TMA")
-    if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1):
-        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2 and TOPK_ATOMIC 0 or 1")
+    if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1) or config.SWAP_AB not in (0, 1):
+        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC and SWAP_AB 0 "
+                         "or 1")
+    if config.SWAP_AB and (kernel == "1stage" or quant in MXFP4_QUANTS):
+        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option for 16-bit and fp8 weights")
     if kernel == "1stage":
         d = config.BLOCK_SIZE_D
         if d < 16 or d & (d - 1) or config.KSPLIT != 1:

@@ -46,6 +46,7 @@ STAGE_SPACE: dict[str, tuple] = {
     "num_stages": (2, 3, 4),
     "KSPLIT": (1, 2, 4),
     "USE_TMA": (0, 1),
+    "SWAP_AB": (0, 1),
 }
 ONE_STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32),
@@ -62,6 +63,7 @@ _TILE, _COUNT = Param(16, pow2=True), Param(1)
 STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "GROUP_SIZE_M": _COUNT,
     "num_warps": Param(1, pow2=True), "num_stages": _COUNT, "KSPLIT": _COUNT, "USE_TMA": Param(choices=(0, 1)),
+    "SWAP_AB": Param(choices=(0, 1)),
 }
 ONE_STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
@@ -167,6 +169,10 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     return (
         Constraint("MXFP4 weights load by pointers (no TMA)",
                    lambda c: quant not in fm.MXFP4_QUANTS or not c["USE_TMA"]),
+        # vLLM's rule on Hopper: the weight tile becomes the wgmma's 64-row operand when a block has fewer pairs.
+        Constraint("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)",
+                   lambda c: not c["SWAP_AB"] or (c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]
+                                                  and quant not in fm.MXFP4_QUANTS)),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
