@@ -102,10 +102,11 @@ def test_what_the_mxfp4_gemm_refuses():
     with pytest.raises(ValueError, match=r"packed uint8 \[E, N, K/2\]"):
         moe_stage1(hidden.to(DEVICE), w1.half().to(DEVICE), weights.to(DEVICE), sorting, CFG, inter_dim=INTER,
                    quant=fm.MXFP4, w1_scale=s1)
-    with pytest.raises(ValueError, match="stage kernels only"):
-        check_config(dataclasses.replace(CFG, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
+    with pytest.raises(ValueError, match="the 1-stage kernel's BLOCK_SIZE_N too"):
+        check_config(dataclasses.replace(CFG, BLOCK_SIZE_N=16, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
+    check_config(dataclasses.replace(CFG, BLOCK_SIZE_D=32), "1stage", fm.MXFP4)
     check_config(CFG, "stage1", fm.MXFP4)  # what the tests above run passes
-    assert fm.MXFP4 not in fm.QUANT_TYPES and fm.MXFP4 in fm.ALL_QUANTS  # the stage kernels only, no 1-stage
+    assert fm.MXFP4 not in fm.QUANT_TYPES and fm.MXFP4 in fm.ALL_QUANTS
 
 
 def test_whole_reference_reads_the_intermediate_size_through_the_packing():
@@ -167,6 +168,25 @@ def test_fp8_activations_with_mxfp4_weights(levers):
     assert 1e-3 < rel_l2(out.cpu(), mx16) < 0.1
     launch = MoeLaunch(*on[:5], on[5], on[6], stage1=cfg1, stage2=cfg2, quant=fm.MXFP4_A8)
     assert launch.quant2 is not None  # the intermediate's per-token quantization launch
+
+
+@pytest.mark.parametrize("quant", [fm.MXFP4, fm.MXFP4_A8])
+def test_one_stage_kernel_with_mxfp4_weights(quant, mxfp4_gemm):
+    """Both GEMMs in one launch: gate-up through the MXFP4 GEMM path (decode, dot_scaled, or fp8 A), w2's slice of
+    each row decoded for the second; against the reference that keeps the intermediate 16-bit, as the kernel does.
+    BLOCK_SIZE_N 32 over I = 64: two slices, each one scale block of w2's rows; D = 96 over BLOCK_SIZE_D 64: one
+    masked output block."""
+    from tritune.kernels.fused_moe_1stage import fused_moe_1stage
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, quant), quantize_weights(w2, quant)
+    cfg = dataclasses.replace(CFG, BLOCK_SIZE_D=64)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    out = fused_moe_1stage(*on[:5], cfg, quant=quant, w1_scale=on[5], w2_scale=on[6])
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2,
+                              requantize_intermediate=False)
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 1e-2
 
 
 def test_the_whole_call_refuses_bad_mxfp4_operands():

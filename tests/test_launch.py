@@ -388,6 +388,42 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
     assert isinstance(built["a_desc"], tuple) == (kernel == "stage2" and cfg.SORTED_INTER == 2)
 
 
+@pytest.mark.parametrize("quant", ["none", "per_1x128", "per_1x32"])
+def test_compile_only_builds_the_1_stage_specialization_the_op_binds(monkeypatch, quant):
+    """As above for the 1-stage kernel: MXFP4's packed uint8 weights and scales, fp8's scales, 16-bit's dummies."""
+    import inspect
+
+    from tritune.kernels import fused_moe_launch
+    from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+    from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+
+    signature = inspect.signature(_moe_1stage_kernel.fn)
+    bound, compiled, real = [], [], fused_moe_launch.BoundKernel
+
+    def record(fn, grid, args, **kw):
+        if fn is _moe_1stage_kernel:
+            bound.append(signature.bind(*args).arguments)
+        return real(fn, grid, args, **kw)
+
+    def warmup(*args, grid, num_warps, num_stages, **kw):
+        compiled.append(signature.bind(*args, **kw).arguments)
+
+    monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
+    d, inter = (64, 32) if quant == "per_1x32" else (D, INTER)
+    x = moe_problem(quant, tokens=40, dims=(d, inter))
+    cfg = dataclasses.replace(S, BLOCK_SIZE_D=32)
+    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
+                               x["w2_scale"], stage1=cfg, stage2=None, quant=quant)
+    monkeypatch.setattr(_moe_1stage_kernel, "warmup", warmup, raising=False)
+    compile_only("1stage", MoeDims(40, TOPK, E, d, inter, dtype=torch.float16, quant=quant), cfg)
+
+    def specialization(arguments: dict) -> dict:
+        return {name: v.dtype if name.endswith("_ptr") and not isinstance(v, torch.dtype) else v
+                for name, v in arguments.items()}
+
+    assert specialization(compiled[0]) == specialization(bound[0])
+
+
 def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe(monkeypatch):
     from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe_launch import fuses_intermediate_quant

@@ -17,13 +17,15 @@ from tritune.kernels.fused_moe import (
     _gated_tile,
     _pid_mn,
 )
+from tritune.kernels.mxfp4 import mxfp4_tile
 
 
 @triton.jit
 def _moe_1stage_kernel(
     a_ptr, a_scale_ptr,  # hidden [T, D] (dtype or fp8) and its fp32 scales
     w1_ptr, w1_scale_ptr,  # [E, INTER·(2 if GATED else 1), D] and scales as in stage 1
-    w2_ptr, w2_scale_ptr,  # [E, D, INTER]; per_token scales [E, D], per_1x128 [E, ⌈D/128⌉, ⌈INTER/128⌉]
+    w2_ptr, w2_scale_ptr,  # [E, D, INTER]; per_token scales [E, D], per_1x128 [E, ⌈D/128⌉, ⌈INTER/128⌉];
+    # MXFP4 (QUANT 3-5): packed [E, D, INTER/2] with e8m0 scales [E, D, INTER/32]
     out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
     numel, INTER, D, num_pid_m,
@@ -54,7 +56,8 @@ def _moe_1stage_kernel(
     inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     inter = tl.where(i_ok[None, :], inter, 0.0)
     # The second GEMM runs in the activation dtype: fp8 weights are widened in registers and their scales
-    # applied after the dot (no per-row scale of the intermediate exists before the whole row is known).
+    # applied after the dot (no per-row scale of the intermediate exists before the whole row is known); MXFP4
+    # weights are decoded (BLOCK_SIZE_N a multiple of 32, so each slice holds whole scale blocks).
     if QUANT == 0:
         inter = inter.to(w2_ptr.dtype.element_ty)
     elif WIDE_FP16:
@@ -68,11 +71,15 @@ def _moe_1stage_kernel(
     for d in range(0, D, BLOCK_SIZE_D):
         offs_d = d + tl.arange(0, BLOCK_SIZE_D)
         d_ok = offs_d < D
-        w2 = tl.load(w2_base + (offs_d % D)[None, :] * stride_w2n + offs_i[:, None])  # [BLOCK_N, BLOCK_D]
-        if QUANT == 0:
+        w2_ptrs = w2_base + (offs_d % D)[None, :] * stride_w2n + offs_i[:, None]  # [BLOCK_N, BLOCK_D]
+        if QUANT >= 3:  # MXFP4: the slice [pid_n·BLOCK_N, +BLOCK_N) of each w2 row decoded to inter's dtype
+            w2 = mxfp4_tile(w2_base, w2s_base, (offs_d % D).to(tl.int64), pid_n * BLOCK_SIZE_N, stride_w2n,
+                            stride_w2sn, INTER, BLOCK_SIZE_D, BLOCK_SIZE_N, tl.float32).to(inter.dtype).T
             part = tl.dot(inter, w2)
+        elif QUANT == 0:
+            part = tl.dot(inter, tl.load(w2_ptrs))
         else:
-            part = tl.dot(inter, w2.to(inter.dtype))
+            part = tl.dot(inter, tl.load(w2_ptrs).to(inter.dtype))
             if QUANT == 1:
                 part = part * tl.load(w2s_base + offs_d % D)[None, :]
             else:

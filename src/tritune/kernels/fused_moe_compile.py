@@ -70,10 +70,11 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         d, inter = dims.model_dim, dims.inter_dim
         s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
         s2 = _mock_scale_strides(q, dims.experts, d, inter)
+        d_row, i_row = (d // 2, inter // 2) if q in MXFP4_QUANTS else (d, inter)  # weight row lengths as stored
         _moe_1stage_kernel.warmup(
-            a_dt, f32, a_dt, f32, a_dt, f32, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
+            a_dt, f32, w_dt, ws_dt, w_dt, ws_dt, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
             d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
-            inter * (2 if dims.gated else 1) * d, d, *s1, d * inter, inter, *s2,
+            inter * (2 if dims.gated else 1) * d_row, d_row, *s1, d * i_row, i_row, *s2,
             TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(q),
             BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,

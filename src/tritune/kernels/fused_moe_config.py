@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 
 ACTIVATIONS = ("silu", "gelu")
 QUANT_TYPES = ("none", "per_token", "per_1x128")  # every kernel has these, the 1-stage one included
-MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations; the stage kernels only
-MXFP4_A8 = "per_1x32_a8"  # MXFP4 weights, fp8 per-token activations (tl.dot_scaled); the stage kernels only
+MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations
+MXFP4_A8 = "per_1x32_a8"  # MXFP4 weights, fp8 per-token activations (tl.dot_scaled)
 MXFP4_QUANTS = (MXFP4, MXFP4_A8)  # the quantizations with MXFP4 weights
 # Quantizations with fp8 activations (and a quantized intermediate); MXFP4_A8's are per token, like per_token's.
 FP8_QUANTS = ("per_token", "per_1x128", MXFP4_A8)
@@ -115,9 +115,10 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
         raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
-    if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or config.USE_TMA or kernel == "1stage"):
-        raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) runs on the stage kernels only, with "
-                         "BLOCK_SIZE_K >= 32 (whole scale blocks) and no TMA")
+    if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or config.USE_TMA
+                                  or (kernel == "1stage" and config.BLOCK_SIZE_N < 32)):
+        raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) needs BLOCK_SIZE_K >= 32 (whole scale "
+                         "blocks; the 1-stage kernel's BLOCK_SIZE_N too: it slices w2 along K by it) and no TMA")
     if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1) or config.SWAP_AB not in (0, 1):
         raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC and SWAP_AB 0 "
                          "or 1")

@@ -346,9 +346,9 @@ class MoeLaunch:
                                                             dtype=hidden.dtype)}
         acc = ("p", self.align.zero_piece)  # zeroed by the sort's first launch
         dummy = ("p", self.dummy)
-        quantized = quant != "none"
-        a, s = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
-        ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quantized else (dummy, dummy)
+        fp8_a = quant in FP8_QUANTS  # activations quantized by the sort's first launch
+        a, s = (("p", self.q1), ("p", self.q1 + 1)) if fp8_a else (("t", "hidden"), dummy)
+        ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quant != "none" else (dummy, dummy)
         num_pid_m = self.align.num_blocks
         recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, acc, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights")]

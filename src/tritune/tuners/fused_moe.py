@@ -130,11 +130,6 @@ def _interpreter_fault(shape: FmoeShape) -> str | None:
     return interpreter_cost_fault(FusedMoeTunable().flops(MoeProblem(s, "1stage")), weights + s.token * s.model_dim)
 
 
-def kinds_of(shape: FmoeShape) -> tuple[str, ...]:
-    """The kernel kinds searched for a row: both stages, and the 1-stage kernel except for MXFP4 (it has none)."""
-    return ("stage1", "stage2") if shape.quant in MXFP4_QUANTS else ("stage1", "stage2", "1stage")
-
-
 def plan_rows(req: MoeTuneRequest, device: DeviceInfo) -> tuple[list[FmoeShape], list[FmoeShape]]:
     """(rows to tune, rows skipped as already tuned): reads and validates input and output (FmoeCsvError), and
     refuses (ValueError, one line) an input without rows, an output or profile path that cannot be written, and,
@@ -305,7 +300,8 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     report = MoeTuneReport(skipped=skipped)
     if not todo:
         return report
-    problems = [MoeProblem(shape, kind, req.skew) for shape in todo for kind in kinds_of(shape)]
+    kinds = ("stage1", "stage2", "1stage")
+    problems = [MoeProblem(shape, kind, req.skew) for shape in todo for kind in kinds]
     # A stage alone is not what the user calls: only the end-to-end step below is timed as the op runs.
     first, e2e_settings = dataclasses.replace(settings, finalists=0), settings
     if settings.time_limit_s is not None:  # the stage search gets three quarters of the limit, the re-time the rest
