@@ -439,8 +439,9 @@ def test_check_config_accepts(cfg: MoeConfig, kernel: str, quant: str) -> None:
     (dataclasses.replace(SMALL, BLOCK_SIZE_N=24), "stage1", "none", "BLOCK_SIZE_N=24 must be a power of two"),
     (dataclasses.replace(SMALL, BLOCK_SIZE_M=8), "stage2", "none", "BLOCK_SIZE_M=8 must be a power of two >= 16"),
     (dataclasses.replace(SMALL, KSPLIT=0), "stage2", "none", "must be >= 1"),
-    (dataclasses.replace(SMALL, SORTED_INTER=3), "stage2", "none", "SORTED_INTER must be 0, 1 or 2 and TOPK_ATOMIC"),
-    (dataclasses.replace(SMALL, TOPK_ATOMIC=2), "stage1", "none", "TOPK_ATOMIC 0 or 1"),
+    (dataclasses.replace(SMALL, SORTED_INTER=3), "stage2", "none", "SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC"),
+    (dataclasses.replace(SMALL, TOPK_ATOMIC=2), "stage1", "none", "TOPK_ATOMIC and SWAP_AB 0 or 1"),
+    (dataclasses.replace(SMALL, SWAP_AB=2), "stage1", "none", "TOPK_ATOMIC and SWAP_AB 0 or 1"),
     (dataclasses.replace(ONE, SORTED_INTER=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
     (dataclasses.replace(ONE, TOPK_ATOMIC=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
 ])
