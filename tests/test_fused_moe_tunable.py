@@ -295,6 +295,8 @@ ONE_STAGE = Config.of(**{k: v for k, v in dataclasses.asdict(SMALL).items() if k
                       | {"BLOCK_SIZE_D": 32})
 FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", doweight_stage1=True)
 LEVERS = dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1)
+MX_TINY = TINY | dict(model_dim=64, inter_dim=32, q_dtype_w="fp4x2", q_type="per_1x32")  # K multiples of 32
+MX8_TINY = MX_TINY | dict(q_dtype_a="fp8")  # per_1x32_a8: fp8 per-token activations
 
 
 @pytest.mark.parametrize(("fields", "kind", "config", "plan"), [
@@ -309,8 +311,13 @@ LEVERS = dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1)
     (FP8_TINY, "e2e", None, (dataclasses.replace(SMALL, BLOCK_SIZE_D=32), None)),
     (TINY, "e2e", None, (LEVERS, LEVERS)),  # the tuner's lever variant: sorted intermediate via TMA, atomic top-k
     (FP8_TINY, "e2e", None, (dataclasses.replace(LEVERS, SORTED_INTER=1),) * 2),
+    (MX_TINY, "stage1", STAGE, None),  # MXFP4: packed weights, the dequantized reference
+    (MX8_TINY, "stage2", STAGE, None),
+    (MX8_TINY, "1stage", ONE_STAGE, None),
+    (MX8_TINY, "e2e", None, (SMALL, SMALL)),
 ], ids=["stage1", "stage1-ksplit2", "stage2", "stage2-ksplit2-doweight", "1stage", "e2e-2stage", "e2e-1stage",
-        "stage2-per_1x128", "e2e-1stage-per_1x128", "e2e-levers", "e2e-levers-per_1x128"])
+        "stage2-per_1x128", "e2e-1stage-per_1x128", "e2e-levers", "e2e-levers-per_1x128", "stage1-mxfp4",
+        "stage2-mxfp4-a8", "1stage-mxfp4-a8", "e2e-mxfp4-a8"])
 def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, plan) -> None:
     problem = MoeProblem(FmoeShape(**fields), kind, plan=plan)
     tunable = FusedMoeTunable()
