@@ -247,6 +247,20 @@ def test_2stage_with_swap_ab_in_both_stages(quant: str) -> None:
     run_2stage(make_moe(CROSSING, quant, seed=5), SWAP, dataclasses.replace(SWAP, KSPLIT=2), "silu", False)
 
 
+@pytest.mark.parametrize("quant", ["none", "per_token"])
+def test_warp_specialised_stage_2_over_tma_loads(quant: str) -> None:
+    """WARP_SPEC: stage 2's K loop handed to Triton's warp specialisation (the interpreter runs it as a plain loop);
+    A (the sorted intermediate) and w2 through TMA. TMA_FP8's rows are 16-byte multiples in fp8 too."""
+    dims = TMA_FP8 if quant != "none" else BASE
+    ws = levers(TMA, 2, 0, WARP_SPEC=1)
+    assert ws.name("stage2").endswith("_SI2_WS1")
+    run_2stage(make_moe(dims, quant, seed=9), levers(SMALL, 2, 0), ws, "silu", False)
+    with pytest.raises(ValueError, match="WARP_SPEC .* is for stage 2 with every load through TMA"):
+        fm.check_config(levers(SMALL, 2, 0, WARP_SPEC=1), "stage2", quant)  # w2 by pointers
+    with pytest.raises(ValueError, match="WARP_SPEC"):
+        fm.check_config(ws, "stage1", quant)  # stage 1 gathers A by pointers
+
+
 def test_swap_ab_names_and_refusals() -> None:
     assert SWAP.name("stage1").endswith("_TMA0_SW1") and "SW" not in SMALL.name("stage1")  # shown only when on
     assert MoeConfig.parse_name(SWAP.name("stage2", "per_token")) == ("stage2", SWAP)

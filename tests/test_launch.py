@@ -336,6 +336,7 @@ def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, c
     ("stage2", SL_KS2, "none"),  # split-K adding atomically
     ("stage2", dataclasses.replace(S, KSPLIT=2, SORTED_INTER=1), "none"),  # split-K partials by pair
     ("stage2", dataclasses.replace(S, SWAP_AB=1), "none"),  # the transposed product: a constexpr of its own
+    ("stage2", dataclasses.replace(SL, USE_TMA=1, WARP_SPEC=1), "none"),  # warp-specialised, every load TMA
     ("stage1", S, "per_1x32"),  # MXFP4: packed uint8 weights (K/2 per row), uint8 scales [E, N, K/32]
     ("stage2", dataclasses.replace(S, KSPLIT=2), "per_1x32"),
 ])

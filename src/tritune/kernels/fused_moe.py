@@ -192,7 +192,8 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
                 ws_base, stride_wsn, w_desc, tma_row, a_desc, a_row0, GATED: tl.constexpr, QUANT: tl.constexpr,
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
+                A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
+                WARP_SPEC: tl.constexpr = False):
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
@@ -200,6 +201,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
     A_TMA: the rows are a_row0.. (a_rows = a_row0 + arange, a sorted intermediate) and each A tile comes through
     `a_desc` (TMA zero-fills past K).
     SWAP_AB: the K loop accumulates w · aᵀ ([BLOCK_N, BLOCK_M]) and the result is transposed once at the end.
+    WARP_SPEC: the K loop goes to Triton's warp specialisation (load warps feeding MMA warps; every load a TMA load).
     """
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     if QUANT == 1 and A_QUANT_ON_LOAD:
@@ -211,7 +213,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
     else:
         acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_SIZE_K):
+    for k in tl.range(k_start, k_end, BLOCK_SIZE_K, warp_specialize=WARP_SPEC):
         if A_TMA:
             a = a_desc.load([a_row0, k])
         elif EVEN_K:
@@ -269,6 +271,7 @@ def _moe_gemm_kernel(
     A_SORTED: tl.constexpr = 0,  # stage 2: A rows in the sort's order; 1 pointer loads, 2 through a_desc (TMA)
     ATOMIC_TOPK: tl.constexpr = 0,  # stage 2: topk > 0 adds weight·row into fp32 out row pair // topk; 0 stores
     SWAP_AB: tl.constexpr = False,  # QUANT 0-2: accumulate w · aᵀ (a wgmma's 64 rows from N), transposed at the end
+    WARP_SPEC: tl.constexpr = False,  # stage 2, A and w through TMA: a warp-specialised K loop
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -296,7 +299,8 @@ def _moe_gemm_kernel(
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
                                tma_row, a_desc, (pid_m * BLOCK_SIZE_M).to(tl.int32), GATED, QUANT, EVEN_K, USE_TMA,
-                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2, SWAP_AB)
+                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2, SWAP_AB,
+                               WARP_SPEC)
     n_ok = (offs_n_out < N)[None, :]
     mask = row_ok[:, None] & n_ok
     if OUT_SORTED:

@@ -24,7 +24,7 @@ SCALE_BLOCK = 128
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
-OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB")
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC")
 
 
 def act_group(quant: str) -> int:
@@ -58,10 +58,11 @@ class MoeConfig:
     SORTED_INTER: int = 0  # 2-stage plans: 0 pair order; 1 sorted rows; 2 sorted rows, stage 2 loads A through TMA
     TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
     SWAP_AB: int = 0  # stage kernels, 16-bit and fp8: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
+    WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
-              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW"}
+              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -122,6 +123,10 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1) or config.SWAP_AB not in (0, 1):
         raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC and SWAP_AB 0 "
                          "or 1")
+    if config.WARP_SPEC not in (0, 1) or (config.WARP_SPEC and (kernel != "stage2" or not config.USE_TMA
+                                                                 or config.SORTED_INTER != 2)):
+        raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
+                         "TMA: USE_TMA 1 and SORTED_INTER 2")
     if config.SWAP_AB and (kernel == "1stage" or quant in MXFP4_QUANTS):
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option for 16-bit and fp8 weights")
     if kernel == "1stage":
