@@ -261,6 +261,30 @@ def test_warp_specialised_stage_2_over_tma_loads(quant: str) -> None:
         fm.check_config(ws, "stage1", quant)  # stage 1 gathers A by pointers
 
 
+@pytest.mark.parametrize(("dims", "quant", "more"), [
+    (BASE, "none", {}),  # fp16 rows of D=40: 80 bytes
+    (TMA_FP8, "per_token", {"KSPLIT": 2}),  # fp8 rows of 48 bytes and their scales gathered; stage 1 split
+    (TMA_FP8, "per_1x128", {"SORTED_INTER": 2}),  # with the sorted intermediate: both GEMMs read A through TMA
+    (Dims(tokens=21, experts=2, model_dim=64), "none", {"TOPK_ATOMIC": 1}),  # several blocks per expert
+])
+def test_gathered_a_equals_the_pointer_gather(dims: Dims, quant: str, more: dict) -> None:
+    """GATHER_A: a launch copies stage 1's rows (and fp8 scales) into the sort's order, stage 1 reads them through
+    TMA: the same values in the same order as the pointer gather, so the same bits."""
+    x = make_moe(dims, quant, seed=11)
+    kw = x.kw("silu", False)
+    cfg = dataclasses.replace(SMALL, GATHER_A=1, **more)
+    assert cfg.name("stage1").endswith("_GA1")
+    out = fm.fused_moe_2stage(*x.args, cfg, dataclasses.replace(cfg, KSPLIT=1), **kw)
+    plain = fm.fused_moe_2stage(*x.args, dataclasses.replace(cfg, GATHER_A=0),
+                                dataclasses.replace(cfg, GATHER_A=0, KSPLIT=1), **kw)
+    atomic = more.get("TOPK_ATOMIC") and dims.topk > 1
+    torch.testing.assert_close(out, plain, rtol=1e-2 if atomic else 0, atol=1e-2 if atomic else 0)
+    assert_close(out, fused_moe_reference(*x.args, **kw), quant)
+    with pytest.raises(ValueError, match="GATHER_A .A through TMA. needs rows of 16-byte multiples; K=136"):
+        c = make_moe(CROSSING, "per_token")  # fp8 rows of 136 bytes
+        fm.fused_moe_2stage(*c.args, cfg, dataclasses.replace(cfg, KSPLIT=1), **c.kw("silu", False))
+
+
 def test_swap_ab_names_and_refusals() -> None:
     assert SWAP.name("stage1").endswith("_TMA0_SW1") and "SW" not in SMALL.name("stage1")  # shown only when on
     assert MoeConfig.parse_name(SWAP.name("stage2", "per_token")) == ("stage2", SWAP)
@@ -360,7 +384,7 @@ def test_levers_refused_where_they_cannot_run() -> None:
     with pytest.raises(ValueError, match="K=24 of torch.float8_e4m3fn is not"):
         fm.fused_moe_2stage(*q.args, levers(KS2, 2), levers(SMALL, 2), **q.kw("silu", False))
     sorting = moe_align_block_size(x.ids, 16, x.dims.experts)
-    with pytest.raises(ValueError, match="SORTED_INTER and TOPK_ATOMIC shape the whole 2-stage call"):
+    with pytest.raises(ValueError, match="SORTED_INTER, TOPK_ATOMIC, GATHER_A shape the whole 2-stage call"):
         fm.moe_stage1(x.hidden, x.w1, x.weights, sorting, levers(SMALL, 1), inter_dim=20)
 
 
@@ -454,10 +478,11 @@ def test_check_config_accepts(cfg: MoeConfig, kernel: str, quant: str) -> None:
     (dataclasses.replace(SMALL, BLOCK_SIZE_M=8), "stage2", "none", "BLOCK_SIZE_M=8 must be a power of two >= 16"),
     (dataclasses.replace(SMALL, KSPLIT=0), "stage2", "none", "must be >= 1"),
     (dataclasses.replace(SMALL, SORTED_INTER=3), "stage2", "none", "SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC"),
-    (dataclasses.replace(SMALL, TOPK_ATOMIC=2), "stage1", "none", "TOPK_ATOMIC and SWAP_AB 0 or 1"),
-    (dataclasses.replace(SMALL, SWAP_AB=2), "stage1", "none", "TOPK_ATOMIC and SWAP_AB 0 or 1"),
-    (dataclasses.replace(ONE, SORTED_INTER=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
-    (dataclasses.replace(ONE, TOPK_ATOMIC=1), "1stage", "none", "1-stage has no sorted-intermediate or top-k-atomic"),
+    (dataclasses.replace(SMALL, TOPK_ATOMIC=2), "stage1", "none", "TOPK_ATOMIC, SWAP_AB and GATHER_A 0 or 1"),
+    (dataclasses.replace(SMALL, SWAP_AB=2), "stage1", "none", "TOPK_ATOMIC, SWAP_AB and GATHER_A 0 or 1"),
+    (dataclasses.replace(ONE, SORTED_INTER=1), "1stage", "none", "1-stage has no sorted-intermediate, top-k-atomic"),
+    (dataclasses.replace(ONE, TOPK_ATOMIC=1), "1stage", "none", "1-stage has no sorted-intermediate, top-k-atomic"),
+    (dataclasses.replace(ONE, GATHER_A=1), "1stage", "none", "or gathered-A variant"),
 ])
 def test_check_config_rejects(cfg: MoeConfig, kernel: str, quant: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tritune.kernels import gemm as gk
-from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.fused_moe import PLAN_FIELDS, MoeConfig
 from tritune.kernels.launch import Workspace, launch_counts, reset_launch_counts
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.ops.fused_moe import MoeChoice, fused_moe, reload_moe_configs
@@ -335,6 +335,8 @@ def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, c
     ("stage2", SL, "none"),  # A descriptor over the sorted rows, fp32 accumulator target
     ("stage2", SL_KS2, "none"),  # split-K adding atomically
     ("stage2", dataclasses.replace(S, KSPLIT=2, SORTED_INTER=1), "none"),  # split-K partials by pair
+    ("stage1", dataclasses.replace(S, GATHER_A=1), "none"),  # A gathered into the sort's order, through TMA
+    ("stage1", dataclasses.replace(S, GATHER_A=1, SORTED_INTER=1), "per_1x128"),  # gathered fp8 A and its scales
     ("stage2", dataclasses.replace(S, SWAP_AB=1), "none"),  # the transposed product: a constexpr of its own
     ("stage2", dataclasses.replace(SL, USE_TMA=1, WARP_SPEC=1), "none"),  # warp-specialised, every load TMA
     ("stage1", S, "per_1x32"),  # MXFP4: packed uint8 weights (K/2 per row), uint8 scales [E, N, K/32]
@@ -363,9 +365,9 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
         compiled.append(signature.bind(*args, **kw).arguments)
 
     monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
-    d, inter = (64, 32) if quant == "per_1x32" else (D, INTER)  # MXFP4: K multiples of 32
+    d, inter = (64, 32) if quant != "none" else (D, INTER)  # MXFP4: K multiples of 32; fp8 TMA rows of 16 bytes
     x = moe_problem(quant, tokens=40, dims=(d, inter))
-    shared = {name: getattr(cfg, name) for name in LEVERS}
+    shared = {name: getattr(cfg, name) for name in PLAN_FIELDS}
     stage1, stage2 = (cfg, dataclasses.replace(S, **shared)) if kernel == "stage1" else \
         (dataclasses.replace(S, **shared), cfg)
     fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
@@ -386,7 +388,8 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
 
     built = specialization(compiled[0])
     assert built == specialization(bound[0 if kernel == "stage1" else 1])
-    assert isinstance(built["a_desc"], tuple) == (kernel == "stage2" and cfg.SORTED_INTER == 2)
+    through_tma = cfg.SORTED_INTER == 2 if kernel == "stage2" else bool(cfg.GATHER_A)
+    assert isinstance(built["a_desc"], tuple) == through_tma
 
 
 @pytest.mark.parametrize("quant", ["none", "per_1x128", "per_1x32"])

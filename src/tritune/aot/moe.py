@@ -219,7 +219,7 @@ def _full_config(params: Mapping[str, int]) -> dict:
         raise ValueError(f"aot: {cfg.name('stage1')}: split-K, TMA and SWAP_AB configs are not supported ahead of "
                          "time")
     if any(getattr(cfg, name) for name in fm.PLAN_FIELDS):
-        raise ValueError(f"aot: {cfg.name('stage1')}: {' and '.join(fm.PLAN_FIELDS)} are options of the whole op, "
+        raise ValueError(f"aot: {cfg.name('stage1')}: {', '.join(fm.PLAN_FIELDS)} are options of the whole op, "
                          "not of one stage's artifact")
     return {k: getattr(cfg, k) for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
                                          "num_warps", "num_stages", "KSPLIT", "USE_TMA")}

@@ -401,7 +401,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     """Run _moe_gemm_kernel (and the stage-1 finish when split): returns `out`, or the fp32 partials of stage 2."""
     cfg = config
     if any(getattr(cfg, name) for name in PLAN_FIELDS):
-        raise ValueError(f"{' and '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
+        raise ValueError(f"{', '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
                          "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
     if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)

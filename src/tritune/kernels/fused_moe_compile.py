@@ -99,10 +99,11 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     if cfg.USE_TMA:
         w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1],
                                   [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
-    a_sorted = 0 if stage1 else cfg.SORTED_INTER
+    a_sorted = (2 if cfg.GATHER_A else 0) if stage1 else cfg.SORTED_INTER
     a_desc = MockTensor(a_dt)
-    if a_sorted == 2:
-        a_desc = TensorDescriptor(MockTensor(a_dt), [rows, k], [k, 1], [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
+    if a_sorted == 2:  # stage 1's gathered A has the sort's padded length of rows, as a sorted intermediate does
+        a_rows = max_padded_size(numel, dims.experts, cfg.BLOCK_SIZE_M) if stage1 else rows
+        a_desc = TensorDescriptor(MockTensor(a_dt), [a_rows, k], [k, 1], [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
     part_rows = rows if stage1 else numel  # split-K partials: stage 1 in the intermediate's order, stage 2 by pair
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     w_row = k // 2 if q in MXFP4_QUANTS else k  # bytes (elements) of a weight row

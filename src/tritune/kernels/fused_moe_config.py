@@ -22,7 +22,7 @@ KERNELS = ("stage1", "stage2", "1stage")
 SCALE_BLOCK = 128
 # Plan-level options (both stages carry the same value; MoeLaunch refuses a pair that disagrees). Off by default; a
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
-PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC")
+PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC", "GATHER_A")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
 OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC")
 
@@ -59,10 +59,11 @@ class MoeConfig:
     TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
     SWAP_AB: int = 0  # stage kernels, 16-bit and fp8: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
+    GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
-              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS"}
+              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -120,9 +121,10 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                                   or (kernel == "1stage" and config.BLOCK_SIZE_N < 32)):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) needs BLOCK_SIZE_K >= 32 (whole scale "
                          "blocks; the 1-stage kernel's BLOCK_SIZE_N too: it slices w2 along K by it) and no TMA")
-    if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1) or config.SWAP_AB not in (0, 1):
-        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC and SWAP_AB 0 "
-                         "or 1")
+    if config.SORTED_INTER not in (0, 1, 2) or any(getattr(config, f) not in (0, 1)
+                                                    for f in ("TOPK_ATOMIC", "SWAP_AB", "GATHER_A")):
+        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC, SWAP_AB and "
+                         "GATHER_A 0 or 1")
     if config.WARP_SPEC not in (0, 1) or (config.WARP_SPEC and (kernel != "stage2" or not config.USE_TMA
                                                                  or config.SORTED_INTER != 2)):
         raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
@@ -135,9 +137,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
         if config.USE_TMA:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no TMA variant")
-        if config.SORTED_INTER or config.TOPK_ATOMIC:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no sorted-intermediate or top-k-atomic "
-                             "variant (SORTED_INTER, TOPK_ATOMIC are 2-stage plan options)")
+        if config.SORTED_INTER or config.TOPK_ATOMIC or config.GATHER_A:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no sorted-intermediate, top-k-atomic or "
+                             "gathered-A variant (SORTED_INTER, TOPK_ATOMIC, GATHER_A are 2-stage plan options)")
         if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
 

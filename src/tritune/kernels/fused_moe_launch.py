@@ -32,6 +32,8 @@ from tritune.kernels.fused_moe import (
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
+from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
+from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
@@ -239,15 +241,16 @@ class MoeLaunch:
               amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool, n: int, k: int, numel: int,
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
-              out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0) -> None:
+              out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None) -> None:
         num_pid_m = self.align.num_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
         first = len(self.tma)
         a_desc = a
-        if a_sorted == 2:  # the sorted intermediate through TMA: block b's tile is rows b·BLOCK_M.. of [rows, K]
-            a_desc = self._descriptor(a, (self.inter_rows, k), pieces.items[a[1]][0],
-                                      [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, "SORTED_INTER 2 (A through TMA)")
+        if a_sorted == 2:  # A in the sort's order through TMA: block b's tile is rows b·BLOCK_M.. of [rows, K]
+            what = "GATHER_A (A through TMA)" if a_rows is not None else "SORTED_INTER 2 (A through TMA)"
+            a_desc = self._descriptor(a, (a_rows or self.inter_rows, k), pieces.items[a[1]][0],
+                                      [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, what)
         w_desc = ("t", w)
         if cfg.USE_TMA:
             w_desc = self._descriptor(("t", w), (w_t.numel() // k, k), w_t.dtype, [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K],
@@ -284,6 +287,18 @@ class MoeLaunch:
         quantized = quant in FP8_QUANTS  # the activations and the intermediate; MXFP4 keeps them 16-bit
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
+        gathered_rows = None
+        if cfg1.GATHER_A:  # stage 1's A (and its scales) copied into the sort's order, then read through TMA
+            gathered_rows = self.align.max_padded
+            groups = self.align.groups if quantized else 1
+            a_dt = pieces.items[a1[1]][0] if a1[0] == "p" else hidden.dtype
+            ga = pieces.add(a_dt, gathered_rows * model_dim)
+            gs = pieces.add(_F32, gathered_rows * groups) if quantized else self.dummy
+            grid, block_c = gather_grid(gathered_rows, model_dim)
+            self._bind(_gather_rows_kernel, grid, [a1, s1, ("p", ga), ("p", gs), ("p", 0), ("p", 2)] + [
+                ("v", v) for v in (numel, gathered_rows, model_dim, groups, topk, quantized,
+                                   triton.next_power_of_2(groups), GATHER_ROWS, block_c)], example, pieces, 4, 1)
+            a1, s1 = ("p", ga), ("p", gs) if quantized else dummy
         rows = self.inter_rows  # numel, or the sort's padded length with SORTED_INTER
         inter = self.inter_piece = pieces.add(hidden.dtype, rows * inter_dim)
         n_w1 = inter_dim * (2 if self.gated else 1)
@@ -298,7 +313,8 @@ class MoeLaunch:
                    n=inter_dim, k=model_dim, numel=numel, cfg=cfg1, stride_om=n_w1 if split1 else inter_dim,
                    stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
                    act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
-                   scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter))
+                   scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter),
+                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows)
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
