@@ -45,6 +45,7 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.moe_reference import fused_moe_reference
+    from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
     from tritune.ops.heuristics import moe_heuristic
     from tritune.ops.routing import sample_routing
     from tritune.tuning.bench import time_kernel
@@ -66,7 +67,7 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
                               capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
     c1, c2 = (dataclasses.replace(c, SORTED_INTER=0, TOPK_ATOMIC=0) for c in (c1, c2))
     row = {"tokens": tokens, "routed_experts": routed,
-           "floor_mxfp4_us": floor_us(tokens, d, inter, topk, routed, 0.5 + 1 / 32),
+           "floor_mxfp4_us": floor_us(tokens, d, inter, topk, routed, BITS_PER_WEIGHT / 8),
            "floor_bf16_us": floor_us(tokens, d, inter, topk, routed, 2.0)}
 
     def run(quant: str, dot_scaled: bool, cfg1, cfg2, w1_, w2_, sc1, sc2):

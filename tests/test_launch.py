@@ -327,6 +327,49 @@ def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, c
     assert (~real_rows).any() and (inter[~real_rows] == 0).all()
 
 
+def _bound_and_compiled(monkeypatch, kernel_fn, quant: str, dims: tuple[int, int], stage1: MoeConfig,
+                        stage2: MoeConfig | None, kernel: str, cfg: MoeConfig) -> tuple[list[dict], list[dict]]:
+    """The arguments `kernel_fn` gets (by name) from a MoeLaunch of (stage1, stage2) on a 40-token problem of `dims`
+    (model_dim, inter_dim), and from compile_only(kernel, ..., cfg): what the op binds and what the pool compiles."""
+    import inspect
+
+    from tritune.kernels import fused_moe_launch
+    from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+
+    signature = inspect.signature(kernel_fn.fn)
+    bound, compiled, real = [], [], fused_moe_launch.BoundKernel
+
+    def record(fn, grid, args, **kw):
+        if fn is kernel_fn:
+            bound.append(signature.bind(*args).arguments)
+        return real(fn, grid, args, **kw)
+
+    def warmup(*args, grid, num_warps, num_stages, **kw):
+        compiled.append(signature.bind(*args, **kw).arguments)
+
+    monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
+    x = moe_problem(quant, tokens=40, dims=dims)
+    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
+                               x["w2_scale"], stage1=stage1, stage2=stage2, quant=quant)
+    # Only now: on a GPU, BoundKernel itself compiles through the real warmup.
+    monkeypatch.setattr(kernel_fn, "warmup", warmup, raising=False)
+    compile_only(kernel, MoeDims(40, TOPK, E, *dims, dtype=torch.float16, quant=quant), cfg)
+    return bound, compiled
+
+
+def _specialization(arguments: dict) -> dict:
+    """Each argument as Triton specializes on it: descriptors by dtype, shape and block; pointers by dtype."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    out = {}
+    for name, v in arguments.items():
+        if isinstance(v, TensorDescriptor):
+            out[name] = ("descriptor", v.base.dtype, list(v.shape), list(v.block_shape))
+        else:
+            out[name] = v if not name.endswith(("_ptr", "_desc")) or isinstance(v, torch.dtype) else v.dtype
+    return out
+
+
 @pytest.mark.parametrize(("kernel", "cfg", "quant"), [
     ("stage1", S, "none"),
     ("stage1", dataclasses.replace(S, SORTED_INTER=1), "none"),  # rows stored in the sort's order
@@ -345,49 +388,16 @@ def test_scratch_poisoned_with_nan_is_never_read_unwritten(monkeypatch, quant, c
 def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel, cfg, quant):
     """compile_only's pointer dtypes, descriptors, integers and constexprs are the ones MoeLaunch binds its GEMM
     launch with: the compile pool's binary is the one the op runs."""
-    import inspect
-
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe import _moe_gemm_kernel
-    from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 
-    signature = inspect.signature(_moe_gemm_kernel.fn)
-    bound, compiled, real = [], [], fused_moe_launch.BoundKernel
-
-    def record(fn, grid, args, **kw):
-        if fn is _moe_gemm_kernel:
-            bound.append(signature.bind(*args).arguments)
-        return real(fn, grid, args, **kw)
-
-    def warmup(*args, grid, num_warps, num_stages, **kw):
-        compiled.append(signature.bind(*args, **kw).arguments)
-
-    monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
     d, inter = (64, 32) if quant != "none" else (D, INTER)  # MXFP4: K multiples of 32; fp8 TMA rows of 16 bytes
-    x = moe_problem(quant, tokens=40, dims=(d, inter))
     shared = {name: getattr(cfg, name) for name in PLAN_FIELDS}
     stage1, stage2 = (cfg, dataclasses.replace(S, **shared)) if kernel == "stage1" else \
         (dataclasses.replace(S, **shared), cfg)
-    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
-                               x["w2_scale"], stage1=stage1, stage2=stage2, quant=quant)
-    # Only now: on a GPU, BoundKernel itself compiles through the real warmup.
-    monkeypatch.setattr(_moe_gemm_kernel, "warmup", warmup, raising=False)
-    compile_only(kernel, MoeDims(40, TOPK, E, d, inter, dtype=torch.float16, quant=quant), cfg)
-
-    def specialization(arguments: dict) -> dict:
-        """Each argument as Triton specializes on it: descriptors by dtype, shape and block; pointers by dtype."""
-        out = {}
-        for name, v in arguments.items():
-            if isinstance(v, TensorDescriptor):
-                out[name] = ("descriptor", v.base.dtype, list(v.shape), list(v.block_shape))
-            else:
-                out[name] = v if not name.endswith(("_ptr", "_desc")) or isinstance(v, torch.dtype) else v.dtype
-        return out
-
-    built = specialization(compiled[0])
-    assert built == specialization(bound[0 if kernel == "stage1" else 1])
+    bound, compiled = _bound_and_compiled(monkeypatch, _moe_gemm_kernel, quant, (d, inter), stage1, stage2, kernel,
+                                          cfg)
+    built = _specialization(compiled[0])
+    assert built == _specialization(bound[0 if kernel == "stage1" else 1])
     through_tma = cfg.SORTED_INTER == 2 if kernel == "stage2" else bool(cfg.GATHER_A)
     assert isinstance(built["a_desc"], tuple) == through_tma
 
@@ -395,37 +405,12 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
 @pytest.mark.parametrize("quant", ["none", "per_1x128", "per_1x32"])
 def test_compile_only_builds_the_1_stage_specialization_the_op_binds(monkeypatch, quant):
     """As above for the 1-stage kernel: MXFP4's packed uint8 weights and scales, fp8's scales, 16-bit's dummies."""
-    import inspect
-
-    from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
-    from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 
-    signature = inspect.signature(_moe_1stage_kernel.fn)
-    bound, compiled, real = [], [], fused_moe_launch.BoundKernel
-
-    def record(fn, grid, args, **kw):
-        if fn is _moe_1stage_kernel:
-            bound.append(signature.bind(*args).arguments)
-        return real(fn, grid, args, **kw)
-
-    def warmup(*args, grid, num_warps, num_stages, **kw):
-        compiled.append(signature.bind(*args, **kw).arguments)
-
-    monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
-    d, inter = (64, 32) if quant == "per_1x32" else (D, INTER)
-    x = moe_problem(quant, tokens=40, dims=(d, inter))
+    dims = (64, 32) if quant == "per_1x32" else (D, INTER)
     cfg = dataclasses.replace(S, BLOCK_SIZE_D=32)
-    fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
-                               x["w2_scale"], stage1=cfg, stage2=None, quant=quant)
-    monkeypatch.setattr(_moe_1stage_kernel, "warmup", warmup, raising=False)
-    compile_only("1stage", MoeDims(40, TOPK, E, d, inter, dtype=torch.float16, quant=quant), cfg)
-
-    def specialization(arguments: dict) -> dict:
-        return {name: v.dtype if name.endswith("_ptr") and not isinstance(v, torch.dtype) else v
-                for name, v in arguments.items()}
-
-    assert specialization(compiled[0]) == specialization(bound[0])
+    bound, compiled = _bound_and_compiled(monkeypatch, _moe_1stage_kernel, quant, dims, cfg, None, "1stage", cfg)
+    assert _specialization(compiled[0]) == _specialization(bound[0])
 
 
 def test_fp8_intermediate_quantization_is_fused_only_where_it_is_safe(monkeypatch):

@@ -84,7 +84,7 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     With USE_TMA the weight tiles come through `w_desc` (rows tma_row.. of the [E·N_W, K] view; TMA zero-fills
     past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
-    `quant_group` would have (the K step lies in one group, BLOCK_K dividing 128).
+    `quant_tile` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
     if QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
@@ -197,7 +197,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
-    (per_1x128); each tile is quantized to fp8 as it is loaded, as `quant_group` would have done it.
+    (per_1x128); each tile is quantized to fp8 as it is loaded, as `quant_tile` would have done it.
     A_TMA: the rows are a_row0.. (a_rows = a_row0 + arange, a sorted intermediate) and each A tile comes through
     `a_desc` (TMA zero-fills past K).
     SWAP_AB: the K loop accumulates w · aᵀ ([BLOCK_N, BLOCK_M]) and the result is transposed once at the end.

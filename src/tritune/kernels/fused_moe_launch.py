@@ -27,6 +27,7 @@ from tritune.kernels.fused_moe import (
     _stage1_finish_kernel,
     _topk_sum_kernel,
     _validate,
+    act_group,
     check_config,
     check_plan,
     quant_id,
@@ -135,7 +136,7 @@ class MoeLaunch:
         self.ids_contiguous = topk_ids.is_contiguous()
         ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
         pieces = _Pieces()
-        group = SCALE_BLOCK if quant == "per_1x128" else 0
+        group = act_group(quant)
         # Rows of the intermediate: one per pair, or with SORTED_INTER the sort's padded length (block b's rows are
         # b·BLOCK_SIZE_M.. in both stages; no block of real pairs reaches past it).
         self.sorted_inter = 0 if self.one_stage else stage1.SORTED_INTER

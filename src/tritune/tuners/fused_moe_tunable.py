@@ -19,6 +19,7 @@ from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
+from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.routing import sample_routing
@@ -144,7 +145,7 @@ def _elt(p: MoeProblem) -> int:
 
 def _w_elt(p: MoeProblem) -> float:
     """Bytes per weight element: fp8 1, 16-bit 2, MXFP4 half a byte of code plus 1/32 of a byte of scale."""
-    return 0.5 + 1 / 32 if p.shape.quant in fm.MXFP4_QUANTS else 2 if p.shape.quant == "none" else 1
+    return BITS_PER_WEIGHT / 8 if p.shape.quant in fm.MXFP4_QUANTS else 2 if p.shape.quant == "none" else 1
 
 
 def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
