@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, quantize_weights
 from tritune.kernels.fused_moe_1stage import fused_moe_1stage
+from tritune.kernels.fused_moe_config import check_compiles_here, warp_spec_compiles
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.quant import FP8, quantize_blocks, quantize_fp8, quantize_rows
+from tritune.knobs import interpreting
 from tritune.ops.routing import sample_routing
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -254,11 +257,28 @@ def test_warp_specialised_stage_2_over_tma_loads(quant: str) -> None:
     dims = TMA_FP8 if quant != "none" else BASE
     ws = levers(TMA, 2, 0, WARP_SPEC=1)
     assert ws.name("stage2").endswith("_SI2_WS1")
-    run_2stage(make_moe(dims, quant, seed=9), levers(SMALL, 2, 0), ws, "silu", False)
+    if warp_spec_compiles(triton.__version__, interpreting()):
+        run_2stage(make_moe(dims, quant, seed=9), levers(SMALL, 2, 0), ws, "silu", False)
+    else:  # Triton 3.6 on a GPU: its warp-specialisation pass fails on this loop; the op refuses in one line
+        with pytest.raises(ValueError, match="WARP_SPEC needs a Triton newer than 3.6"):
+            run_2stage(make_moe(dims, quant, seed=9), levers(SMALL, 2, 0), ws, "silu", False)
     with pytest.raises(ValueError, match="WARP_SPEC .* is for stage 2 with every load through TMA"):
         fm.check_config(levers(SMALL, 2, 0, WARP_SPEC=1), "stage2", quant)  # w2 by pointers
     with pytest.raises(ValueError, match="WARP_SPEC"):
         fm.check_config(ws, "stage1", quant)  # stage 1 gathers A by pointers
+
+
+def test_warp_spec_is_refused_where_triton_cannot_build_it() -> None:
+    """Triton 3.6's Hopper warp-specialisation pass fails on stage 2's loop (H100, 2026-11-26): a GPU build there is
+    refused in one line naming the version; the interpreter and newer releases pass; WARP_SPEC 0 always passes."""
+    ws = levers(TMA, 2, 0, WARP_SPEC=1)
+    assert not warp_spec_compiles("3.6.0", interpreter=False)
+    assert warp_spec_compiles("3.6.0", interpreter=True)
+    assert warp_spec_compiles("3.9.0", interpreter=False) and warp_spec_compiles("3.10.1", interpreter=False)
+    with pytest.raises(ValueError, match=r"_WS1: WARP_SPEC needs a Triton newer than 3\.6 .* this is Triton 3\.6\.0"):
+        check_compiles_here(ws, "stage2", "none", "3.6.0", interpreter=False)
+    check_compiles_here(ws, "stage2", "none", "3.7.0", interpreter=False)
+    check_compiles_here(levers(TMA, 2, 0), "stage2", "none", "3.6.0", interpreter=False)
 
 
 @pytest.mark.parametrize(("dims", "quant", "more"), [

@@ -197,6 +197,30 @@ def test_problem_keys() -> None:
     assert hash(MoeProblem(s, "stage1")) == hash(MoeProblem(s, "stage1"))
 
 
+def test_compile_pool_builds_an_e2e_problems_plan(monkeypatch) -> None:
+    """The e2e re-time's kernels compile in the pool like the search's (its lever variants, e.g. SORTED_INTER 2, are
+    new specializations): a stage pair compiles both GEMMs, a 1-stage plan its one kernel, a stage problem its own."""
+    from tritune.tuners import fused_moe_tunable as ft
+
+    built = []
+    monkeypatch.setattr(ft, "interpreting", lambda: False)
+    monkeypatch.setattr(ft, "compile_only", lambda kernel, dims, cfg: built.append((kernel, cfg, dims.tokens)))
+    s = shape()
+    lever = (dataclasses.replace(PAIR[0], SORTED_INTER=2), dataclasses.replace(PAIR[1], SORTED_INTER=2))
+    tunable = FusedMoeTunable()
+    e2e = MoeProblem(s, "e2e", plan=lever)
+    tunable.compile(e2e, tunable.space(e2e, DEV).prune().kept[0])
+    assert built == [("stage1", lever[0], s.token), ("stage2", lever[1], s.token)]
+    one = dataclasses.replace(PAIR[0], BLOCK_SIZE_D=32)
+    built.clear()
+    e2e = MoeProblem(s, "e2e", plan=(one, None))
+    tunable.compile(e2e, tunable.space(e2e, DEV).prune().kept[0])
+    assert built == [("1stage", one, s.token)]
+    built.clear()
+    tunable.compile(MoeProblem(s, "stage2"), stage_config())
+    assert [k for k, _, _ in built] == ["stage2"]
+
+
 def test_unknown_kind_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown fused-MoE problem kind 'stage3'"):
         MoeProblem(shape(), "stage3")

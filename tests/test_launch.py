@@ -11,11 +11,14 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import PLAN_FIELDS, MoeConfig
+from tritune.kernels.fused_moe_config import warp_spec_compiles
 from tritune.kernels.launch import Workspace, launch_counts, reset_launch_counts
 from tritune.kernels.moe_reference import fused_moe_reference
+from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe, reload_moe_configs
 from tritune.ops.gemm import gemm, gemm_a8w8
 from tritune.ops.routing import sample_routing
@@ -370,6 +373,20 @@ def _specialization(arguments: dict) -> dict:
     return out
 
 
+def _refuses_warp_spec(quant: str, dims: tuple[int, int], stage1: MoeConfig, stage2: MoeConfig, kernel: str,
+                       cfg: MoeConfig) -> None:
+    """Where this Triton cannot build WARP_SPEC for the GPU, the op and compile_only both say so in one line."""
+    from tritune.kernels import fused_moe_launch
+    from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+
+    x = moe_problem(quant, tokens=40, dims=dims)
+    with pytest.raises(ValueError, match="WARP_SPEC needs a Triton newer than 3.6"):
+        fused_moe_launch.MoeLaunch(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], x["w1_scale"],
+                                   x["w2_scale"], stage1=stage1, stage2=stage2, quant=quant)
+    with pytest.raises(ValueError, match="WARP_SPEC needs a Triton newer than 3.6"):
+        compile_only(kernel, MoeDims(40, TOPK, E, *dims, dtype=torch.float16, quant=quant), cfg)
+
+
 @pytest.mark.parametrize(("kernel", "cfg", "quant"), [
     ("stage1", S, "none"),
     ("stage1", dataclasses.replace(S, SORTED_INTER=1), "none"),  # rows stored in the sort's order
@@ -394,6 +411,9 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
     shared = {name: getattr(cfg, name) for name in PLAN_FIELDS}
     stage1, stage2 = (cfg, dataclasses.replace(S, **shared)) if kernel == "stage1" else \
         (dataclasses.replace(S, **shared), cfg)
+    if cfg.WARP_SPEC and not warp_spec_compiles(triton.__version__, interpreting()):  # Triton 3.6 on a GPU
+        _refuses_warp_spec(quant, (d, inter), stage1, stage2, kernel, cfg)
+        return
     bound, compiled = _bound_and_compiled(monkeypatch, _moe_gemm_kernel, quant, (d, inter), stage1, stage2, kernel,
                                           cfg)
     built = _specialization(compiled[0])

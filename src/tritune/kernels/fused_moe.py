@@ -41,9 +41,10 @@ from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
 _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3, MXFP4_A8: 5}
 # MXFP4's GEMM: QUANT 3 decodes each weight tile in registers (`mxfp4_tile`) before tl.dot; QUANT 4 hands the packed
-# codes and scales to tl.dot_scaled (`mxfp4_dot_scaled`). Which one the launches use, until the GPU says which is
-# faster (benchmarks/bench_mxfp4_stages.py times both).
-MXFP4_DOT_SCALED = False
+# codes and scales to tl.dot_scaled (`mxfp4_dot_scaled`). dot_scaled it is: on the H100 (Triton 3.6, gpt-oss-120b's
+# shape, bench_mxfp4_stages.py) its stage pair ran 113 / 842 / 1849 us at 1 / 16 / 64 tokens against the register
+# decode's 127 / 1002 / 2190. The decode stays as the switch's other side (tests run both).
+MXFP4_DOT_SCALED = True
 
 
 def quant_id(quant: str) -> int:

@@ -24,7 +24,9 @@ from tritune.kernels.fused_moe import (
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+from tritune.kernels.fused_moe_config import check_compiles_here
 from tritune.kernels.moe_align import max_padded_size
+from tritune.knobs import interpreting
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     from triton.runtime.jit import MockTensor
 
     check_config(config, kernel, dims.quant)
+    check_compiles_here(config, kernel, dims.quant, triton.__version__, interpreting())
     cfg, q = config, dims.quant
     f32, i32 = torch.float32, torch.int32
     a_dt = FP8 if q in FP8_QUANTS else dims.dtype

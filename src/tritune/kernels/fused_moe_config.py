@@ -156,3 +156,24 @@ def check_plan(stage1: MoeConfig, stage2: MoeConfig, quant: str) -> None:
                              f"{getattr(stage1, name)} and {getattr(stage2, name)}")
     check_config(stage1, "stage1", quant)
     check_config(stage2, "stage2", quant)
+
+
+# The Triton releases whose compiler fails on stage 2's warp-specialised K loop for a GPU (the interpreter runs it as
+# a plain loop): on the H100 Triton 3.6's NVGPUWarpSpecialization pass stops with "PassManager::run failed"
+# (2026-11-26, every quant). Later releases are let through until measured.
+WARP_SPEC_BROKEN_UP_TO = (3, 6)
+
+
+def check_compiles_here(config: MoeConfig, kernel: str, quant: str, triton_version: str, interpreter: bool) -> None:
+    """ValueError (one line) when `config` is valid but this Triton cannot compile it for a GPU; nothing in the
+    interpreter. Called where a launch binds and where compile_only builds, not by check_config (a tuned row's
+    validity does not depend on the machine reading it)."""
+    if config.WARP_SPEC and not warp_spec_compiles(triton_version, interpreter):
+        raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC needs a Triton newer than "
+                         f"{'.'.join(map(str, WARP_SPEC_BROKEN_UP_TO))} (its Hopper warp-specialisation pass fails on "
+                         f"this loop); this is Triton {triton_version}: use WARP_SPEC 0")
+
+
+def warp_spec_compiles(triton_version: str, interpreter: bool) -> bool:
+    """Whether this Triton builds WARP_SPEC 1 (always in the interpreter, which runs a plain loop)."""
+    return interpreter or tuple(int(x) for x in re.findall(r"\d+", triton_version)[:2]) > WARP_SPEC_BROKEN_UP_TO

@@ -33,11 +33,13 @@ from tritune.kernels.fused_moe import (
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
+from tritune.kernels.fused_moe_config import check_compiles_here
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
 from tritune.kernels.quant import QuantLaunch
+from tritune.knobs import interpreting
 
 __all__ = ["FUSE_INTERMEDIATE_QUANT", "FUSE_QUANT_L2_SHARE", "MoeLaunch", "fuses_intermediate_quant"]
 
@@ -238,11 +240,12 @@ class MoeLaunch:
         self.tma.append(_Tma(source, shape, dtype, block, desc))
         return ("d", len(self.tma) - 1)
 
-    def _gemm(self, *, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
+    def _gemm(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
               amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool, n: int, k: int, numel: int,
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
               out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None) -> None:
+        check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
         num_pid_m = self.align.num_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
@@ -309,7 +312,8 @@ class MoeLaunch:
         fused = self.fused_quant  # stage 1 records the intermediate's amax, stage 2 quantizes as it loads
         amax = ("p", self.align.zero_piece) if fused else dummy
         amax_out = (2 if quant == "per_1x128" else 1) if fused else 0
-        self._gemm(a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1), stride_asm=stride_asm1,
+        self._gemm(kernel="stage1", a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1),
+                   stride_asm=stride_asm1,
                    amax=amax, stride_amax=self.amax_groups if fused else 0, amax_out=amax_out, quant_on_load=False,
                    n=inter_dim, k=model_dim, numel=numel, cfg=cfg1, stride_om=n_w1 if split1 else inter_dim,
                    stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
@@ -340,7 +344,7 @@ class MoeLaunch:
         else:
             target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))
         ws2 = ("t", "w2_scale") if quant != "none" else dummy
-        self._gemm(a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2,
+        self._gemm(kernel="stage2", a=a2, a_scale=s2, w="w2", w_scale=ws2, target=target2, stride_asm=stride_asm2,
                    amax=dummy, stride_amax=0, amax_out=0, quant_on_load=fused, n=model_dim, k=inter_dim,
                    numel=numel, cfg=cfg2, stride_om=model_dim, stride_ok=numel * model_dim if split2 else 0,
                    a_row_div=1, gated=False, act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant,

@@ -392,6 +392,9 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
     if report.summaries:
         lines.append(f"== run: {len(shapes)} row(s), stage search and end-to-end re-time together")
         lines += ["  " + line for line in TuneSummary.total(report.summaries).lines()]
+        if len(report.summaries) == 2:  # where a multi-GPU run's time goes: the re-time waits for the whole search
+            search, retime = report.summaries
+            lines.append(f"  passes: stage search {search.wall_s:.1f}s, end-to-end re-time {retime.wall_s:.1f}s")
     return lines
 
 

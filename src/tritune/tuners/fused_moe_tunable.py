@@ -346,9 +346,20 @@ class FusedMoeTunable:
                                      w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1, out=out)
 
     def compile(self, problem: MoeProblem, config: Config) -> None:
-        if interpreting() or problem.kind == "e2e":
+        """Into Triton's cache, in the compile pool: the candidate's GEMM kernel, or for an e2e problem its plan's
+        GEMM kernels (the lever variants among them, e.g. SORTED_INTER 2, were never compiled by the stage search;
+        left to the GPU worker, they compiled there one after another while every GPU waited: issue 17)."""
+        if interpreting():
             return
-        compile_only(problem.kind, problem.dims, config_of(config))
+        if problem.kind != "e2e":
+            compile_only(problem.kind, problem.dims, config_of(config))
+            return
+        cfg1, cfg2 = problem.plan
+        if cfg2 is None:
+            compile_only("1stage", problem.dims, cfg1)
+        else:
+            compile_only("stage1", problem.dims, cfg1)
+            compile_only("stage2", problem.dims, cfg2)
 
     def compile_key(self, problem: MoeProblem, config: Config) -> str:
         return f"{problem.key()}:{config.key()}"
