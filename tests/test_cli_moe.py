@@ -84,7 +84,10 @@ def assert_consistent(row: FmoeTuned) -> None:
     assert dict(row.extra)["device"] == DEV.name
 
 
-def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, capsys):
+def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, capsys, monkeypatch):
+    pools = []
+    real_pool = fmoe_tuner.make_compile_pool
+    monkeypatch.setattr(fmoe_tuner, "make_compile_pool", lambda *a: pools.append(real_pool(*a)) or pools[-1])
     inp = write_input(tmp_path / "untuned.csv", ROW_A)
     out, profile = tmp_path / "tuned.csv", tmp_path / "profile.csv"
     other = fake_row(SHAPE_A, cu_num=DEV.cu_num + 1)  # same shape tuned on another GPU: kept, not a skip
@@ -108,6 +111,7 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     assert re.search(r"\n  passes: stage search \d+\.\ds, end-to-end re-time \d+\.\ds\n", summary)
     # One set of workers for the stage search and the re-time: one executor line, counting both passes.
     assert summary.count("\n  local: 1 worker(s)") == 1
+    assert len(pools) == 1  # ... and one compile pool
     assert not list(tmp_path.rglob("*.lock"))  # write locks live in the cache folder, never beside outputs
 
     with out.open() as f:

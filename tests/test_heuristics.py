@@ -117,6 +117,9 @@ def short(c):
 @pytest.mark.parametrize("tokens, dims, quant, want", [
     # (run_1stage, stage 1 or 1-stage (BM, BN, BK, warps, GM, TMA), stage 2 or None)
     (1, (4096, 14336, 8, 2), "none", (True, (16, 128, 128, 4, 1, 0), None)),  # 2 pairs: 1-stage (tuned)
+    # 1-stage slices of I narrowed until (expert blocks) x (slices) fills the 132 SMs, as tuned at 1 token:
+    (1, (4096, 384, 128, 8), "none", (True, (16, 32, 128, 4, 1, 0), None)),  # 8 x 12 programs (128 wide: 8 x 3)
+    (1, (2048, 1536, 64, 6), "none", (True, (16, 64, 128, 4, 1, 0), None)),  # 6 x 24
     (5, (4096, 14336, 8, 2), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # 10 pairs: 2-stage
     (8, (4096, 14336, 8, 2), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # m = 2, as tuned
     (32, (4096, 14336, 8, 2), "per_1x128", (False, (16, 32, 128, 4, 1, 0), (16, 64, 128, 4, 1, 0))),  # BK | 128

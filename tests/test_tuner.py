@@ -21,6 +21,7 @@ from tritune.device import current_device
 from tritune.tuners.gemm import INTERPRETER_SPACE, GemmShape, GemmTuneRequest, tune_gemm
 from tritune.tuners.gemm_tunable import GemmProblem, GemmTunable
 from tritune.tuning.bench import Timers
+from tritune.tuning.compile import CompilePool
 from tritune.tuning.journal import Journal
 from tritune.tuning.tuner import TuneSettings, journal_key, tune
 from tritune.tuning.types import BenchSettings, Objective
@@ -210,6 +211,28 @@ def test_eager_objective_picks_low_host_cost_and_graph_picks_low_gpu_time(tmp_pa
         stored = {m.config["name"]: m for m in j.measurements(journal_key(DEVICE, OpProblem(), OP)).values()}
     assert stored["B"].eager_us == ms["B"].eager_us and stored["B"].graph_us == 20.0
     assert stored["B"].extra["graph_method"] == "scripted graph replay"
+
+
+def test_a_lent_compile_pool_serves_several_passes_and_is_left_open(tmp_path):
+    """The fused-MoE tuner lends one pool to its stage search and its re-time (a pool of every core takes seconds to
+    start): tune() submits to it and leaves it open; the caller shuts it down."""
+    submitted = []
+
+    class CountingPool(CompilePool):
+        def submit(self, problem, config):
+            submitted.append(config["name"])
+            return super().submit(problem, config)
+
+    pool = CountingPool(OP, max_workers=1)
+    for objective in (Objective.EAGER, Objective.GRAPH):  # two passes, two journals: each compiles all three
+        (r,), _ = tune(OP, [OpProblem()], DEVICE, op_settings(tmp_path / f"{objective.value}.sqlite", objective),
+                       pool=pool)
+        assert r.best is not None
+    assert sorted(submitted) == ["A", "A", "B", "B", "C", "C"]
+    assert pool.submit(OpProblem(), by_name(r)["A"].config).result().status.value == "ok"  # still open
+    pool.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.submit(OpProblem(), by_name(r)["A"].config)
 
 
 def test_no_finalists_leaves_gpu_time_to_pick(tmp_path):

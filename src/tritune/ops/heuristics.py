@@ -249,7 +249,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     pairs = tokens * topk
     halves = 2 if gated else 1
     if pairs <= ONE_STAGE_PAIRS and one_stage:
-        return True, _one_stage(model_dim, inter_dim, quant, halves, elt, max_shared), None
+        return True, _one_stage(model_dim, inter_dim, quant, halves, elt, max_shared,
+                                blocks=min(pairs, experts), sm_count=sm_count), None
     m = pairs / experts
     mean = max(1, math.ceil(m))
     active = min(pairs, experts)
@@ -282,8 +283,14 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     return False, stage1, stage2
 
 
-def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int) -> MoeConfig:
+def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,
+               sm_count: int) -> MoeConfig:
+    # Its grid is (expert blocks) x (BLOCK_SIZE_N slices of I): at a handful of pairs, narrower slices until the grid
+    # fills the SMs (decode reads weights; an idle SM is bandwidth lost). Tuned on the H100 at 1 token: E 128 top-8
+    # I 384 won with 32 (8 x 12 programs; 128 gave 24 and ran 1.44x slower), E 64 top-6 I 1536 with 64 (6 x 24).
     bn = min(128, max(16, _p2(inter_dim)))
+    while bn > 32 and blocks * _cdiv(inter_dim, bn) < sm_count:
+        bn //= 2
     bk = min(128, max(16, _p2(model_dim)))
     bd = min(256, max(16, _p2(model_dim)))
     config = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=4, num_stages=3,

@@ -36,7 +36,7 @@ from tritune.tuners.fused_moe_tunable import (
 )
 from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
-from tritune.tuning.tuner import TuneSettings, make_executor, tune
+from tritune.tuning.tuner import TuneSettings, make_compile_pool, make_executor, tune
 from tritune.tuning.types import Measurement, Objective
 
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
@@ -307,11 +307,13 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
     if settings.time_limit_s is not None:  # the stage search gets three quarters of the limit, the re-time the rest
         first = dataclasses.replace(first, time_limit_s=0.75 * settings.time_limit_s)
         e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
-    # One set of GPU workers for both passes (the re-time would otherwise start and initialise them again).
-    executor = make_executor(tunable, device, settings)
+    # One set of GPU workers and one compile pool for both passes (the re-time would otherwise start them again).
+    executor, pool = make_executor(tunable, device, settings), make_compile_pool(tunable, settings)
     try:
-        _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, report)
+        _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, pool,
+                           report)
     finally:
+        pool.shutdown(cancel=True)
         executor.close()
         if report.summaries:  # the executor's lines once, under the last pass's summary
             report.summaries[-1].executor_lines += getattr(executor, "summary_lines", list)()
@@ -326,9 +328,9 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
 
 def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings, first: TuneSettings,
                        e2e_settings: TuneSettings, tunable: FusedMoeTunable, todo: list[FmoeShape],
-                       problems: list[MoeProblem], executor, report: MoeTuneReport) -> None:
+                       problems: list[MoeProblem], executor, pool, report: MoeTuneReport) -> None:
     """The stage search over every row, then each row's end-to-end re-time; results and rows into `report`."""
-    results, summary = tune(tunable, problems, device, first, executor)
+    results, summary = tune(tunable, problems, device, first, executor, pool)
     report.summaries.append(summary)
     report.results.extend(results)
     by = {(r.problem.shape, r.problem.kind): r for r in results}
@@ -346,7 +348,7 @@ def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSe
             choices[p.key()] = c
             e2e_problems.append(p)
     if e2e_problems:
-        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings, executor)
+        e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings, executor, pool)
         report.summaries.append(e2e_summary)
         report.results.extend(e2e_results)
         for shape in todo:

@@ -80,13 +80,12 @@ class _Pipeline:
     """Evaluates (problem, config) pairs: journal first, then compile pool, then GPU executor."""
 
     def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
-                 summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None):
+                 summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None,
+                 pool: CompilePool | DeferredCompiles | None = None):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        if settings.ray is not None:  # each candidate is compiled on the node whose GPU runs it, not here
-            self.pool: CompilePool | DeferredCompiles = DeferredCompiles()
-        else:
-            self.pool = CompilePool(tunable, settings.compile_workers)
+        self.owns_pool = pool is None  # one lent by the caller serves its next pass, processes already started
+        self.pool = pool if pool is not None else make_compile_pool(tunable, settings)
         self.owns_executor = executor is None  # one lent by the caller outlives this pipeline
         self.executor = executor if executor is not None else make_executor(tunable, device, settings)
         self.compiled: dict[str, Future[CompileOutcome]] = {}
@@ -137,7 +136,11 @@ class _Pipeline:
             while self.executor.pending():
                 for m in self.executor.poll(0.05):
                     self._take_late(m)
-        self.pool.shutdown(cancel=True)
+        if self.owns_pool:
+            self.pool.shutdown(cancel=True)
+        else:  # a lent pool serves the next pass: only what this one queued and no longer needs is dropped
+            for future in self.compiled.values():
+                future.cancel()
 
     def _claim_window(self) -> int:
         """Pairs this run holds open at most (compiling, queued or on a GPU): twice what keeps every compile process
@@ -389,12 +392,23 @@ def make_executor(tunable: Tunable, device: DeviceInfo, settings: TuneSettings) 
     return LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
 
 
+def make_compile_pool(tunable: Tunable, settings: TuneSettings) -> CompilePool | DeferredCompiles:
+    """The compile pool `settings` asks for: every core here, or none with Ray (each candidate compiles on the node
+    whose GPU runs it)."""
+    if settings.ray is not None:
+        return DeferredCompiles()
+    return CompilePool(tunable, settings.compile_workers)
+
+
 def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings: TuneSettings,
-         executor: LocalExecutor | RayExecutor | None = None) -> tuple[list[ProblemResult], TuneSummary]:
+         executor: LocalExecutor | RayExecutor | None = None,
+         pool: CompilePool | DeferredCompiles | None = None) -> tuple[list[ProblemResult], TuneSummary]:
     """Tune every problem; returns per-problem results and the run summary.
 
     `executor` (from `make_executor`, same tunable and bench settings): one the caller keeps across several passes,
     so the GPU workers start once; the caller closes it and reports its `summary_lines()`. Default: one of this run.
+    `pool` (from `make_compile_pool`) likewise keeps the compile processes across passes (spawning a pool of every
+    core, each importing torch and Triton, held up a later pass's first compile by seconds); the caller shuts it down.
 
     The first pass measures GPU time (every candidate, or what the strategy and budget pick); then the
     `settings.finalists` fastest per problem are re-timed as the op runs and `settings.objective` picks the
@@ -419,7 +433,7 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings
         spaces.append((problem, space.size, pruned))
     results: list[ProblemResult] = []
     with Journal(settings.journal_path) as journal:
-        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor)
+        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor, pool)
         try:
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
