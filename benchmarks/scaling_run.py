@@ -54,6 +54,15 @@ def executor_figures(stdout: str) -> dict:
     return {"candidates_per_gpu": done, "idle_s_per_gpu": idle}
 
 
+_PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time ([\d.]+)s")
+
+
+def pass_walls(stdout: str) -> dict[str, float]:
+    """The fused-MoE tuner's two passes (stage search, end-to-end re-time): their wall seconds, as it prints them."""
+    match = _PASSES_LINE.search(stdout)
+    return {"search_s": float(match.group(1)), "retime_s": float(match.group(2))} if match else {}
+
+
 def phase_seconds(out: Path) -> dict[str, float]:
     """Seconds the GPU workers spent per phase (inputs, bind, check, time; worker.py's phase_ms) over every passing
     measurement journaled under `out`, and how many measurements carried them."""
@@ -121,7 +130,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
-            "worker_phase_s": phase_seconds(out),
+            "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout),
             "winners": winners}
 
 

@@ -31,6 +31,13 @@ def _run(name, gpus, wall, winners, executor="local", rc=0):
             "candidates_per_gpu": [1] * gpus, "idle_s_per_gpu": [1.0] * gpus, "winners": winners}
 
 
+def test_pass_walls_read_from_the_moe_summary():
+    text = "== run: 2 row(s), stage search and end-to-end re-time together\n  passes: stage search 102.9s, " \
+           "end-to-end re-time 4.0s\n"
+    assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0}
+    assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass
+
+
 def test_compare_efficiency_and_winners():
     a = {"config": "A", "us": 10.0}
     runs = [_run("g1", 1, 100.0, {"p": a, "q": {"config": "B", "us": 20.0}}),
