@@ -54,13 +54,17 @@ def executor_figures(stdout: str) -> dict:
     return {"candidates_per_gpu": done, "idle_s_per_gpu": idle}
 
 
-_PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time ([\d.]+)s")
+_PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time ([\d.]+)s"
+                          r"(?:; first candidate on a GPU after ([\d.]+)s and ([\d.]+)s)?")
 
 
 def pass_walls(stdout: str) -> dict[str, float]:
     """The fused-MoE tuner's two passes (stage search, end-to-end re-time): their wall seconds, as it prints them."""
     match = _PASSES_LINE.search(stdout)
-    return {"search_s": float(match.group(1)), "retime_s": float(match.group(2))} if match else {}
+    if not match:
+        return {}
+    names = ("search_s", "retime_s", "search_first_task_s", "retime_first_task_s")
+    return {name: float(value) for name, value in zip(names, match.groups(), strict=True) if value is not None}
 
 
 def phase_seconds(out: Path) -> dict[str, float]:
@@ -107,8 +111,10 @@ def gemm_winners(out: Path) -> dict[str, dict]:
     return winners
 
 
-def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float) -> dict:
-    name = f"{kind}-{executor}-{gpus}gpu"
+def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
+            compile_workers: int | None = None) -> dict:
+    """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) names the run too."""
+    name = f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
     out = out_root / name
     if out.exists():
         shutil.rmtree(out)
@@ -117,6 +123,8 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "tritune.cli", *COMMANDS[kind](out), "--no-progress", "--executor", executor]
+    if compile_workers:
+        cmd += ["--compile-workers", str(compile_workers)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -128,18 +136,20 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     shutil.rmtree(cache, ignore_errors=True)
     (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
-    return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "rc": rc,
+    return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "compile_workers": compile_workers,
+            "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout),
             "winners": winners}
 
 
 def compare(runs: list[dict], spread: float) -> list[dict]:
-    """Efficiency and winner agreement of each run against the 1-GPU local run of its kind."""
-    base = {r["kind"]: r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
+    """Efficiency and winner agreement of each run against the 1-GPU local run of its kind and compile workers."""
+    base = {(r["kind"], r.get("compile_workers")): r for r in runs
+            if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
     rows = []
     for r in runs:
-        ref = base.get(r["kind"])
+        ref = base.get((r["kind"], r.get("compile_workers")))
         row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
                "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
         busy = sum(r["idle_s_per_gpu"])
@@ -175,13 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", type=Path, action="append", default=[], help="earlier scaling.json to compare with")
     ap.add_argument("--spread", type=float, default=0.05, help="winner time difference taken as run-to-run noise")
     ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per run")
+    ap.add_argument("--compile-workers", type=int, help="the CLI's --compile-workers for every run (default: every "
+                    "core); runs compare with the 1-GPU run of the same setting")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [run for path in args.merge for run in json.loads(path.read_text())["runs"]]
     for kind in args.kinds.split(","):
         for executor in args.executors.split(","):
             for gpus in map(int, args.gpus.split(",")):
-                run = run_one(kind, executor, gpus, args.out, args.timeout)
+                run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
                       f"idle {run['idle_s_per_gpu']}", flush=True)

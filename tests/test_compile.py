@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import wait
 from pathlib import Path
 
@@ -116,3 +117,23 @@ def test_shutdown_cancel_cancels_queued_jobs():
     assert not not_done
     assert sum(f.cancelled() for f in futures) >= 5
     assert all(f.result().status is Status.OK for f in futures if not f.cancelled())
+
+
+def test_prestart_spawns_every_process_before_the_first_compile():
+    pool = CompilePool(ScriptedAdd(), max_workers=2)
+    pool.prestart()
+    for _ in range(600):  # the dispatcher creates the process pool and hands each process a warm-up
+        processes = getattr(pool._pool, "_processes", None) or {}
+        if len(processes) == 2:
+            break
+        time.sleep(0.05)
+    assert len(processes) == 2
+    assert pool.submit(P, Config.of(mode="ok")).result(timeout=60).status is Status.OK  # compiles as before
+    pool.shutdown()
+    pool.prestart()  # after shutdown: nothing, no error
+
+
+def test_prestart_is_nothing_inline():
+    pool = CompilePool(ScriptedAdd(), max_workers=1)
+    pool.prestart()
+    assert pool._thread is None and pool._pool is None

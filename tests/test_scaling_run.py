@@ -35,6 +35,9 @@ def test_pass_walls_read_from_the_moe_summary():
     text = "== run: 2 row(s), stage search and end-to-end re-time together\n  passes: stage search 102.9s, " \
            "end-to-end re-time 4.0s\n"
     assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0}
+    text = text.replace("4.0s\n", "4.0s; first candidate on a GPU after 6.2s and 0.8s\n")
+    assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0, "search_first_task_s": 6.2,
+                                        "retime_first_task_s": 0.8}
     assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass
 
 
@@ -83,3 +86,13 @@ def test_a_run_past_its_timeout_is_recorded_not_raised(tmp_path):
                                                   spread=0.05)}
     late = rows["gemm-local-1gpu"]
     assert late["efficiency_at_most"] == 1.25 and "efficiency" not in late  # unfinished: only a bound
+
+
+def test_runs_compare_with_the_1_gpu_run_of_their_compile_workers(tmp_path):
+    run = scaling.run_one("gemm", "local", 1, tmp_path, timeout_s=0.01, compile_workers=7)
+    assert run["name"] == "gemm-local-1gpu-cw7" and run["compile_workers"] == 7
+    assert "--compile-workers 7" in run["command"]
+    runs = [_run("all-1", 1, 100.0, {}), {**_run("cw-1", 1, 90.0, {}), "compile_workers": 7},
+            {**_run("cw-4", 4, 25.0, {}), "compile_workers": 7}, _run("all-4", 4, 30.0, {})]
+    rows = {r["name"]: r for r in scaling.compare(runs, spread=0.05)}
+    assert rows["cw-4"]["efficiency"] == 0.9 and rows["all-4"]["efficiency"] == round(100 / 120, 3)

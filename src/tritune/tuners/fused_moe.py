@@ -309,6 +309,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
         e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
     # One set of GPU workers and one compile pool for both passes (the re-time would otherwise start them again).
     executor, pool = make_executor(tunable, device, settings), make_compile_pool(tunable, settings)
+    pool.prestart()
     try:
         _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, pool,
                            report)
@@ -396,7 +397,8 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
         lines += ["  " + line for line in TuneSummary.total(report.summaries).lines()]
         if len(report.summaries) == 2:  # where a multi-GPU run's time goes: the re-time waits for the whole search
             search, retime = report.summaries
-            lines.append(f"  passes: stage search {search.wall_s:.1f}s, end-to-end re-time {retime.wall_s:.1f}s")
+            lines.append(f"  passes: stage search {search.wall_s:.1f}s, end-to-end re-time {retime.wall_s:.1f}s; "
+                         f"first candidate on a GPU after {search.first_task_s:.1f}s and {retime.first_task_s:.1f}s")
     return lines
 
 

@@ -98,12 +98,23 @@ class CompilePool:
         if self.inline:
             outer.set_result(compile_one(self._tunable, problem, config))
             return outer
+        self._start_dispatcher()
+        self._events.put(("job", _Job(problem, config, outer)))
+        return outer
+
+    def _start_dispatcher(self) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._dispatch, name="tritune-compile", daemon=True)
                 self._thread.start()
-        self._events.put(("job", _Job(problem, config, outer)))
-        return outer
+
+    def prestart(self) -> None:
+        """Start every compile process now (spawn, import torch and Triton: seconds on a large machine), while the
+        caller builds its search spaces, instead of at the first compile. Nothing when compiling inline."""
+        if self.inline or self._closed:
+            return
+        self._start_dispatcher()
+        self._events.put(("prestart",))
 
     def shutdown(self, cancel: bool = False) -> None:
         """Stop accepting work. cancel=False: wait for every queued compile; True: cancel what has not finished."""
@@ -154,10 +165,7 @@ class CompilePool:
                 if job.outer.cancelled():
                     _cancel(job.outer)  # notify waiters: wait()/as_completed() ignore a merely CANCELLED future
                     continue
-                if self._pool is None:
-                    spawn = multiprocessing.get_context("spawn")
-                    self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn,
-                                                     initializer=_compile_process_init)
+                self._ensure_pool()
                 try:
                     inner = self._pool.submit(compile_one, self._tunable, job.problem, job.config)
                 except BrokenProcessPool:  # broke before we saw its futures fail: retry on a fresh pool
@@ -174,6 +182,10 @@ class CompilePool:
             event = self._events.get()
             if event[0] == "job":
                 backlog.append(event[1])
+            elif event[0] == "prestart":
+                self._ensure_pool()
+                for _ in range(self._max_workers):  # spawns every process now; untracked, a failure is harmless
+                    self._pool.submit(_warm_up)
             elif event[0] == "stop":
                 stopping = True
                 if event[1]:  # cancel
@@ -197,10 +209,21 @@ class CompilePool:
                     job.strikes += 1
                     retry.append(job)
 
+    def _ensure_pool(self) -> None:
+        if self._pool is None:
+            spawn = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn, initializer=_compile_process_init)
+
     def _drop_pool(self, cancel: bool = False) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=cancel)
             self._pool = None
+
+
+def _warm_up() -> None:
+    """A compile process's first task: the imports every compile needs."""
+    import torch  # noqa: F401
+    import triton  # noqa: F401
 
 
 def _broken(inner: Future) -> bool:

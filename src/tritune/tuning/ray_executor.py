@@ -55,6 +55,9 @@ class DeferredCompiles:
         done.set_result(CompileOutcome(Status.OK, "compiled on the node that runs it", 0.0))
         return done
 
+    def prestart(self) -> None:
+        pass
+
     def shutdown(self, cancel: bool = False) -> None:
         pass
 

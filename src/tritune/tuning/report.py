@@ -52,6 +52,7 @@ class TuneSummary:
     compile_wall_s: float = 0.0
     compile_cpu_s: float = 0.0  # summed per-binary compile times: what one process would have spent
     bench_wall_s: float = 0.0
+    first_task_s: float = 0.0  # from the start of the pass to its first candidate handed to a GPU worker
     wall_s: float = 0.0
     executor_lines: list[str] = field(default_factory=list)  # what a Ray executor reports: nodes, GPUs, idle time
 

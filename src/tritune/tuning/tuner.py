@@ -16,6 +16,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,12 @@ class _Pipeline:
 
     def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
                  summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None,
-                 pool: CompilePool | DeferredCompiles | None = None):
+                 pool: CompilePool | DeferredCompiles | None = None, owns_pool: bool | None = None):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        self.owns_pool = pool is None  # one lent by the caller serves its next pass, processes already started
+        self.started = time.perf_counter()  # re-set by tune() to its own start
+        # A pool lent by the caller serves its next pass, processes already started.
+        self.owns_pool = pool is None if owns_pool is None else owns_pool
         self.pool = pool if pool is not None else make_compile_pool(tunable, settings)
         self.owns_executor = executor is None  # one lent by the caller outlives this pipeline
         self.executor = executor if executor is not None else make_executor(tunable, device, settings)
@@ -304,6 +307,8 @@ class _Pipeline:
                         tasks[self.next_id] = (problem, config, jkey)
                         self.executor.submit(Task(self.next_id, problem, config, finalist))
                         first_task_at = first_task_at or time.perf_counter()
+                        if not self.summary.first_task_s:
+                            self.summary.first_task_s = first_task_at - self.started
                         self.next_id += 1
                         continue
                     m = self._record(jkey, Measurement(jkey, config, outcome.status, message=outcome.message), phase)
@@ -423,17 +428,24 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings
     summary = TuneSummary(problems=len(problems))
     if settings.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {settings.strategy!r}; expected one of {sorted(STRATEGIES)}")
-    spaces = []
-    for problem in problems:
-        space = tunable.space(problem, device)
-        pruned = space.prune()
-        summary.space_size += space.size
-        summary.pruned.update(pruned.pruned)
-        summary.candidates += len(pruned.kept)
-        spaces.append((problem, space.size, pruned))
+    owns_pool = pool is None
+    pool = make_compile_pool(tunable, settings) if owns_pool else pool
+    pool.prestart()  # its processes start while the spaces are built
     results: list[ProblemResult] = []
-    with Journal(settings.journal_path) as journal:
-        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor, pool)
+    with ExitStack() as cleanup:
+        if owns_pool:  # also when building the spaces or opening the journal fails (shutting down twice is harmless)
+            cleanup.callback(pool.shutdown, cancel=True)
+        spaces = []
+        for problem in problems:
+            space = tunable.space(problem, device)
+            pruned = space.prune()
+            summary.space_size += space.size
+            summary.pruned.update(pruned.pruned)
+            summary.candidates += len(pruned.kept)
+            spaces.append((problem, space.size, pruned))
+        journal = cleanup.enter_context(Journal(settings.journal_path))
+        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor, pool, owns_pool)
+        pipeline.started = t0
         try:
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
