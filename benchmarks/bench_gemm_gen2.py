@@ -49,7 +49,13 @@ def variants(kernel: str) -> dict[str, object]:
                 "tma 128x128x64 w8 s4": GemmConfig(128, 128, 64, num_warps=8, num_stages=4, **tma),
                 "tma 128x128x64 w4 s4": GemmConfig(128, 128, 64, num_warps=4, num_stages=4, **tma),
                 "ptr 128x256x64 w8 s3": GemmConfig(128, 256, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=3),
-                "ptr 128x128x64 w8 s4": GemmConfig(128, 128, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=4)}
+                "ptr 128x128x64 w8 s4": GemmConfig(128, 128, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=4),
+                # Smaller tiles and split-K: at M 256-1024 a 128x128 grid leaves its last wave mostly empty (N 4608,
+                # M 1024: 288 tiles on 132 SMs, 2.18 waves); 2026-11-26 ran 0.58-0.87x cuBLAS there.
+                "tma 128x64x64 w4 s4": GemmConfig(128, 64, 64, num_warps=4, num_stages=4, **tma),
+                "ptr 64x128x64 w4 s4": GemmConfig(64, 128, 64, GROUP_SIZE_M=8, num_warps=4, num_stages=4),
+                "ptr 128x128x64 w8 s4 split2": GemmConfig(128, 128, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=4,
+                                                          NUM_KSPLIT=2)}
     else:
         base = {"tma 128x128x128 w8 s3 pipe": GemmConfig(128, 128, 128, num_warps=8, num_stages=3,
                                                           SCALE_PIPELINE=True, **tma),
@@ -61,10 +67,12 @@ def variants(kernel: str) -> dict[str, object]:
     for name, cfg in base.items():
         if not cfg.PERSISTENT_TMA:
             continue
-        if not cfg.SCALE_PIPELINE:
+        # Warp specialisation only where it measured a gain (block-scaled; bf16 gave 1.00-1.11x the time)
+        ws = kernel != "bf16" and not cfg.SCALE_PIPELINE
+        if ws:
             out[f"{name} ws"] = dataclasses.replace(cfg, WARP_SPECIALIZE=True)
         out[f"{name} sub"] = dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
-        if not cfg.SCALE_PIPELINE:
+        if ws:
             out[f"{name} ws sub"] = dataclasses.replace(cfg, WARP_SPECIALIZE=True, EPILOGUE_SUBTILE=True)
     return out
 
