@@ -74,8 +74,9 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                SWAP_AB: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
-    SWAP_AB (QUANT 0-2): the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come
-    from the weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once).
+    SWAP_AB: the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come from the
+    weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once); for MXFP4 the
+    decoded (or dot_scaled-upcast) weights are then the left operand.
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
     stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
@@ -88,23 +89,34 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     `quant_tile` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
     if QUANT == 4 or QUANT == 5:
-        acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
+        acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K,
+                                 SWAP_AB)
         if GATED:
             acc_u = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
-                                     BLOCK_SIZE_K)
+                                     BLOCK_SIZE_K, SWAP_AB)
     elif QUANT == 3:
-        wg = mxfp4_tile(w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                        tl.float32).to(a.dtype).T
-        acc_g = tl.dot(a, wg, acc_g)
+        acc_g = _mxfp4_tile_dot(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_N,
+                                BLOCK_SIZE_K, SWAP_AB)
         if GATED:
-            wu = mxfp4_tile(w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                            tl.float32).to(a.dtype).T
-            acc_u = tl.dot(a, wu, acc_u)
+            acc_u = _mxfp4_tile_dot(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
+                                    BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB)
     else:
         acc_g, acc_u = _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn, a_scale_ptr, stride_asm,
                                        w_scale_ptr, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u, w_desc, tma_row,
                                        USE_TMA, A_QUANT_ON_LOAD, SWAP_AB)
     return acc_g, acc_u
+
+
+@triton.jit
+def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, BLOCK_SIZE_N: tl.constexpr,
+                    BLOCK_SIZE_K: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc plus this K step's a · w (SWAP_AB: w · aᵀ, the decoded tile as the left operand, which Hopper's wgmma may
+    take from registers: no round trip of the decoded weights through shared memory) for MXFP4 rows `rows`."""
+    w = mxfp4_tile(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                   tl.float32).to(a.dtype)
+    if SWAP_AB:
+        return tl.dot(w, a.T, acc)
+    return tl.dot(a, w.T, acc)
 
 
 @triton.jit

@@ -41,7 +41,7 @@ class MoeConfig:
     stage 2 reads each block's A rows contiguously (1: pointer loads; 2: through a TMA descriptor, Hopper, rows of
     16-byte multiples) and maps rows back to pairs in its epilogue. TOPK_ATOMIC (2-stage plans): stage 2 adds
     weight x row into an fp32 [T, D] accumulator with atomics instead of writing [T·topk, D] for the top-k sum kernel
-    (not bit-deterministic: the order of the adds varies from run to run). SWAP_AB (either stage kernel, not MXFP4):
+    (not bit-deterministic: the order of the adds varies from run to run). SWAP_AB (either stage kernel):
     the tile is computed transposed, w · aᵀ, so the wgmma's 64-row operand is the weight tile rather than a block of
     16 or 32 pairs (what vLLM does on Hopper when BLOCK_SIZE_M < 64 <= BLOCK_SIZE_N).
     """
@@ -57,7 +57,7 @@ class MoeConfig:
     USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
     SORTED_INTER: int = 0  # 2-stage plans: 0 pair order; 1 sorted rows; 2 sorted rows, stage 2 loads A through TMA
     TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
-    SWAP_AB: int = 0  # stage kernels, 16-bit and fp8: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
+    SWAP_AB: int = 0  # stage kernels: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
 
@@ -129,8 +129,8 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                                                                  or config.SORTED_INTER != 2)):
         raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
-    if config.SWAP_AB and (kernel == "1stage" or quant in MXFP4_QUANTS):
-        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option for 16-bit and fp8 weights")
+    if config.SWAP_AB and kernel == "1stage":
+        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
     if kernel == "1stage":
         d = config.BLOCK_SIZE_D
         if d < 16 or d & (d - 1) or config.KSPLIT != 1:
