@@ -82,10 +82,11 @@ class _Pipeline:
 
     def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
                  summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None,
-                 pool: CompilePool | DeferredCompiles | None = None, owns_pool: bool | None = None):
+                 pool: CompilePool | DeferredCompiles | None = None, owns_pool: bool | None = None,
+                 started: float | None = None):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        self.started = time.perf_counter()  # re-set by tune() to its own start
+        self.started = time.perf_counter() if started is None else started  # what first_task_s counts from
         # A pool lent by the caller serves its next pass, processes already started.
         self.owns_pool = pool is None if owns_pool is None else owns_pool
         self.pool = pool if pool is not None else make_compile_pool(tunable, settings)
@@ -444,8 +445,7 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings
             summary.candidates += len(pruned.kept)
             spaces.append((problem, space.size, pruned))
         journal = cleanup.enter_context(Journal(settings.journal_path))
-        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor, pool, owns_pool)
-        pipeline.started = t0
+        pipeline = _Pipeline(tunable, device, settings, journal, summary, executor, pool, owns_pool, started=t0)
         try:
             if settings.strategy == "exhaustive" and settings.budget is None:
                 # One batch across all problems: compiles are shared and GPU workers never idle between problems.
