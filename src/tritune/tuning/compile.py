@@ -184,8 +184,11 @@ class CompilePool:
                 backlog.append(event[1])
             elif event[0] == "prestart":
                 self._ensure_pool()
-                for _ in range(self._max_workers):  # spawns every process now; untracked, a failure is harmless
-                    self._pool.submit(_warm_up)
+                try:
+                    for _ in range(self._max_workers):  # spawns every process now; untracked, a failure is harmless
+                        self._pool.submit(_warm_up)
+                except BrokenProcessPool:  # the next job rebuilds it
+                    self._drop_pool()
             elif event[0] == "stop":
                 stopping = True
                 if event[1]:  # cancel
