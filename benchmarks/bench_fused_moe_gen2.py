@@ -242,6 +242,8 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
         except Exception as err:  # noqa: BLE001 - a variant the kernels reject is a result, not a crash
             row[f"{name}_error"] = _error(err)
     try:
+        if quant == "per_token":
+            raise ValueError("no per_token peer in this benchmark (issue 14 compares per_token with our bf16)")
         if quant == "none":
             from vllm_moe import VllmMoe
 
@@ -298,9 +300,27 @@ def tune_row(spec: str, out_csv: pathlib.Path) -> dict:
 
 
 def points(args) -> list[tuple[str, str, int]]:
-    """(shape, quant, tokens) in run order: bf16 rows shape by shape, then the per_1x128 rows."""
+    """(shape, quant, tokens) in run order: bf16 rows shape by shape, then the fp8 rows (--fp8-quants) of
+    --fp8-shapes."""
     return ([(s, "none", t) for s in args.shapes for t in args.tokens]
-            + [(s, "per_1x128", t) for s in args.fp8_shapes for t in args.tokens])
+            + [(s, q, t) for q in args.fp8_quants for s in args.fp8_shapes for t in args.tokens])
+
+
+def fp8_speedups(rows: list[dict]) -> list[str]:
+    """Issue 14's fp8 targets: at each (shape, tokens) measured in bf16 and in an fp8 quantization, our bf16 op's
+    time over our fp8 op's (the op's own choice, or the tuned row's where timed)."""
+    def best(r: dict) -> float | None:
+        times = [r[k] for k in ("ours_us", "tuned_us") if r.get(k) and r.get(k.replace("_us", "_rel_err"), 0) <= WRONG]
+        return min(times) if times else None
+
+    bf16 = {(r["shape"], r["tokens"]): best(r) for r in rows if r["quant"] == "none"}
+    lines = []
+    for r in rows:
+        base, mine = bf16.get((r["shape"], r["tokens"])), best(r)
+        if r["quant"] != "none" and base and mine:
+            lines.append(f"{r['shape']} {r['tokens']} tokens: {r['quant']} {base / mine:.2f}x faster than bf16 "
+                         f"({mine:.1f} vs {base:.1f} us)")
+    return lines
 
 
 def table(rows: list[dict], labels: list[str], tuned: bool = False) -> list[str]:
@@ -338,7 +358,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vendor-dir", default="peers_vllm", help="extract_vllm.py's folder, with vllm_moe.py copied in")
     ap.add_argument("--out", type=pathlib.Path, help="JSON, rewritten after every row")
     ap.add_argument("--shapes", type=names, default=HELD_OUT, help=f"bf16 shapes, of {', '.join(SHAPES)}")
-    ap.add_argument("--fp8-shapes", type=names, default=FP8_SHAPES, help="per_1x128 shapes ('' for none)")
+    ap.add_argument("--fp8-shapes", type=names, default=FP8_SHAPES, help="fp8 shapes ('' for none)")
+    ap.add_argument("--fp8-quants", type=names, default=("per_1x128",),
+                    help="quantizations of the fp8 shapes: per_1x128 (vLLM's block-fp8 kernel beside it) and/or "
+                         "per_token (no vLLM column: issue 14 compares it with our own bf16)")
     ap.add_argument("--tokens", type=ints, default=TOKENS, help="comma list")
     ap.add_argument("--variant", action="append", default=[], metavar="[s1.|s2.]FIELD=INT,...",
                     help="the op's own choice with these MoeConfig fields replaced (repeatable)")
@@ -353,6 +376,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in (*args.shapes, *args.fp8_shapes):
         if name not in SHAPES:
             ap.error(f"unknown shape {name!r}; expected one of {', '.join(SHAPES)}")
+    for quant in args.fp8_quants:
+        if quant not in ("per_1x128", "per_token"):
+            ap.error(f"--fp8-quants: {quant!r} is not per_1x128 or per_token")
     try:
         args.tune_point = tune_spec(args.tune_row) if args.tune_row else None
         fields = {f.name for f in dataclasses.fields(MoeConfig)}
@@ -426,6 +452,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row, default=str), flush=True)
         save()
     print("\n" + "\n".join(table(doc["rows"], [v[0] for v in args.variants], tuned=bool(tuned_csv or args.tuned_csv))))
+    if speedups := fp8_speedups(doc["rows"]):
+        print("\nfp8 against our bf16:\n" + "\n".join(speedups))
     if doc["tune"]:
         print(f"\ntune time of {args.tune_row}: {doc['tune']['wall_s']:.1f} s wall (`tritune moe`, one row)")
     if doc["skipped"]:
