@@ -137,3 +137,15 @@ def test_prestart_is_nothing_inline():
     pool = CompilePool(ScriptedAdd(), max_workers=1)
     pool.prestart()
     assert pool._thread is None and pool._pool is None
+
+
+def test_compile_processes_run_at_the_lowest_priority():
+    """A compile never takes a core from a GPU worker's host side (issue 17): the pool's processes drop to nice 19."""
+    import subprocess
+    import sys
+
+    from tritune.tuning.compile import COMPILE_NICENESS
+
+    code = "import os; from tritune.tuning.compile import lower_compile_priority as low; low(); print(os.nice(0))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert COMPILE_NICENESS == 19 and int(out) == 19
