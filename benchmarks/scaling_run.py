@@ -55,7 +55,7 @@ def executor_figures(stdout: str) -> dict:
 
 
 _PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time ([\d.]+)s"
-                          r"(?:; first candidate on a GPU after ([\d.]+)s and ([\d.]+)s)?")
+                          r"(?:; first candidate to a worker after ([\d.]+)s and ([\d.]+)s)?")
 
 
 def pass_walls(stdout: str) -> dict[str, float]:

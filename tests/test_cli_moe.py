@@ -108,7 +108,7 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
                  "\n== run: 1 row(s), stage search and end-to-end re-time"):
         assert line in summary
     assert captured.out.count("problems: ") == 1 and "\n  problems: 5\n" in summary  # 3 kinds + 2 re-times
-    assert re.search(r"\n  passes: stage search \d+\.\ds, end-to-end re-time \d+\.\ds; first candidate on a GPU "
+    assert re.search(r"\n  passes: stage search \d+\.\ds, end-to-end re-time \d+\.\ds; first candidate to a worker "
                      r"after \d+\.\ds and \d+\.\ds\n", summary)
     # One set of workers for the stage search and the re-time: one executor line, counting both passes.
     assert summary.count("\n  local: 1 worker(s)") == 1

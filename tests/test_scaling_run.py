@@ -35,7 +35,7 @@ def test_pass_walls_read_from_the_moe_summary():
     text = "== run: 2 row(s), stage search and end-to-end re-time together\n  passes: stage search 102.9s, " \
            "end-to-end re-time 4.0s\n"
     assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0}
-    text = text.replace("4.0s\n", "4.0s; first candidate on a GPU after 6.2s and 0.8s\n")
+    text = text.replace("4.0s\n", "4.0s; first candidate to a worker after 6.2s and 0.8s\n")
     assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0, "search_first_task_s": 6.2,
                                         "retime_first_task_s": 0.8}
     assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass

@@ -398,7 +398,7 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
         if len(report.summaries) == 2:  # where a multi-GPU run's time goes: the re-time waits for the whole search
             search, retime = report.summaries
             lines.append(f"  passes: stage search {search.wall_s:.1f}s, end-to-end re-time {retime.wall_s:.1f}s; "
-                         f"first candidate on a GPU after {search.first_task_s:.1f}s and {retime.first_task_s:.1f}s")
+                         f"first candidate to a worker after {search.first_task_s:.1f}s and {retime.first_task_s:.1f}s")
     return lines
 
 
