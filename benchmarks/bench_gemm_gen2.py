@@ -55,7 +55,12 @@ def variants(kernel: str) -> dict[str, object]:
                 "tma 128x64x64 w4 s4": GemmConfig(128, 64, 64, num_warps=4, num_stages=4, **tma),
                 "ptr 64x128x64 w4 s4": GemmConfig(64, 128, 64, GROUP_SIZE_M=8, num_warps=4, num_stages=4),
                 "ptr 128x128x64 w8 s4 split2": GemmConfig(128, 128, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=4,
-                                                          NUM_KSPLIT=2)}
+                                                          NUM_KSPLIT=2),
+                # only the tiles past the full waves split in 4 (TAIL_SPLIT): the last wave filled, the rest whole
+                "ptr 128x128x64 w8 s4 tail4": GemmConfig(128, 128, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=4,
+                                                         NUM_KSPLIT=4, TAIL_SPLIT=True),
+                "ptr 128x256x64 w8 s3 tail4": GemmConfig(128, 256, 64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
+                                                         NUM_KSPLIT=4, TAIL_SPLIT=True)}
     else:
         base = {"tma 128x128x128 w8 s3 pipe": GemmConfig(128, 128, 128, num_warps=8, num_stages=3,
                                                           SCALE_PIPELINE=True, **tma),

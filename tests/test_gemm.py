@@ -122,6 +122,44 @@ def test_split_k(kernel: str, dtype: torch.dtype, K: int, NUM_KSPLIT: int) -> No
     _assert_close_fp32(_run_fp32(kernel, ops, cfg), _reference(kernel, ops), dtype)
 
 
+@pytest.mark.parametrize(
+    ("M", "N"),
+    [
+        (70, 90),  # 5 x 3 tiles of 16x32 on the interpreter's 4 "SMs": 3 full waves (12 tiles) whole, 3 split
+        (37, 53),  # 3 x 2 tiles: one wave whole, 2 split
+        (20, 40),  # 2 x 2 tiles: exactly one wave, nothing split
+        (10, 20),  # 1 tile: under one wave, every tile split (plain split-K)
+    ],
+)
+@pytest.mark.parametrize(("kernel", "dtype"), ONE_PER_KERNEL, ids=ONE_PER_KERNEL_IDS)
+def test_tail_split_splits_only_the_last_wave(kernel: str, dtype: torch.dtype, M: int, N: int,
+                                              monkeypatch) -> None:
+    """TAIL_SPLIT: the full waves' tiles whole, the rest split along K and fixed up in the same launch; the same
+    answer as the reference, twice (the locks are back at zero), odd K with a short last split."""
+    cfg = gk.GemmConfig(16, 32, 32, 8, 4, 2, NUM_KSPLIT=3, TAIL_SPLIT=True)
+    tiles = -(-M // 16) * -(-N // 32)
+    sms = gk._num_sms(torch.device(DEVICE))  # the interpreter's 4; a GPU's SMs (these grids are under one wave)
+    whole = gk.tail_split_whole_tiles(tiles, sms)
+    assert whole == tiles // sms * sms
+    grids = []
+    real = gk.BoundKernel
+    monkeypatch.setattr(gk, "BoundKernel", lambda fn, grid, *a, **kw: grids.append(tuple(grid)) or real(fn, grid, *a,
+                                                                                                         **kw))
+    ops = _operands(kernel, M, N, 131, dtype)
+    first = _run_fp32(kernel, ops, cfg)
+    assert grids == [(whole + (tiles - whole) * 3, 1)]  # one launch: the whole tiles, then 3 pieces of each other
+    _assert_close_fp32(first, _reference(kernel, ops), dtype)
+    torch.testing.assert_close(_run_fp32(kernel, ops, cfg), first, rtol=0, atol=0)
+
+
+def test_tail_split_needs_the_split_pointer_kernel() -> None:
+    ops = _operands("bf16", 37, 53, 131, torch.float16)
+    for cfg in (gk.GemmConfig(16, 32, 32, TAIL_SPLIT=True), gk.GemmConfig(64, 32, 32, NUM_KSPLIT=2, TAIL_SPLIT=True,
+                                                                          PERSISTENT_TMA=True)):
+        with pytest.raises(ValueError, match="TAIL_SPLIT splits the last wave's tiles of the pointer kernel"):
+            gk.validate("bf16", ops["a"], ops["b"], None, None, cfg)
+
+
 @pytest.mark.parametrize(("kernel", "dtype"), ONE_PER_KERNEL, ids=ONE_PER_KERNEL_IDS)
 def test_split_k_reuses_a_poisoned_workspace(kernel: str, dtype: torch.dtype) -> None:
     # A workspace larger than needed and full of NaN: every partial the reduction reads must have been written,

@@ -51,6 +51,7 @@ class GemmConfig:
     SCALE_PIPELINE: bool = False  # block-scaled TMA only: rescale block k-1 while the MMA of block k runs
     WARP_SPECIALIZE: bool = False  # persistent TMA only: the tile loop split into load and MMA warps (Triton >= 3.5)
     EPILOGUE_SUBTILE: bool = False  # persistent TMA only: C converted and stored as two [BM, BN/2] halves
+    TAIL_SPLIT: bool = False  # pointer kernel, NUM_KSPLIT > 1: split only the tiles past the full waves
 
     @staticmethod
     def from_params(params: dict) -> GemmConfig:
@@ -61,7 +62,7 @@ class GemmConfig:
         return GemmConfig(**params)
 
 
-@triton.jit(do_not_specialize=["M", "stride_ck"])
+@triton.jit(do_not_specialize=["M", "stride_ck", "dp_tiles"])
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr,  # A [M, K], B [N, K], C [M, N] (or fp32 partials [KSPLIT, M, N] when split)
     a_scale_ptr, b_scale_ptr,  # fp32; shapes depend on QUANT (unused when QUANT_NONE)
@@ -71,10 +72,11 @@ def _gemm_kernel(
     k_per_split,  # K elements each split covers, a multiple of BLOCK_SIZE_K
     stride_am, stride_bn, stride_cm, stride_ck,
     stride_asm, stride_bsn,  # row strides of the scale tensors
+    dp_tiles,  # TAIL_SPLIT: the tiles computed whole (the full waves); 0 otherwise
     QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, NUM_KSPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    CACHE_MODIFIER: tl.constexpr, SPLIT_FIXUP: tl.constexpr = False,
+    CACHE_MODIFIER: tl.constexpr, SPLIT_FIXUP: tl.constexpr = False, TAIL_SPLIT: tl.constexpr = False,
 ):
     """One BLOCK_M×BLOCK_N tile of one K split.
 
@@ -82,10 +84,22 @@ def _gemm_kernel(
     lock; the last one sums the partials in split order (the reduce kernel's order, so the same bits), writes C and
     sets the lock back to zero for the next call.
 
-    Grid: (⌈M/BLOCK_M⌉·⌈N/BLOCK_N⌉, NUM_KSPLIT).
+    TAIL_SPLIT (with SPLIT_FIXUP): only the tiles past the full waves are split. Tiles [0, dp_tiles) run whole and
+    store C directly; each later tile runs as NUM_KSPLIT pieces that fill the last wave (a 128x128 grid of 288 tiles on
+    132 SMs otherwise leaves its third wave 18% full).
+
+    Grid: (⌈M/BLOCK_M⌉·⌈N/BLOCK_N⌉, NUM_KSPLIT); TAIL_SPLIT: (dp_tiles + (tiles - dp_tiles)·NUM_KSPLIT, 1).
     """
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    whole = False  # TAIL_SPLIT: this program computes its tile over all of K
+    if TAIL_SPLIT:
+        q = tl.program_id(0)
+        whole = q < dp_tiles
+        tail = tl.maximum(q - dp_tiles, 0)
+        pid = tl.where(whole, q, dp_tiles + tail // NUM_KSPLIT)
+        pid_k = tl.where(whole, 0, tail % NUM_KSPLIT)
+    else:
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     # Grouped ordering: GROUP_SIZE_M row-tiles share the same B columns while they are hot in L2.
@@ -114,7 +128,10 @@ def _gemm_kernel(
         b_s_ptrs = b_scale_ptr + (offs_bn // 128) * stride_bsn
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    k_end = tl.minimum(k_start + k_per_split, K)
+    if TAIL_SPLIT:
+        k_end = tl.where(whole, K, tl.minimum(k_start + k_per_split, K))
+    else:
+        k_end = tl.minimum(k_start + k_per_split, K)
     for k in range(k_start, k_end, BLOCK_SIZE_K):
         if EVEN_K:
             a = tl.load(a_ptrs, cache_modifier=CACHE_MODIFIER)
@@ -141,6 +158,19 @@ def _gemm_kernel(
     if QUANT == 1:
         acc = acc * (a_s[:, None] * b_s[None, :])
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if whole:  # TAIL_SPLIT's full-wave tiles: C directly (C and the partials share the row stride N)
+        tl.store(out_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=c_mask)
+    else:
+        _store_split(acc, c_ptr, out_ptr, lock_ptr, pid, pid_k, offs_m, offs_n, c_mask, stride_cm, stride_ck,
+                     NUM_KSPLIT, BLOCK_SIZE_M, BLOCK_SIZE_N, SPLIT_FIXUP)
+
+
+@triton.jit
+def _store_split(acc, c_ptr, out_ptr, lock_ptr, pid, pid_k, offs_m, offs_n, c_mask, stride_cm, stride_ck,
+                 NUM_KSPLIT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                 SPLIT_FIXUP: tl.constexpr):
+    """Store this split's tile (C itself when unsplit); SPLIT_FIXUP: the last split of the tile sums them into C."""
     c_ptrs = c_ptr + pid_k * stride_ck + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
     if SPLIT_FIXUP:
@@ -261,6 +291,11 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def tail_split_whole_tiles(tiles: int, num_sms: int) -> int:
+    """TAIL_SPLIT's tiles computed whole: every full wave (none when the grid is under one wave: all split)."""
+    return tiles // num_sms * num_sms
+
+
 def k_per_split(K: int, cfg: GemmConfig) -> int:
     """K elements per split, rounded up to BLOCK_SIZE_K so split boundaries align with K steps."""
     per = triton.cdiv(K, cfg.NUM_KSPLIT)
@@ -282,6 +317,10 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
     if (cfg.WARP_SPECIALIZE or cfg.EPILOGUE_SUBTILE) and not cfg.PERSISTENT_TMA:
         raise ValueError("WARP_SPECIALIZE and EPILOGUE_SUBTILE are options of the persistent TMA kernel "
                          "(PERSISTENT_TMA=True)")
+    if cfg.TAIL_SPLIT and (cfg.PERSISTENT_TMA or cfg.NUM_KSPLIT < 2):
+        raise ValueError(f"TAIL_SPLIT splits the last wave's tiles of the pointer kernel: it needs NUM_KSPLIT >= 2 "
+                         f"and PERSISTENT_TMA off, got NUM_KSPLIT={cfg.NUM_KSPLIT} "
+                         f"PERSISTENT_TMA={cfg.PERSISTENT_TMA}")
     if max(M * K, N * K, M * N * cfg.NUM_KSPLIT) >= 2**31:
         raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
@@ -358,14 +397,19 @@ class GemmLaunch:
                 DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
                 for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True))) if a.is_cuda else None
             return
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), cfg.NUM_KSPLIT)
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        grid = (tiles, cfg.NUM_KSPLIT)
+        dp = 0
+        if cfg.TAIL_SPLIT:  # the full waves whole, the rest split: one dimension of programs
+            dp = tail_split_whole_tiles(tiles, _num_sms(a.device))
+            grid = (dp + (tiles - dp) * cfg.NUM_KSPLIT, 1)
         self.scratch = Workspace(((torch.float32, cfg.NUM_KSPLIT * M * N),)) if self.split > 1 else None
         stride_c, stride_ck = (N, M * N) if self.split > 1 else (out.stride(0), 0)
         self._tail = (M, N, K, k_per_split(K, cfg), a.stride(0), b.stride(0), stride_c, stride_ck, *scale_strides,
-                      quant, bm, bn, bk, cfg.GROUP_SIZE_M, cfg.NUM_KSPLIT, K % bk == 0, cfg.cache_modifier)
-        self._tail += (self.split > 1,)  # SPLIT_FIXUP
+                      dp, quant, bm, bn, bk, cfg.GROUP_SIZE_M, cfg.NUM_KSPLIT, K % bk == 0, cfg.cache_modifier)
+        self._tail += (self.split > 1, cfg.TAIL_SPLIT)  # SPLIT_FIXUP, TAIL_SPLIT
         target = torch.empty((cfg.NUM_KSPLIT, M, N), device=a.device, dtype=torch.float32) if self.split > 1 else out
-        self.tiles = grid[0]
+        self.tiles = tiles
         self._locks: dict[int, torch.Tensor] = {}  # per stream (key: raw stream handle; 0 off the GPU)
         # Unsplit launches pass A for the two pointers they never read (out, lock), as compile_only does.
         fixup = (out, torch.zeros(self.tiles, device=a.device, dtype=torch.int32)) if self.split > 1 else (a, a)
@@ -497,9 +541,10 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
     _gemm_kernel.warmup(
         in_dtype, in_dtype, f32 if split else out_dtype, scale_dtype, scale_dtype,
         out_dtype if split else in_dtype, torch.int32 if split else in_dtype,
-        M, N, K, k_per_split(K, cfg), K, K, N, M * N if split else 0, s_a, s_b,
+        M, N, K, k_per_split(K, cfg), K, K, N, M * N if split else 0, s_a, s_b, 0,
         QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, NUM_KSPLIT=cfg.NUM_KSPLIT, EVEN_K=K % bk == 0,
-        CACHE_MODIFIER=cfg.cache_modifier, SPLIT_FIXUP=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        CACHE_MODIFIER=cfg.cache_modifier, SPLIT_FIXUP=split, TAIL_SPLIT=cfg.TAIL_SPLIT, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         grid=(1,),
     )
