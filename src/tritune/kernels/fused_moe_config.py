@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from tritune.kernels.triton_release import triton_release
+
 ACTIVATIONS = ("silu", "gelu")
 QUANT_TYPES = ("none", "per_token", "per_1x128")  # every kernel has these, the 1-stage one included
 MXFP4 = "per_1x32"  # MXFP4 weights decoded in registers, 16-bit activations
@@ -176,4 +178,4 @@ def check_compiles_here(config: MoeConfig, kernel: str, quant: str, triton_versi
 
 def warp_spec_compiles(triton_version: str, interpreter: bool) -> bool:
     """Whether this Triton builds WARP_SPEC 1 (always in the interpreter, which runs a plain loop)."""
-    return interpreter or tuple(int(x) for x in re.findall(r"\d+", triton_version)[:2]) > WARP_SPEC_BROKEN_UP_TO
+    return interpreter or triton_release(triton_version) > WARP_SPEC_BROKEN_UP_TO

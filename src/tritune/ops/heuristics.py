@@ -60,13 +60,13 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
 from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
+from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
 from tritune.ops import cost_model as cm
 
 __all__ = ["ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES", "gemm_heuristic", "moe_heuristic"]
@@ -153,10 +153,10 @@ def _fit(bk: int, min_bk: int, stages_of) -> tuple[int, int]:
 
 
 def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max_shared: int = 232448, *,
-                   capability: tuple[int, int] = (9, 0), warp_specialize: bool | None = None) -> GemmConfig:
+                   capability: tuple[int, int] = (9, 0), warp_specialize: bool = HAS_WARP_SPECIALIZE) -> GemmConfig:
     """The rule-table config (module docstring) for C[M, N] = A[M, K]·B[N, K]ᵀ with `kernel` ("bf16" for
     bf16/fp16 operands, "a8w8", "a8w8_blockscale"). `warp_specialize`: whether this Triton has `tl.range(...,
-    warp_specialize=...)` (None: ask the installed one). ValueError for an unknown kernel or a size < 1."""
+    warp_specialize=...)` (default: the installed one). ValueError for an unknown kernel or a size < 1."""
     if kernel not in GEMM_KERNELS:
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
     if min(M, N, K) < 1:
@@ -186,21 +186,12 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
                            _cdiv(K, block_k * split))
 
     bk, stages = _fit(bk, min(bk, min_bk), stages_of)
-    if warp_specialize is None:
-        warp_specialize = _has_warp_specialize()
     # Block-scaled, persistent, long K: load warps feeding the MMA warps hide the per-K-block rescale (H100, Triton
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
     ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
                       num_warps=8 if big else 4, num_stages=stages, NUM_KSPLIT=split,
                       cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma, WARP_SPECIALIZE=ws)
-
-
-def _has_warp_specialize() -> bool:
-    """Triton >= 3.5 (where `tl.range` took `warp_specialize`)."""
-    import triton
-
-    return tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 5)
 
 
 # ---------------------------------------------------------------------------------------------------- fused MoE

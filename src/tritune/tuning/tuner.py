@@ -81,15 +81,13 @@ class _Pipeline:
     """Evaluates (problem, config) pairs: journal first, then compile pool, then GPU executor."""
 
     def __init__(self, tunable: Tunable, device: DeviceInfo, settings: TuneSettings, journal: Journal,
-                 summary: TuneSummary, executor: LocalExecutor | RayExecutor | None = None,
-                 pool: CompilePool | DeferredCompiles | None = None, owns_pool: bool | None = None,
-                 started: float | None = None):
+                 summary: TuneSummary, executor: LocalExecutor | RayExecutor | None,
+                 pool: CompilePool | DeferredCompiles, owns_pool: bool, started: float):
         self.tunable, self.device, self.settings = tunable, device, settings
         self.journal, self.summary = journal, summary
-        self.started = time.perf_counter() if started is None else started  # what first_task_s counts from
-        # A pool lent by the caller serves its next pass, processes already started.
-        self.owns_pool = pool is None if owns_pool is None else owns_pool
-        self.pool = pool if pool is not None else make_compile_pool(tunable, settings)
+        self.started = started  # tune()'s start: what first_task_s counts from
+        # A pool lent by tune()'s caller serves its next pass, processes already started; tune() shuts its own.
+        self.pool, self.owns_pool = pool, owns_pool
         self.owns_executor = executor is None  # one lent by the caller outlives this pipeline
         self.executor = executor if executor is not None else make_executor(tunable, device, settings)
         self.compiled: dict[str, Future[CompileOutcome]] = {}
