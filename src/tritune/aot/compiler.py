@@ -56,45 +56,13 @@ class AotTarget:
         return MAX_SHARED_BYTES.get(self.arch, 101376)
 
 
-class _TargetDriver:
-    """The part of Triton's driver the AOT compiler consults, answering for a target instead of a device."""
-
-    def __init__(self, target: AotTarget) -> None:
-        from triton.backends.compiler import GPUTarget
-
-        self._target = GPUTarget(target.backend, target.arch, target.warp_size)
-
-    def get_current_target(self):
-        return self._target
-
-    def map_python_to_cpp_type(self, ty: str) -> str:
-        """Triton's mapping, except fp32 scalars: since Triton 3.4 its AOT launcher declares them `double` and
-        hands cuLaunchKernel the 8-byte value while the cubin reads 4 bytes, so the kernel sees garbage (a
-        softmax scale of 0.125 arrives as 0). Declared `float`, launcher and cubin agree."""
-        from triton.backends.nvidia.driver import ty_to_cpp
-
-        return "float" if ty in ("fp32", "f32") else ty_to_cpp(ty)
-
-    def get_active_torch_device(self):
-        import torch
-
-        return torch.device("cpu")
-
-    def get_current_device(self) -> int:
-        return 0
-
-
 @contextlib.contextmanager
 def target_driver(target: AotTarget) -> Iterator[None]:
     """Make Triton compile for `target` whether or not this machine has a GPU; restores the driver after."""
-    from triton.runtime.driver import driver
+    from tritune.kernels.compile_target import CompileTarget, compiling_for
 
-    saved = driver._active
-    driver._active = _TargetDriver(target)
-    try:
+    with compiling_for(CompileTarget(target.backend, target.arch, target.warp_size)):
         yield
-    finally:
-        driver._active = saved
 
 
 @dataclass(frozen=True)

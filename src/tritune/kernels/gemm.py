@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.compile_target import process_sm_count
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 
 QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2
@@ -288,6 +289,9 @@ def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # interpreter: a few programs exercise the persistent loop
+    compiling_for = process_sm_count()  # a compile process has no GPU to ask
+    if compiling_for is not None:
+        return compiling_for
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

@@ -308,7 +308,7 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
         first = dataclasses.replace(first, time_limit_s=0.75 * settings.time_limit_s)
         e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
     # One set of GPU workers and one compile pool for both passes (the re-time would otherwise start them again).
-    executor, pool = make_executor(tunable, device, settings), make_compile_pool(tunable, settings)
+    executor, pool = make_executor(tunable, device, settings), make_compile_pool(tunable, settings, device)
     pool.prestart()
     try:
         _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, pool,

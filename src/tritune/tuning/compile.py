@@ -18,6 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritune.kernels.compile_target import CompileTarget, compile_without_gpu
 from tritune.knobs import interpreting
 from tritune.tuning.errors import classify_exception, short_message
 from tritune.tuning.types import Config, Status
@@ -56,10 +57,21 @@ def lower_compile_priority() -> None:
         pass
 
 
-def _compile_process_init() -> None:
+def _compile_process_init(target: CompileTarget | None) -> None:
     # Ctrl-C reaches the whole process group; the parent decides what stops, workers must not die mid-task.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lower_compile_priority()
+    if target is not None:
+        compile_without_gpu(target)
+
+
+def compile_target_of(device: Any) -> CompileTarget | None:
+    """What the compile processes answer Triton with for `device` (a DeviceInfo): its arch and SM count, so they
+    never open the GPU; None under the interpreter (nothing compiles)."""
+    if device is None or getattr(device, "interpreter", True):
+        return None
+    major, minor = device.capability
+    return CompileTarget("cuda", 10 * major + minor, device.warp_size, device.sm_count)
 
 
 @dataclass(eq=False)
@@ -78,8 +90,9 @@ class CompilePool:
     All pool interaction happens on one dispatcher thread; callers only enqueue and read futures.
     """
 
-    def __init__(self, tunable: Any, max_workers: int | None = None) -> None:
+    def __init__(self, tunable: Any, max_workers: int | None = None, target: CompileTarget | None = None) -> None:
         self._tunable = tunable
+        self._target = target  # None: each process compiles for the GPU it finds (and opens a context on it)
         self._max_workers = (os.cpu_count() or 1) if max_workers is None else max_workers
         self.inline = self._max_workers <= 1 or interpreting()
         self._events: queue.Queue[tuple] = queue.Queue()
@@ -218,7 +231,8 @@ class CompilePool:
     def _ensure_pool(self) -> None:
         if self._pool is None:
             spawn = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn, initializer=_compile_process_init)
+            self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn, initializer=_compile_process_init,
+                                             initargs=(self._target,))
 
     def _drop_pool(self, cancel: bool = False) -> None:
         if self._pool is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tritune.device import DeviceInfo
 from tritune.tuning.affinity import next_problem
-from tritune.tuning.compile import CompileOutcome
+from tritune.tuning.compile import CompileOutcome, compile_target_of
 from tritune.tuning.errors import is_sticky
 from tritune.tuning.ray_cluster import (
     STARTUP_TIMEOUT_S,
@@ -72,6 +72,7 @@ class RayExecutor:
     def __init__(self, tunable: Any, settings: BenchSettings, ray_settings: RaySettings, device: DeviceInfo,
                  progress: bool = False) -> None:
         self._tunable, self._settings, self._ray_settings, self._device = tunable, settings, ray_settings, device
+        self._compile_target = compile_target_of(device)  # compile tasks answer Triton from it, opening no GPU
         self._progress_on = progress
         self._queues: dict[str, deque[_Item]] = {}  # problem key -> queued items, in submission order
         self._queued = 0
@@ -240,7 +241,8 @@ class RayExecutor:
         if ref is None:
             _, compile_task, _ = remote()
             there = compile_task.options(num_cpus=1, max_retries=1, scheduling_strategy=on_node(node.node_id))
-            ref = there.remote(self._tunable_blob, import_ray().cloudpickle.dumps((task.problem, task.config)))
+            ref = there.remote(self._tunable_blob, import_ray().cloudpickle.dumps((task.problem, task.config)),
+                               self._compile_target)
             node.compiles[ckey] = ref
             node.compiled += 1
         return ref

@@ -88,10 +88,11 @@ class BenchActor:
 _TUNABLES: dict[bytes, Any] = {}  # per compile process: the tunables it has unpickled, by their pickled form
 
 
-def compile_on_node(tunable_blob: bytes, candidate: bytes):
+def compile_on_node(tunable_blob: bytes, candidate: bytes, target: Any = None):
     """Compile one pickled (problem, config) with the pickled tunable here; a `compile.CompileOutcome`, never raises.
 
-    The binary stays in this node's Triton cache, where the benchmark actor of this node finds it.
+    The binary stays in this node's Triton cache, where the benchmark actor of this node finds it. With `target`
+    (a `CompileTarget`, the GPU model tuned) Triton is answered from it: the task opens no CUDA context.
     """
     _settle_interpreter()
     from tritune.tuning.compile import compile_one, lower_compile_priority
@@ -103,7 +104,12 @@ def compile_on_node(tunable_blob: bytes, candidate: bytes):
         tunable = _TUNABLES.setdefault(tunable_blob, pickle.loads(tunable_blob))
     problem, config = pickle.loads(candidate)
     assert isinstance(config, Config)
-    return compile_one(tunable, problem, config)
+    if target is None:
+        return compile_one(tunable, problem, config)
+    from tritune.kernels.compile_target import compiling_for
+
+    with compiling_for(target):  # not compile_without_gpu: Ray may reuse this process for a task that needs the GPU
+        return compile_one(tunable, problem, config)
 
 
 def probe_device() -> dict[str, Any]:

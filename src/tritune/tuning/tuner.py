@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tritune.device import DeviceInfo
 from tritune.tuning.affinity import interleave
-from tritune.tuning.compile import CompileOutcome, CompilePool
+from tritune.tuning.compile import CompileOutcome, CompilePool, compile_target_of
 from tritune.tuning.executor import LocalExecutor
 from tritune.tuning.journal import Journal
 from tritune.tuning.ray_cluster import RaySettings
@@ -396,12 +396,13 @@ def make_executor(tunable: Tunable, device: DeviceInfo, settings: TuneSettings) 
     return LocalExecutor(tunable, max(1, settings.num_gpus), settings.bench, devices)
 
 
-def make_compile_pool(tunable: Tunable, settings: TuneSettings) -> CompilePool | DeferredCompiles:
-    """The compile pool `settings` asks for: every core here, or none with Ray (each candidate compiles on the node
-    whose GPU runs it)."""
+def make_compile_pool(tunable: Tunable, settings: TuneSettings,
+                      device: DeviceInfo | None = None) -> CompilePool | DeferredCompiles:
+    """The compile pool `settings` asks for: every core here, compiling for `device` without opening it, or none
+    with Ray (each candidate compiles on the node whose GPU runs it)."""
     if settings.ray is not None:
         return DeferredCompiles()
-    return CompilePool(tunable, settings.compile_workers)
+    return CompilePool(tunable, settings.compile_workers, compile_target_of(device))
 
 
 def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings: TuneSettings,
@@ -428,7 +429,7 @@ def tune(tunable: Tunable, problems: Sequence[Any], device: DeviceInfo, settings
     if settings.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {settings.strategy!r}; expected one of {sorted(STRATEGIES)}")
     owns_pool = pool is None
-    pool = make_compile_pool(tunable, settings) if owns_pool else pool
+    pool = make_compile_pool(tunable, settings, device) if owns_pool else pool
     pool.prestart()  # its processes start while the spaces are built
     results: list[ProblemResult] = []
     with ExitStack() as cleanup:

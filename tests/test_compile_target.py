@@ -1,0 +1,122 @@
+"""kernels/compile_target: a compile process answers Triton from the tuned GPU's target and SM count and never opens
+CUDA (issue 17: 64 compile processes each opening a context on GPU 0 held the first candidate back 30 s).
+
+The real compile runs in a fresh interpreter with Triton's interpreter off (conftest switches it on here), compiling
+for cuda:90 on this GPU-less machine as a compile process of the pool does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+from tritune.device import DeviceInfo
+from tritune.kernels import gemm as gk
+from tritune.kernels.compile_target import CompileTarget, compiling_for, process_sm_count
+from tritune.tuning.compile import compile_target_of
+
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, (9, 0), 232448, 65536, 50 << 20, 32, "3.6.0", "2.11.0", "13.0")
+
+
+def test_target_of_a_gpu_names_its_arch_warp_and_sms():
+    assert compile_target_of(H100) == CompileTarget("cuda", 90, 32, 132)
+
+
+def test_no_target_under_the_interpreter_or_without_a_device():
+    import dataclasses
+
+    assert compile_target_of(dataclasses.replace(H100, interpreter=True)) is None
+    assert compile_target_of(None) is None
+
+
+def test_compiling_for_answers_triton_and_the_sm_count_then_restores_both():
+    before = driver._active
+    assert process_sm_count() is None
+    with compiling_for(CompileTarget("cuda", 90, 32, 77)):
+        assert driver.active.get_current_target() == GPUTarget("cuda", 90, 32)
+        assert (driver.active.get_current_device(), driver.active.get_current_stream(0)) == (0, 0)
+        assert gk._num_sms(torch.device("cuda")) == 77  # the persistent GEMM's NUM_SMS, not a GPU query
+    assert driver._active is before and process_sm_count() is None
+
+
+_CHILD = """
+import json, os
+from tritune.kernels.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget("cuda", 90, 32, 77))
+import pytest
+import torch
+from tritune.kernels import gemm as gk
+gk.compile_only("bf16", 64, 256, 128, gk.GemmConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64,
+                PERSISTENT_TMA=True), torch.float16, torch.float16)
+gk.compile_only("bf16", 64, 256, 128, gk.GemmConfig(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32),
+                torch.float16, torch.float16)
+print(json.dumps({"cuda_initialized": torch.cuda.is_initialized(), "visible": os.environ["CUDA_VISIBLE_DEVICES"]}))
+"""
+
+
+def test_a_compile_process_builds_for_the_target_without_opening_cuda(tmp_path: Path):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {"cuda_initialized": False, "visible": ""}
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")
+             if not p.name.startswith("__grp__")]
+    kernels = {m["name"]: m for m in metas if "name" in m}
+    assert {"_gemm_tma_persistent_kernel", "_gemm_kernel"} <= set(kernels)
+    for meta in kernels.values():
+        assert meta["target"]["arch"] == 90 and meta["target"]["backend"] == "cuda"
+    assert list((tmp_path / "cache").rglob("*.cubin")), "no cubin written"
+
+
+_GPU_CHILD = """
+import json, sys
+from tritune.kernels.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget(*json.loads(sys.argv[1])))
+import pytest
+import torch
+from tritune.kernels import gemm as gk
+gk.compile_only("bf16", 96, 384, 160, gk.GemmConfig(**json.loads(sys.argv[2])), torch.bfloat16, torch.bfloat16)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the real launch must find the binary")
+@pytest.mark.parametrize("params", [
+    {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 3, "num_stages": 2},
+    {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 3, "num_stages": 2,
+     "PERSISTENT_TMA": True},
+])
+def test_the_gpu_launch_finds_what_a_gpu_less_compile_process_built(tmp_path: Path, monkeypatch, params):
+    """The binary a compile process built for this GPU's target is the one the launch here loads: it compiles
+    nothing more (the cache key holds the target and NUM_SMS, which the process answered from the device)."""
+    from tritune.device import current_device
+
+    device = current_device()
+    target = compile_target_of(device)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(cache)}
+    run = subprocess.run([sys.executable, "-c", _GPU_CHILD, json.dumps([target.backend, target.arch,
+                          target.warp_size, target.sm_count]), json.dumps(params)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    built = sorted(p.parent.name for p in cache.rglob("*.cubin"))
+    assert len(built) == 1
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    import triton
+
+    assert triton.knobs.cache.dir == str(cache)  # read at each compile: this process's launch looks there
+    a = torch.randn(96, 160, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(384, 160, device="cuda", dtype=torch.bfloat16)
+    out = gk.gemm("bf16", a, b, gk.GemmConfig(**params))
+    torch.testing.assert_close(out.float(), a.float() @ b.float().T, rtol=2e-2, atol=2e-1)
+    assert sorted(p.parent.name for p in cache.rglob("*.cubin")) == built, "the launch compiled its own binary"
