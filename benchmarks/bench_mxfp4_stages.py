@@ -88,10 +88,6 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
                    "mxfp4": (fm.MXFP4, False, mx(c1), mx(c2), q1, q2, s1, s2),
                    "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2),
                    "mxfp4 a8": (fm.MXFP4_A8, True, mx(c1), mx(c2), q1, q2, s1, s2)}
-    if c1.BLOCK_SIZE_M <= 32:  # SWAP_AB: the upcast weights as the left operand (a wgmma may take it from registers)
-        sw = lambda c: dataclasses.replace(mx(c), SWAP_AB=1, BLOCK_SIZE_N=max(64, c.BLOCK_SIZE_N))  # noqa: E731
-        contestants |= {"mxfp4 swap": (fm.MXFP4, False, sw(c1), sw(c2), q1, q2, s1, s2),
-                        "mxfp4 dot_scaled swap": (fm.MXFP4, True, sw(c1), sw(c2), q1, q2, s1, s2)}
     if sweep and tokens <= SWEEP_TOKENS and device == "cuda":
         for i, fields in enumerate(SWEEP):
             for label, ds in (("", False), (" dot_scaled", True)):
@@ -125,14 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "rows": rows}, indent=1))
     print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 fp8 A µs | "
-          "decode / dot_scaled, SWAP_AB µs | MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
               f"{r.get('mxfp4_us', math.nan):.1f} | {r.get('mxfp4 dot_scaled_us', math.nan):.1f} | "
-              f"{r.get('mxfp4 a8_us', math.nan):.1f} | {r.get('mxfp4 swap_us', math.nan):.1f} / "
-              f"{r.get('mxfp4 dot_scaled swap_us', math.nan):.1f} | {best:.1f} | "
+              f"{r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
               f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
     return 0
 

@@ -74,8 +74,10 @@ P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per threa
 MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
 STAGE_RULES = [
     ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
-    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N", BIG, DEV,
+    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)", BIG, DEV,
      stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
+    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)", MX, DEV,
+     stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=64)),  # measured slower / not compiling for MXFP4
     ("shared memory > device limit", BIG, DEV,
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,

@@ -74,9 +74,8 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                SWAP_AB: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
-    SWAP_AB: the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come from the
-    weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once); for MXFP4 the
-    decoded (or dot_scaled-upcast) weights are then the left operand.
+    SWAP_AB (16-bit and fp8 weights): the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's
+    64 rows come from the weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once).
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
     stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
@@ -89,17 +88,16 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     `quant_tile` would have (the K step lies in one group, BLOCK_K dividing 128).
     """
     if QUANT == 4 or QUANT == 5:
-        acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K,
-                                 SWAP_AB)
+        acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
             acc_u = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
-                                     BLOCK_SIZE_K, SWAP_AB)
+                                     BLOCK_SIZE_K)
     elif QUANT == 3:
         acc_g = _mxfp4_tile_dot(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_N,
-                                BLOCK_SIZE_K, SWAP_AB)
+                                BLOCK_SIZE_K)
         if GATED:
             acc_u = _mxfp4_tile_dot(a, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
-                                    BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB)
+                                    BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
         acc_g, acc_u = _gated_dot_8_16(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn, a_scale_ptr, stride_asm,
                                        w_scale_ptr, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u, w_desc, tma_row,
@@ -109,13 +107,10 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 @triton.jit
 def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, BLOCK_SIZE_N: tl.constexpr,
-                    BLOCK_SIZE_K: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc plus this K step's a · w (SWAP_AB: w · aᵀ, the decoded tile as the left operand, which Hopper's wgmma may
-    take from registers: no round trip of the decoded weights through shared memory) for MXFP4 rows `rows`."""
+                    BLOCK_SIZE_K: tl.constexpr):
+    """acc plus this K step's a · w for MXFP4 rows `rows`, the tile decoded into a's dtype first."""
     w = mxfp4_tile(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
                    tl.float32).to(a.dtype)
-    if SWAP_AB:
-        return tl.dot(w, a.T, acc)
     return tl.dot(a, w.T, acc)
 
 

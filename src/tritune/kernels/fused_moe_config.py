@@ -133,6 +133,10 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
+    if config.SWAP_AB and quant in MXFP4_QUANTS:
+        # Measured on the H100 (gpt-oss-120b's shape, 1-64 tokens): w · aᵀ through tl.dot_scaled ran 1.85-1.89x
+        # slower than a · wᵀ, and the decoded tile as tl.dot's left operand does not compile on Triton 3.6.
+        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is not for MXFP4 weights (per_1x32)")
     if kernel == "1stage":
         d = config.BLOCK_SIZE_D
         if d < 16 or d & (d - 1) or config.KSPLIT != 1:

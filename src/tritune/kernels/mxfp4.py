@@ -93,12 +93,10 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
 
 
 @triton.jit
-def mxfp4_dot_scaled(a, w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, acc, BLOCK_K: tl.constexpr,
-                     SWAP_AB: tl.constexpr = False):
+def mxfp4_dot_scaled(a, w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, acc, BLOCK_K: tl.constexpr):
     """acc + a · wᵀ over K indices [k0, k0 + BLOCK_K), w the MXFP4 rows offs_n, through `tl.dot_scaled`: the packed
     codes go in as [BLOCK_K/2, BLOCK_N] and the e8m0 scales as [BLOCK_N, BLOCK_K/32], and the compiler upcasts them
     in its own layout (on Hopper, which has no fp4 MMA) instead of `mxfp4_tile`'s decode, cast and transpose.
-    SWAP_AB: acc is [BLOCK_N, BLOCK_M] and gets w · aᵀ, the codes [BLOCK_N, BLOCK_K/2] as the left operand.
 
     a: [BLOCK_M, BLOCK_K] bf16, fp16 or fp8 e4m3 (its scale is the caller's to apply), zero past K. Same operand
     conventions as `mxfp4_tile` (rows loadable, k0 a multiple of 32); codes past K read as 0 and their scales as 127
@@ -107,22 +105,13 @@ def mxfp4_dot_scaled(a, w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, a
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     scales = tl.load(scale_ptr + offs_n[:, None] * stride_sn + ks[None, :], mask=ks[None, :] < K // 32, other=127)
-    if SWAP_AB:  # acc [BLOCK_N, BLOCK_M] + w · aᵀ: the codes are the left operand, packed along K as stored
-        codes = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
-        if a.dtype == tl.bfloat16:
-            acc = tl.dot_scaled(codes, scales, "e2m1", a.T, None, "bf16", acc)
-        elif a.dtype == tl.float8e4nv:
-            acc = tl.dot_scaled(codes, scales, "e2m1", a.T, None, "e4m3", acc)
-        else:
-            acc = tl.dot_scaled(codes, scales, "e2m1", a.T, None, "fp16", acc)
+    codes = tl.load(w_ptr + offs_n[None, :] * stride_wn + kb[:, None], mask=kb[:, None] < K // 2, other=0)
+    if a.dtype == tl.bfloat16:
+        acc = tl.dot_scaled(a, None, "bf16", codes, scales, "e2m1", acc)
+    elif a.dtype == tl.float8e4nv:
+        acc = tl.dot_scaled(a, None, "e4m3", codes, scales, "e2m1", acc)
     else:
-        codes = tl.load(w_ptr + offs_n[None, :] * stride_wn + kb[:, None], mask=kb[:, None] < K // 2, other=0)
-        if a.dtype == tl.bfloat16:
-            acc = tl.dot_scaled(a, None, "bf16", codes, scales, "e2m1", acc)
-        elif a.dtype == tl.float8e4nv:
-            acc = tl.dot_scaled(a, None, "e4m3", codes, scales, "e2m1", acc)
-        else:
-            acc = tl.dot_scaled(a, None, "fp16", codes, scales, "e2m1", acc)
+        acc = tl.dot_scaled(a, None, "fp16", codes, scales, "e2m1", acc)
     return acc
 
 

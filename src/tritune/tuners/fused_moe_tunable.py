@@ -171,9 +171,10 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("MXFP4 weights load by pointers (no TMA)",
                    lambda c: quant not in fm.MXFP4_QUANTS or not c["USE_TMA"]),
         # vLLM's rule on Hopper: the weight tile becomes the wgmma's 64-row operand when a block has fewer pairs.
-        # MXFP4 too: its decoded weights become the left operand, which a wgmma may read from registers.
-        Constraint("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N",
-                   lambda c: not c["SWAP_AB"] or c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]),
+        # Not MXFP4 (check_config says why).
+        Constraint("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)",
+                   lambda c: not c["SWAP_AB"] or (c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]
+                                                  and quant not in fm.MXFP4_QUANTS)),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
