@@ -131,22 +131,13 @@ def rotated(make: Callable[[int], dict], bytes_per_set: int) -> list[dict]:
     return [make(seed) for seed in range(sets)]
 
 
-def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20) -> dict:
+def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20, rounds: int = 7) -> dict:
     """Eager: back-to-back calls over the rotating sets, timed with events (host included when it is the bottleneck).
-    Graph: the same calls captured once, replayed back to back."""
+    Graph: the same calls captured once, replayed back to back. Eager and graph rounds alternate, so a slow spell
+    of the lent host (its own torch calls move by up to +-40% minutes apart) hits both alike; medians."""
     for fn in calls:
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    eager = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            for fn in calls:
-                fn()
-        end.record()
-        torch.cuda.synchronize()
-        eager.append(1000 * start.elapsed_time(end) / (reps * len(calls)))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -159,14 +150,24 @@ def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20) -> dict:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    graphed = []
-    for _ in range(5):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(run_round: Callable[[], None]) -> float:
         start.record()
         for _ in range(reps):
-            graph.replay()
+            run_round()
         end.record()
         torch.cuda.synchronize()
-        graphed.append(1000 * start.elapsed_time(end) / (reps * len(calls)))
+        return 1000 * start.elapsed_time(end) / (reps * len(calls))
+
+    def eager_round() -> None:
+        for fn in calls:
+            fn()
+
+    eager, graphed = [], []
+    for _ in range(rounds):
+        eager.append(timed(eager_round))
+        graphed.append(timed(graph.replay))
     return {"eager_us": statistics.median(eager), "graph_us": statistics.median(graphed)}
 
 

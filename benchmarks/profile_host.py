@@ -54,7 +54,7 @@ def main() -> None:
     cfg = gk.GemmConfig(16, 64, 128, 1, 4, 3)
     plan = gk.GemmLaunch("bf16", a, b, None, None, out, cfg)
     run_closure = plan.main.launch
-    print("direct C launch:", _direct_launch(gk._gemm_kernel.warmup(a, b, out, a, a, *plan._tail, grid=(1,),
+    print("direct C launch:", _direct_launch(gk._gemm_kernel.warmup(a, b, out, a, a, a, a, *plan._tail, grid=(1,),
                                                                     num_warps=4, num_stages=3).run) is not None)
     pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
     from tritune.kernels.launch import BoundKernel
@@ -81,7 +81,8 @@ def main() -> None:
         "ops.gemm()": lambda: ops.gemm(a, b, config=cfg),
         "ops.gemm() selected": lambda: ops.gemm(a, b),
         "torch.matmul again": lambda: a @ b.T,
-        "triton JIT launch": lambda: gk._gemm_kernel[(4, 1)](a, b, out, a, a, *plan._tail, num_warps=4, num_stages=3),
+        "triton JIT launch": lambda: gk._gemm_kernel[(4, 1)](a, b, out, a, a, a, a, *plan._tail, num_warps=4,
+                                                              num_stages=3),
     }
     for name, fn in rows.items():
         print(f"{name:32s} {per_call(fn):7.2f} us")
