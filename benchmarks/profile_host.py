@@ -76,7 +76,7 @@ def main() -> None:
         "torch.cuda.current_device()": torch.cuda.current_device,
         "raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "bound launch (tensors)": lambda: plan(a, b, None, None, out),
-        "bound launch (ints)": lambda: run_closure(pa, pb, po, pa, pa),
+        "bound launch (ints)": lambda: run_closure(pa, pb, po, pa, pa, pa, pa),
         "ops.gemm(out=)": lambda: ops.gemm(a, b, out=out, config=cfg),
         "ops.gemm()": lambda: ops.gemm(a, b, config=cfg),
         "ops.gemm() selected": lambda: ops.gemm(a, b),
