@@ -58,13 +58,24 @@ _PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time (
                           r"(?:; first candidate to a worker after ([\d.]+)s and ([\d.]+)s)?")
 
 
+_OUTSIDE_LINE = re.compile(r"outside the passes: starting workers and pool ([\d.]+)s, closing them ([\d.]+)s, "
+                           r"writing ([\d.]+)s")
+_BEFORE_LINE = re.compile(r"before the tune: ([\d.]+)s")
+
+
 def pass_walls(stdout: str) -> dict[str, float]:
-    """The fused-MoE tuner's two passes (stage search, end-to-end re-time): their wall seconds, as it prints them."""
+    """The fused-MoE tuner's two passes (stage search, end-to-end re-time): their wall seconds, as it prints them;
+    and, where it prints them, the seconds outside the passes (the fixed cost n GPUs do not divide)."""
     match = _PASSES_LINE.search(stdout)
     if not match:
         return {}
     names = ("search_s", "retime_s", "search_first_task_s", "retime_first_task_s")
-    return {name: float(value) for name, value in zip(names, match.groups(), strict=True) if value is not None}
+    walls = {name: float(value) for name, value in zip(names, match.groups(), strict=True) if value is not None}
+    if outside := _OUTSIDE_LINE.search(stdout):
+        walls.update(zip(("start_s", "close_s", "write_s"), map(float, outside.groups()), strict=True))
+    if before := _BEFORE_LINE.search(stdout):
+        walls["before_tune_s"] = float(before.group(1))
+    return walls
 
 
 def phase_seconds(out: Path) -> dict[str, float]:

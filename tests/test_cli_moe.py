@@ -110,6 +110,9 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
     assert captured.out.count("problems: ") == 1 and "\n  problems: 5\n" in summary  # 3 kinds + 2 re-times
     assert re.search(r"\n  passes: stage search \d+\.\ds, end-to-end re-time \d+\.\ds; first candidate to a worker "
                      r"after \d+\.\ds and \d+\.\ds\n", summary)
+    assert re.search(r"\n  outside the passes: starting workers and pool \d+\.\ds, closing them \d+\.\ds, writing "
+                     r"\d+\.\ds\n", summary)
+    assert re.search(r"\n  before the tune: \d+\.\ds \(imports, device, reading and checking the rows\)\n", summary)
     # One set of workers for the stage search and the re-time: one executor line, counting both passes.
     assert summary.count("\n  local: 1 worker(s)") == 1
     assert len(pools) == 1  # ... and one compile pool

@@ -38,6 +38,11 @@ def test_pass_walls_read_from_the_moe_summary():
     text = text.replace("4.0s\n", "4.0s; first candidate to a worker after 6.2s and 0.8s\n")
     assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0, "search_first_task_s": 6.2,
                                         "retime_first_task_s": 0.8}
+    text += ("  outside the passes: starting workers and pool 0.4s, closing them 2.1s, writing 0.3s\n"
+             "  before the tune: 3.5s (imports, device, reading and checking the rows)\n")
+    assert scaling.pass_walls(text) == {"search_s": 102.9, "retime_s": 4.0, "search_first_task_s": 6.2,
+                                        "retime_first_task_s": 0.8, "start_s": 0.4, "close_s": 2.1, "write_s": 0.3,
+                                        "before_tune_s": 3.5}
     assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass
 
 

@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import io
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ class MoeTuneReport:
     failed: list[tuple[FmoeShape, str]] = field(default_factory=list)
     summaries: list[TuneSummary] = field(default_factory=list)
     results: list[ProblemResult] = field(default_factory=list)
+    # Seconds outside the engine's passes (issue 17: the fixed cost that a multi-GPU run does not divide):
+    # "start" making the GPU workers and the compile pool, "close" shutting them down, "write" the output files.
+    outside_s: dict[str, float] = field(default_factory=dict)
 
     def failure(self) -> str:
         """'' when every row was tuned, else one line naming each failed row and its one cause (the table's words)."""
@@ -308,22 +312,28 @@ def tune_fmoe(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSettings,
         first = dataclasses.replace(first, time_limit_s=0.75 * settings.time_limit_s)
         e2e_settings = dataclasses.replace(settings, time_limit_s=0.25 * settings.time_limit_s)
     # One set of GPU workers and one compile pool for both passes (the re-time would otherwise start them again).
+    clock = time.perf_counter()
     executor, pool = make_executor(tunable, device, settings), make_compile_pool(tunable, settings, device)
     pool.prestart()
+    report.outside_s["start"] = time.perf_counter() - clock
     try:
         _search_and_retime(req, device, settings, first, e2e_settings, tunable, todo, problems, executor, pool,
                            report)
     finally:
+        clock = time.perf_counter()
         pool.shutdown(cancel=True)
         executor.close()
+        report.outside_s["close"] = time.perf_counter() - clock
         if report.summaries:  # the executor's lines once, under the last pass's summary
             report.summaries[-1].executor_lines += getattr(executor, "summary_lines", list)()
+    clock = time.perf_counter()
     if report.written:
         with path_lock(req.output):
             existing = read_tuned(req.output) if req.output.exists() else []
             write_tuned(req.output, merge_tuned(existing, report.written))
     if req.profile_file is not None:
         write_profile(req.profile_file, report.results)
+    report.outside_s["write"] = time.perf_counter() - clock
     return report
 
 
@@ -399,6 +409,10 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
             search, retime = report.summaries
             lines.append(f"  passes: stage search {search.wall_s:.1f}s, end-to-end re-time {retime.wall_s:.1f}s; "
                          f"first candidate to a worker after {search.first_task_s:.1f}s and {retime.first_task_s:.1f}s")
+    if report.outside_s:
+        o = report.outside_s
+        lines.append(f"  outside the passes: starting workers and pool {o.get('start', 0):.1f}s, closing them "
+                     f"{o.get('close', 0):.1f}s, writing {o.get('write', 0):.1f}s")
     return lines
 
 
