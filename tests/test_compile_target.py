@@ -1,5 +1,5 @@
-"""kernels/compile_target: a compile process answers Triton from the tuned GPU's target and SM count and never opens
-CUDA (issue 17: 64 compile processes each opening a context on GPU 0 held the first candidate back 30 s).
+"""compile_target (a leaf module): a compile process answers Triton from the tuned GPU's target and SM count and
+never opens CUDA (issue 17: 64 compile processes each opening a context on GPU 0 held the first candidate back 30 s).
 
 The real compile runs in a fresh interpreter with Triton's interpreter off (conftest switches it on here), compiling
 for cuda:90 on this GPU-less machine as a compile process of the pool does.
@@ -18,9 +18,9 @@ import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 
+from tritune.compile_target import CompileTarget, compiling_for, process_sm_count
 from tritune.device import DeviceInfo
 from tritune.kernels import gemm as gk
-from tritune.kernels.compile_target import CompileTarget, compiling_for, process_sm_count
 from tritune.tuning.compile import compile_target_of
 
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", 132, (9, 0), 232448, 65536, 50 << 20, 32, "3.6.0", "2.11.0", "13.0")
@@ -49,7 +49,7 @@ def test_compiling_for_answers_triton_and_the_sm_count_then_restores_both():
 
 _CHILD = """
 import json, os
-from tritune.kernels.compile_target import CompileTarget
+from tritune.compile_target import CompileTarget
 from tritune.tuning.compile import _compile_process_init
 _compile_process_init(CompileTarget("cuda", 90, 32, 77))
 import pytest
@@ -80,7 +80,7 @@ def test_a_compile_process_builds_for_the_target_without_opening_cuda(tmp_path: 
 
 _GPU_CHILD = """
 import json, sys
-from tritune.kernels.compile_target import CompileTarget
+from tritune.compile_target import CompileTarget
 from tritune.tuning.compile import _compile_process_init
 _compile_process_init(CompileTarget(*json.loads(sys.argv[1])))
 import pytest

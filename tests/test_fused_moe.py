@@ -310,7 +310,8 @@ def test_swap_ab_names_and_refusals() -> None:
     assert MoeConfig.parse_name(SWAP.name("stage2", "per_token")) == ("stage2", SWAP)
     with pytest.raises(ValueError, match="SWAP_AB is a stage-kernel option"):
         fm.check_config(dataclasses.replace(ONE, SWAP_AB=1), "1stage", "none")
-    fm.check_config(dataclasses.replace(SWAP, BLOCK_SIZE_K=32), "stage1", fm.MXFP4)  # MXFP4 too (test_fused_moe_mxfp4)
+    with pytest.raises(ValueError, match="SWAP_AB is not for MXFP4 weights"):  # measured slower on the H100
+        fm.check_config(dataclasses.replace(SWAP, BLOCK_SIZE_K=32), "stage1", fm.MXFP4)
 
 
 @pytest.mark.parametrize(("dims", "quant", "activation", "doweight"), OP_EDGES)

@@ -59,7 +59,7 @@ class AotTarget:
 @contextlib.contextmanager
 def target_driver(target: AotTarget) -> Iterator[None]:
     """Make Triton compile for `target` whether or not this machine has a GPU; restores the driver after."""
-    from tritune.kernels.compile_target import CompileTarget, compiling_for
+    from tritune.compile_target import CompileTarget, compiling_for
 
     with compiling_for(CompileTarget(target.backend, target.arch, target.warp_size)):
         yield

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.kernels.compile_target import process_sm_count
+from tritune.compile_target import process_sm_count
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 
 QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2

@@ -18,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritune.kernels.compile_target import CompileTarget, compile_without_gpu
+from tritune.compile_target import CompileTarget, compile_without_gpu
 from tritune.knobs import interpreting
 from tritune.tuning.errors import classify_exception, short_message
 from tritune.tuning.types import Config, Status

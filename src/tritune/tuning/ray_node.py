@@ -106,7 +106,7 @@ def compile_on_node(tunable_blob: bytes, candidate: bytes, target: Any = None):
     assert isinstance(config, Config)
     if target is None:
         return compile_one(tunable, problem, config)
-    from tritune.kernels.compile_target import compiling_for
+    from tritune.compile_target import compiling_for
 
     with compiling_for(target):  # not compile_without_gpu: Ray may reuse this process for a task that needs the GPU
         return compile_one(tunable, problem, config)
