@@ -120,3 +120,64 @@ def test_the_gpu_launch_finds_what_a_gpu_less_compile_process_built(tmp_path: Pa
     out = gk.gemm("bf16", a, b, gk.GemmConfig(**params))
     torch.testing.assert_close(out.float(), a.float() @ b.float().T, rtol=2e-2, atol=2e-1)
     assert sorted(p.parent.name for p in cache.rglob("*.cubin")) == built, "the launch compiled its own binary"
+
+
+_SORT_CHILD = """
+import json, sys
+from tritune.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget(*json.loads(sys.argv[1])))
+from tritune.kernels.launch import BoundKernel
+from tritune.kernels.moe_align import AlignLaunch, compile_sort_only
+import torch
+for numel, block, experts in json.loads(sys.argv[2]):
+    compile_sort_only(numel, block, experts)
+bound = AlignLaunch(torch.empty(40, dtype=torch.int32), 16, 8)._first
+try:
+    bound.launch(0)
+except RuntimeError as exc:
+    print(json.dumps({"refused": str(exc)}))
+"""
+
+
+def _run_sort_child(cache: Path, target: list, sizes: list) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-c", _SORT_CHILD, json.dumps(target), json.dumps(sizes)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_compile_process_builds_the_sort_a_worker_binds_and_cannot_launch_it(tmp_path: Path):
+    """The stage candidates' sort (issue 17: four GPU workers compiled it at once): one, two and three launches."""
+    run = _run_sort_child(tmp_path / "cache", ["cuda", 90, 32, 132], [[40, 16, 8], [1000, 32, 8], [70000, 64, 128]])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "compile-only process" in json.loads(run.stdout.strip().splitlines()[-1])["refused"]
+    names = {json.loads(p.read_text()).get("name") for p in (tmp_path / "cache").rglob("*.json")
+             if not p.name.startswith("__grp__")}
+    assert {"_moe_align_first_kernel", "_moe_scan_kernel", "_moe_scatter_kernel"} <= names
+
+
+def test_the_sort_needs_no_compile_in_a_process_with_its_gpu():
+    from tritune.kernels.moe_align import compile_sort_only
+
+    compile_sort_only(40, 16, 8)  # not a compile-only process: nothing bound, nothing launched, nothing raised
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the real sort must find the binaries")
+def test_the_gpu_sort_finds_what_a_gpu_less_compile_process_built(tmp_path: Path, monkeypatch):
+    from tritune.device import current_device
+    from tritune.kernels.moe_align import moe_align_block_size, moe_align_block_size_reference
+
+    t = compile_target_of(current_device())
+    cache = tmp_path / "cache"
+    run = _run_sort_child(cache, [t.backend, t.arch, t.warp_size, t.sm_count], [[1000, 32, 8], [70000, 64, 128]])
+    assert run.returncode == 0, run.stderr[-2000:]
+    built = sorted(p.parent.name for p in cache.rglob("*.cubin"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    gen = torch.Generator().manual_seed(5)
+    for (tokens, topk, experts, block) in ((125, 8, 8, 32), (8750, 8, 128, 64)):
+        ids = torch.randint(0, experts, (tokens, topk), generator=gen, dtype=torch.int32).cuda()
+        got = moe_align_block_size(ids, block, experts)
+        want = moe_align_block_size_reference(ids, block, experts)
+        assert torch.equal(got.expert_ids.cpu(), want.expert_ids.cpu())
+        assert torch.equal(got.sorted_token_ids.cpu(), want.sorted_token_ids.cpu())
+    assert sorted(p.parent.name for p in cache.rglob("*.cubin")) == built, "the sort compiled its own binaries"

@@ -94,3 +94,9 @@ def compile_without_gpu(target: CompileTarget) -> None:
 def process_sm_count() -> int | None:
     """The SM count this process compiles for (`compiling_for`), None where it has its GPU to ask."""
     return _PROCESS_TARGET.sm_count if _PROCESS_TARGET is not None else None
+
+
+def compile_only_process() -> bool:
+    """True where this process compiles for a target instead of running on a GPU (`compiling_for`,
+    `compile_without_gpu`): a kernel bound here is compiled, never loaded or launched."""
+    return _PROCESS_TARGET is not None

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from triton.runtime.jit import JITFunction
+
+from tritune.compile_target import compile_only_process
 
 __all__ = ["BoundKernel", "DescriptorCache", "Workspace", "launch_counts", "release_scratch", "reset_launch_counts"]
 
@@ -82,6 +84,12 @@ def _direct_launch(run):
     return getattr(run, "launch", None)
 
 
+def _no_gpu_here(name: str) -> Callable[..., None]:
+    def launch(*_head) -> None:
+        raise RuntimeError(f"{name}: bound in a compile-only process (compile_target): compiled, not launchable")
+    return launch
+
+
 class BoundKernel:
     """A kernel bound to one grid and one specialization: `bound.launch(*pointers)` launches it on the current stream
     (`bound(*pointers)` too, one Python call more: hot paths call `launch`).
@@ -103,6 +111,9 @@ class BoundKernel:
             self.launch = _through_triton(fn, grid3, tail, num_warps, num_stages, name)
             return
         compiled = fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages)
+        if compile_only_process():  # the compile pool binding what a GPU worker will bind: the binary is cached now
+            self.launch = _no_gpu_here(name)
+            return
         run = compiled.run  # loads the binary on the current device (and checks its resources) once
         function, metadata = compiled.function, compiled.packed_metadata
         gx, gy, gz = grid3

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.compile_target import compile_only_process
 from tritune.kernels.launch import BoundKernel
 from tritune.kernels.quant import FP8, quant_layout, quant_tile
 from tritune.knobs import interpreting
@@ -413,6 +414,15 @@ class AlignLaunch:
 # Up to this many chunk counts (chunks × experts; 256 KB) every scatter program re-reads all of them (~1 µs from L2)
 # rather than pay a scan launch: 65536 pairs at 128 experts, 8192 at 1024.
 SELF_SCAN_COUNTS = 65536
+
+
+def compile_sort_only(numel: int, block_size: int, num_experts: int, ids_dtype: torch.dtype = torch.int32) -> None:
+    """In a compile process (`compile_target.compile_without_gpu`): build the sort's kernels for `numel` contiguous
+    ids, as the `AlignLaunch` a GPU worker's `moe_align_block_size` binds (the same code, so the same keys; its
+    bound kernels only compile here). Without it each GPU worker compiled them on its first candidate of a size, at
+    the same moment as the others (issue 17). Nothing in a process with a GPU."""
+    if compile_only_process():
+        AlignLaunch(torch.empty(numel, dtype=ids_dtype), block_size, num_experts)
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoeSorting:

@@ -17,7 +17,7 @@ import triton
 from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
-from tritune.kernels.moe_align import moe_align_block_size
+from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.knobs import interpreting
@@ -353,7 +353,10 @@ class FusedMoeTunable:
         if interpreting():
             return
         if problem.kind != "e2e":
-            compile_only(problem.kind, problem.dims, config_of(config))
+            cfg = config_of(config)
+            compile_only(problem.kind, problem.dims, cfg)
+            if problem.kind != "1stage":  # the stage launcher sorts for its BLOCK_SIZE_M (int32 ids, as make_inputs)
+                compile_sort_only(problem.dims.numel, cfg.BLOCK_SIZE_M, problem.dims.experts)
             return
         cfg1, cfg2 = problem.plan
         if cfg2 is None:
