@@ -94,6 +94,8 @@ def test_two_workers_share_one_problem_per_candidate(tmp_path):
     assert len(counts) == 2 and sum(counts) == 10 and min(counts) >= 1
     idle = [float(x) for x in line.split("idle s per GPU ")[1].split(" (")[0].split(", ")]
     assert len(idle) == 2 and all(x >= 0 for x in idle)
+    first, last = (float(x) for x in line.split("; ready ")[1].removesuffix("s after the start").split("-"))
+    assert 0 <= first <= last < 60  # when the workers became ready (wait_ready allowed 60 s)
     assert ex.summary_lines() == [line]  # frozen at close
     assert {m.extra["worker"] for m in results} == {0, 1}  # balanced per candidate, not per problem
     lines = log.read_text().splitlines()

@@ -164,11 +164,13 @@ class LocalExecutor:
         idle = [max(0.0, now - st.ready_at - st.busy_s) for st in ready]
         span = sum(now - st.ready_at for st in ready)
         devices = ", ".join(str(w.device) for w in self._workers if w.device is not None) or "cpu"
+        up = [st.ready_at - self._began for st in ready]  # worker start-up: part of a run's fixed cost (issue 17)
         return [f"local: {len(self._workers)} worker(s) on device(s) {devices}; "
                 f"{sum(st.done for st in self._stats)} measurement(s) in {now - self._began:.1f}s; "
                 f"candidates per GPU {', '.join(str(st.done) for st in self._stats)}; "
                 f"idle s per GPU {', '.join(f'{s:.1f}' for s in idle) or '-'} "
-                f"({100 * sum(idle) / span if span > 0 else 0:.0f}% of the time since ready)"]
+                f"({100 * sum(idle) / span if span > 0 else 0:.0f}% of the time since ready)"
+                + (f"; ready {min(up):.1f}-{max(up):.1f}s after the start" if up else "")]
 
     def __enter__(self) -> LocalExecutor:
         return self
