@@ -23,7 +23,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _config(**changes) -> Config:
     """A config that passes every rule for BIG (below), with `changes` applied; every DEFAULT_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
-                  NUM_KSPLIT=1, cache_modifier="", PERSISTENT_TMA=False, SCALE_PIPELINE=False)
+                  NUM_KSPLIT=1, cache_modifier="", PERSISTENT_TMA=False, SCALE_PIPELINE=False, TAIL_SPLIT=False)
     params.update(changes)
     assert set(params) == set(DEFAULT_SPACE)
     return Config.of(**params)
@@ -37,6 +37,7 @@ BIG = GemmProblem("bf16", 512, 8192, 4096)  # 4 x 64 tiles of 128x128: the grid 
 SMALL_M = GemmProblem("bf16", 32, 4096, 4096)
 SHORT_K = GemmProblem("bf16", 32, 256, 128)
 BLOCKSCALE = GemmProblem("a8w8_blockscale", 512, 8192, 4096)
+TAIL = GemmProblem("bf16", 2304, 2048, 4096)  # 18 x 16 = 288 tiles of 128x128: 2 full waves on 132 SMs + 24 tiles
 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
@@ -54,6 +55,11 @@ ONE_RULE_EACH = [
     ("BLOCK_SIZE_K x NUM_KSPLIT > K", GemmProblem("bf16", 32, 256, 200),
      _config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, NUM_KSPLIT=2)),  # 256 > 200
     ("split-K on a grid that already fills the GPU", BIG, _config(NUM_KSPLIT=2)),  # 256 tiles >= 132 SMs
+    ("TAIL_SPLIT needs split-K on the pointer kernel", TAIL, _config(TAIL_SPLIT=True)),
+    ("TAIL_SPLIT only where the last wave is under half full and its splits fit in it", BIG,
+     _config(NUM_KSPLIT=2, TAIL_SPLIT=True)),  # 256 tiles: 124 in the last wave of 132
+    ("TAIL_SPLIT only where the last wave is under half full and its splits fit in it", TAIL,
+     _config(NUM_KSPLIT=8, TAIL_SPLIT=True)),  # 24 tail tiles x 8 splits = 192 programs > 132 SMs
     ("num_stages beyond the K steps", SHORT_K,
      _config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=4)),  # 1 K step + 2 < 4
     ("GROUP_SIZE_M > 1 with one row of tiles", SMALL_M, _config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=128, num_warps=4)),
@@ -103,6 +109,7 @@ def test_every_rule_has_a_case() -> None:
         (BLOCKSCALE, _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),
         (SMALL_M, _config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, NUM_KSPLIT=4,
                           cache_modifier=".cg")),  # 32 tiles: split-K and .cg are both allowed
+        (TAIL, _config(NUM_KSPLIT=4, TAIL_SPLIT=True)),  # 24 tail tiles x 4 splits = 96 programs in the last wave
     ],
 )
 def test_neighbours_of_the_cases_are_kept(problem: GemmProblem, config: Config) -> None:

@@ -35,6 +35,7 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "cache_modifier": ("", ".cg"),
     "PERSISTENT_TMA": (False, True),
     "SCALE_PIPELINE": (False, True),
+    "TAIL_SPLIT": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
     **DEFAULT_SPACE,
@@ -48,7 +49,7 @@ FULL_SPACE: dict[str, tuple] = {
 SPACE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
     "GROUP_SIZE_M": Param(1), "num_warps": Param(1, pow2=True), "num_stages": Param(1), "NUM_KSPLIT": Param(1),
-    "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL,
+    "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL, "TAIL_SPLIT": BOOL,
 }
 
 
@@ -118,7 +119,15 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("BLOCK_SIZE_K x NUM_KSPLIT > K",
                    lambda c: c["BLOCK_SIZE_K"] * c["NUM_KSPLIT"] <= max(p.K, c["BLOCK_SIZE_K"])),
         Constraint("split-K on a grid that already fills the GPU",
-                   lambda c: c["NUM_KSPLIT"] == 1 or tiles(c) < dev.sm_count),
+                   lambda c: c["NUM_KSPLIT"] == 1 or tiles(c) < dev.sm_count or c["TAIL_SPLIT"]),
+        Constraint("TAIL_SPLIT needs split-K on the pointer kernel",
+                   lambda c: not c["TAIL_SPLIT"] or (c["NUM_KSPLIT"] >= 2 and not c["PERSISTENT_TMA"])),
+        # Issue 15's wave-quantization lever: only a last wave under half full is worth splitting (a 128x128 grid of
+        # 288 tiles on 132 SMs leaves its third wave 18% full), and its splits must fit in that wave.
+        Constraint("TAIL_SPLIT only where the last wave is under half full and its splits fit in it",
+                   lambda c: not c["TAIL_SPLIT"] or (tiles(c) >= dev.sm_count
+                                                     and 0 < tiles(c) % dev.sm_count <= dev.sm_count // 2
+                                                     and tiles(c) % dev.sm_count * c["NUM_KSPLIT"] <= dev.sm_count)),
         Constraint("num_stages beyond the K steps", lambda c: c["num_stages"] <= 2 + triton.cdiv(
             p.K, c["BLOCK_SIZE_K"] * c["NUM_KSPLIT"])),
         Constraint("GROUP_SIZE_M > 1 with one row of tiles",
