@@ -241,6 +241,50 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
     assert err < 2e-2
 
 
+@pytest.mark.parametrize(("quant", "tokens", "cfg"), [
+    ("none", T, MoeConfig(16, 32, 32, 1, 4, 2, BLOCK_SIZE_D=32)),  # INTER 24 in one slice: TOPK contributions
+    ("none", 1, MoeConfig(16, 16, 32, 1, 4, 2, BLOCK_SIZE_D=16)),  # two slices of INTER, D 40 in three blocks
+    ("per_token", 9, MoeConfig(32, 16, 32, 1, 4, 2, BLOCK_SIZE_D=64)),
+    ("per_1x128", T, MoeConfig(16, 16, 32, 1, 4, 2, BLOCK_SIZE_D=32)),
+])
+def test_1stage_cast_in_the_kernel_drops_the_cast_launch(monkeypatch, request, binds, counted, quant, tokens, cfg):
+    """FINAL_CAST_IN_KERNEL: the last program to add to a token writes its row in the output dtype; 2 launches, the
+    same result as the cast launch (the same fp32 sums), and a second call right too (the sort zeroes the counts)."""
+    request.addfinalizer(reload_moe_configs)  # no plan bound with the patched flag outlives the test
+    from tritune.kernels import fused_moe_1stage
+
+    x = moe_problem(quant, tokens)
+    choice = MoeChoice(True, cfg, None, "")
+    with_launch = call(x, choice, quant)
+    reload_moe_configs()
+    monkeypatch.setattr(fused_moe_1stage, "FINAL_CAST_IN_KERNEL", True)
+    first = call(x, choice, quant)
+    with counted() as c:
+        again = call(x, choice, quant)
+    assert c.launches == {"_moe_align_first_kernel": 1, "_moe_1stage_kernel": 1}
+    torch.testing.assert_close(first, with_launch, rtol=0, atol=2e-3)  # atomics: equal up to the order of adds
+    torch.testing.assert_close(again, first, rtol=0, atol=2e-3)
+    ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"], quant=quant,
+                              w1_scale=x["w1_scale"], w2_scale=x["w2_scale"], requantize_intermediate=False)
+    assert float((again.float() - ref).norm() / ref.norm()) < 3e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: programs racing on the counts across SMs")
+def test_1stage_cast_in_the_kernel_under_load_on_the_gpu(monkeypatch, request):
+    """Many programs on every SM adding to the same rows (200 tokens, 2 x 16 contributions each): 20 calls in a row,
+    each equal to the cast launch's result up to the order of the fp32 adds."""
+    request.addfinalizer(reload_moe_configs)
+    from tritune.kernels import fused_moe_1stage
+
+    x = moe_problem("none", 200, dims=(512, 256))
+    choice = MoeChoice(True, MoeConfig(16, 16, 64, 1, 4, 2, BLOCK_SIZE_D=128), None, "")
+    want = call(x, choice).float()
+    reload_moe_configs()
+    monkeypatch.setattr(fused_moe_1stage, "FINAL_CAST_IN_KERNEL", True)
+    for _ in range(20):
+        torch.testing.assert_close(call(x, choice).float(), want, rtol=0, atol=2e-2)
+
+
 # The quantization launch of a sorted intermediate also covers its rows past the padded count, which nothing wrote
 # (random in the interpreter's fresh scratch) and nothing reads: numpy may warn while dividing them.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -423,10 +467,14 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
 
 
 @pytest.mark.parametrize("quant", ["none", "per_1x128", "per_1x32"])
-def test_compile_only_builds_the_1_stage_specialization_the_op_binds(monkeypatch, quant):
-    """As above for the 1-stage kernel: MXFP4's packed uint8 weights and scales, fp8's scales, 16-bit's dummies."""
+@pytest.mark.parametrize("final_cast", [False, True], ids=["cast-launch", "cast-in-kernel"])
+def test_compile_only_builds_the_1_stage_specialization_the_op_binds(monkeypatch, quant, final_cast):
+    """As above for the 1-stage kernel: MXFP4's packed uint8 weights and scales, fp8's scales, 16-bit's dummies;
+    with the cast in the kernel, the output's dtype and the fp32 counts."""
+    from tritune.kernels import fused_moe_1stage
     from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 
+    monkeypatch.setattr(fused_moe_1stage, "FINAL_CAST_IN_KERNEL", final_cast)
     dims = (64, 32) if quant == "per_1x32" else (D, INTER)
     cfg = dataclasses.replace(S, BLOCK_SIZE_D=32)
     bound, compiled = _bound_and_compiled(monkeypatch, _moe_1stage_kernel, quant, dims, cfg, None, "1stage", cfg)

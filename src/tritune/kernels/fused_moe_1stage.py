@@ -19,6 +19,12 @@ from tritune.kernels.fused_moe import (
 )
 from tritune.kernels.mxfp4 import mxfp4_tile
 
+# The 1-stage call's last launch (`_acc_to_out_kernel`, fp32 accumulator to the output dtype) done inside the GEMM
+# kernel instead: each program counts itself on the tokens it added to, and the last contributor of a token converts
+# that token's row (the GEMM split-K one-launch pattern). One launch fewer per call: the small-token path, where the
+# host cost of each launch shows (issue 11). Off until its GPU test and timing have run (interpreter-tested only).
+FINAL_CAST_IN_KERNEL = False
+
 
 @triton.jit
 def _moe_1stage_kernel(
@@ -28,17 +34,21 @@ def _moe_1stage_kernel(
     # MXFP4 (QUANT 3-5): packed [E, D, INTER/2] with e8m0 scales [E, D, INTER/32]
     out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
+    final_ptr,  # FINAL_CAST: [T, D] in the activation dtype (row stride D); else unused
+    count_ptr,  # FINAL_CAST: fp32 [T], zeroed: contributions added to each token's row so far; else unused
     numel, INTER, D, num_pid_m,
     stride_am, stride_asm, stride_w1e, stride_w1n, stride_w1se, stride_w1sn,
     stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
     TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, WIDE_FP16: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, WIDE_FP16: tl.constexpr, FINAL_CAST: tl.constexpr = False,
 ):
     """A BLOCK_N slice of the intermediate for one block of pairs, then its contribution to every output column.
 
     Each weight element is read once; the output is summed over intermediate slices with fp32 atomics, so this
     suits small token counts, where the weights dominate and the atomics are few.
+    FINAL_CAST: after its adds each program counts itself on its tokens (TOPK·⌈INTER/BLOCK_N⌉ contributions each);
+    the last one of a token writes that row of the fp32 sum to `final_ptr` in the activation dtype.
     Grid: (num_pid_m·⌈INTER/BLOCK_N⌉,).
     """
     pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
@@ -87,6 +97,26 @@ def _moe_1stage_kernel(
                 s2 = tl.load(w2s_base + ((offs_d % D) // 128) * stride_w2sn + (pid_n * BLOCK_SIZE_N) // 128)
                 part = part * s2[None, :]
         tl.atomic_add(out_rows + offs_d[None, :], part, mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
+    if FINAL_CAST:
+        _cast_finished_rows(out_rows, final_ptr, count_ptr, pairs // TOPK, row_ok, D,
+                            TOPK * tl.cdiv(INTER, BLOCK_SIZE_N), BLOCK_SIZE_D)
+
+
+@triton.jit
+def _cast_finished_rows(acc_rows, final_ptr, count_ptr, tokens, row_ok, D, contributions, BLOCK_SIZE_D: tl.constexpr):
+    """Count this program's contribution to each of its tokens; where it was the last one, write the token's fp32 sum
+    (`acc_rows`) to its row of `final_ptr` in that dtype. Every add of every program is published by the release of
+    its count (after a barrier: all of this program's threads have added), and the last one's acquire and L2 loads
+    (.cg: other SMs added) see them all."""
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + tokens, 1.0, mask=row_ok, sem="acq_rel", scope="gpu")
+    last = row_ok & (done == contributions - 1)
+    final_rows = final_ptr + tokens.to(tl.int64)[:, None] * D
+    for d in range(0, D, BLOCK_SIZE_D):
+        offs_d = d + tl.arange(0, BLOCK_SIZE_D)
+        mask = last[:, None] & (offs_d < D)[None, :]
+        total = tl.load(acc_rows + offs_d[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(final_rows + offs_d[None, :], total.to(final_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["n"])

@@ -12,6 +12,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritune.kernels import fused_moe_1stage
 from tritune.kernels.fused_moe import (
     _ACT_ID,
     FP8,
@@ -74,14 +75,17 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
         s2 = _mock_scale_strides(q, dims.experts, d, inter)
         d_row, i_row = (d // 2, inter // 2) if q in MXFP4_QUANTS else (d, inter)  # weight row lengths as stored
+        final_cast = fused_moe_1stage.FINAL_CAST_IN_KERNEL  # the output and its counts, else two dummy pointers
         _moe_1stage_kernel.warmup(
-            a_dt, f32, w_dt, ws_dt, w_dt, ws_dt, f32, i32, i32, i32, f32, numel, inter, d, num_pid_m,
+            a_dt, f32, w_dt, ws_dt, w_dt, ws_dt, f32, i32, i32, i32, f32, dims.dtype if final_cast else f32, f32,
+            numel, inter, d, num_pid_m,
             d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
             inter * (2 if dims.gated else 1) * d_row, d_row, *s1, d * i_row, i_row, *s2,
             TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(q),
             BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
             BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
-            WIDE_FP16=dims.dtype == torch.float16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+            WIDE_FP16=dims.dtype == torch.float16, FINAL_CAST=final_cast, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, grid=(1,))
         return
     # The plan-level options, as MoeLaunch passes them: a sorted intermediate has the sort's padded length; stage 2
     # adds into the fp32 [T, D] accumulator unless it writes `out` itself (top-1 without split-K).

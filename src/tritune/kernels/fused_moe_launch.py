@@ -18,6 +18,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritune.kernels import fused_moe_1stage
 from tritune.kernels.fused_moe import (
     _ACT_ID,
     FP8_QUANTS,
@@ -180,8 +181,9 @@ class MoeLaunch:
         self.fused_quant = not self.one_stage and fuses_intermediate_quant(
             quant, stage1, stage2, self.inter_rows * inter_dim * hidden.element_size(), hidden.element_size(),
             props.L2_cache_size if props else None, props.shared_memory_per_block_optin if props else None)
-        if self.one_stage:
-            return tokens * model_dim, 0
+        self.final_cast = self.one_stage and fused_moe_1stage.FINAL_CAST_IN_KERNEL
+        if self.one_stage:  # with the cast in the kernel, zero2 holds its per-token counts
+            return tokens * model_dim, tokens if self.final_cast else 0
         self.amax_groups = triton.cdiv(inter_dim, SCALE_BLOCK) if quant == "per_1x128" else 1
         return (self.inter_rows * self.amax_groups if self.fused_quant else 0,
                 tokens * model_dim if self.topk_atomic else 0)
@@ -372,17 +374,20 @@ class MoeLaunch:
         a, s = (("p", self.q1), ("p", self.q1 + 1)) if fp8_a else (("t", "hidden"), dummy)
         ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quant != "none" else (dummy, dummy)
         num_pid_m = self.align.num_blocks
+        final, count = (("t", "out"), ("p", self.align.zero2_piece)) if self.final_cast else (dummy, dummy)
         recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, acc, ("p", 0), ("p", 1), ("p", 2),
-                  ("t", "topk_weights")]
+                  ("t", "topk_weights"), final, count]
         recipe += [("v", v) for v in (
             numel, inter_dim, model_dim, num_pid_m, model_dim,
             self.align.groups if quant == "per_1x128" else 0,
             w1.stride(0), w1.stride(1), *self._w_strides[0], w2.stride(0), w2.stride(1), *self._w_strides[1],
             topk, self.gated, _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N,
             cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0,
-            hidden.dtype == torch.float16)]
+            hidden.dtype == torch.float16, self.final_cast)]
         grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
         self._bind(_moe_1stage_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+        if self.final_cast:
+            return
         n = self.tokens * model_dim
         self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [acc, ("t", "out"), ("v", n), ("v", 1024)],
                    example, pieces, 4, 1)
