@@ -30,11 +30,13 @@ def test_target_of_a_gpu_names_its_arch_warp_and_sms():
     assert compile_target_of(H100) == CompileTarget("cuda", 90, 32, 132)
 
 
-def test_no_target_under_the_interpreter_or_without_a_device():
+def test_no_target_under_the_interpreter_without_a_device_or_on_rocm(monkeypatch):
     import dataclasses
 
     assert compile_target_of(dataclasses.replace(H100, interpreter=True)) is None
     assert compile_target_of(None) is None
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert compile_target_of(H100) is None  # a HIP build: its compile processes ask the GPU, as before
 
 
 def test_compiling_for_answers_triton_and_the_sm_count_then_restores_both():

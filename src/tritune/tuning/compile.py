@@ -65,11 +65,17 @@ def _compile_process_init(target: CompileTarget | None) -> None:
         compile_without_gpu(target)
 
 
+def _on_rocm() -> bool:
+    import torch
+
+    return torch.version.hip is not None
+
+
 def compile_target_of(device: Any) -> CompileTarget | None:
     """What the compile processes answer Triton with for `device` (a DeviceInfo): its arch and SM count, so they
     never open the GPU; None under the interpreter (nothing compiles)."""
-    if device is None or getattr(device, "interpreter", True):
-        return None
+    if device is None or getattr(device, "interpreter", True) or _on_rocm():
+        return None  # ROCm: Triton's HIP target is not answered here; its processes ask the GPU, as before
     major, minor = device.capability
     return CompileTarget("cuda", 10 * major + minor, device.warp_size, device.sm_count)
 
