@@ -2,11 +2,11 @@
 
 A JIT warm-up asks Triton's driver for the current device, stream and target, and Triton's CUDA driver answers
 through torch.cuda: every compile process of the pool then initialised CUDA and made a context on the first
-visible GPU. On 4 H200s with 64 compile processes that took 30 s before the first candidate reached a GPU worker
-(15 s with 2 GPUs visible: CUDA's start-up grows with the devices it enumerates), and left 64 contexts on GPU 0
-(issue 17). A process that calls `compile_without_gpu(target)` first hides the GPUs from CUDA and answers Triton
-from `target`; the binaries land in Triton's cache under the key the real launch computes on that GPU (the key
-holds the target, which is the same `GPUTarget`).
+visible GPU. On 4 H200s with 64 compile processes the first candidate reached a GPU worker 30 s after the tune
+started (15 s with 2 GPUs visible), and 64 contexts sat on GPU 0 (issue 17); hiding the GPUs took it to 10.5 s.
+A process that calls `compile_without_gpu(target)` first hides the GPUs from CUDA and answers Triton from `target`;
+the binaries land in Triton's cache under the key the real launch computes on that GPU (the key holds the target,
+which is the same `GPUTarget`).
 
 Imports neither torch nor a kernel module at the top: the AOT compiler's spawned workers load this before they
 decide on Triton's interpreter.
