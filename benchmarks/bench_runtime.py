@@ -313,12 +313,19 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--parts", default="safety,host,timing,offgrid")
     ap.add_argument("--tuned-dir", type=Path, default=None, help="off-grid: reuse these tuned configs, no tuning")
+    ap.add_argument("--cast-in-kernel", action="store_true",
+                    help="1-stage fused MoE with the output cast inside its GEMM kernel (FINAL_CAST_IN_KERNEL, off by "
+                         "default until measured): one launch fewer per call")
     args = ap.parse_args()
+    if args.cast_in_kernel:
+        from tritune.kernels import fused_moe_1stage
+
+        fused_moe_1stage.FINAL_CAST_IN_KERNEL = True
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
 
     result = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cast_in_kernel": args.cast_in_kernel}
     parts = args.parts.split(",")
     log = open(args.out / "bench_runtime.log", "w")  # noqa: SIM115
     if "safety" in parts:

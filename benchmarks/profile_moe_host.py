@@ -94,7 +94,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--cast-in-kernel", action="store_true",
+                    help="1-stage calls with the output cast inside the GEMM kernel (FINAL_CAST_IN_KERNEL)")
     args = ap.parse_args()
+    if args.cast_in_kernel:
+        from tritune.kernels import fused_moe_1stage
+
+        fused_moe_1stage.FINAL_CAST_IN_KERNEL = True
     spec = __import__("importlib.util").util.spec_from_file_location("t", "tests/test_runtime_gpu.py")
     tmod = __import__("importlib.util").util.module_from_spec(spec)
     spec.loader.exec_module(tmod)
