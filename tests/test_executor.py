@@ -131,3 +131,59 @@ def test_a_passing_measurement_says_where_the_worker_spent_its_time():
     assert first.extra["phase_ms"]["check"] >= 2 * 20 and first.extra["phase_ms"]["time"] >= 20 * (FAST.iters + 1)
     assert second.extra["phase_ms"]["inputs"] < first.extra["phase_ms"]["inputs"] + 1.0  # inputs kept: ~0
     assert "phase_ms" not in wrong.extra  # only passing measurements carry it
+
+
+def test_a_worker_keeps_recent_problems_inputs_and_rebuilds_after_a_failure(tmp_path):
+    """Back and forth between problems (what a GPU does when the compile pool runs barely ahead): each problem's
+    inputs are built once while it is among the last KEPT_PROBLEMS + 1 served; a failure rebuilds them."""
+    from tritune.tuning import worker
+
+    log = tmp_path / "make_inputs.log"
+    runner = worker._Runner(ScriptedAdd(str(log)), torch.device("cpu"), FAST)
+    p3, p4 = AddProblem(55), AddProblem(66)
+    built = lambda: [line.split()[1] for line in log.read_text().splitlines()]  # noqa: E731
+    for problem in (P1, P2, P1, P2, P1):
+        state = runner.prepare(problem)
+        assert state.key == problem.key() and state.inputs[0].numel() == problem.n
+    assert built() == [P1.key(), P2.key()]
+    for problem in (p3, p4, P1, P2):  # at p4 the least recently served, P2, was dropped; P1 was kept
+        runner.prepare(problem)
+    assert built()[2:] == [p3.key(), p4.key(), P2.key()]
+    results = [runner.run(task, lambda: None) for task in tasks_for(["good", "wrong", "good"], P2, first_id=7)]
+    assert [m.status for m in results] == [Status.OK, Status.WRONG_ANSWER, Status.OK]
+    assert built()[5:] == [P2.key()]  # after the wrong answer, P2's inputs were made afresh
+    runner.prepare(P1)  # still kept
+    assert len(built()) == 6
+
+
+def test_kept_inputs_give_way_when_the_gpu_is_short_of_room(monkeypatch):
+    """Before a build the least recently served states go while over KEPT_MEMORY_SHARE of the GPU is in use; a build
+    that runs out of memory drops every kept state and tries once more."""
+    from types import SimpleNamespace
+
+    from tritune.tuning import worker
+
+    runner = worker._Runner(ScriptedAdd(), torch.device("cpu"), FAST)
+    for problem in (P1, P2, AddProblem(55)):
+        runner.prepare(problem)
+    assert list(runner._kept) == [P1.key(), P2.key()]
+    runner.device = torch.device("cuda")  # as a GPU worker: its memory figures scripted below
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=100))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 40 + 10 * len(runner._kept))  # 60 with 2
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    runner._make_room()
+    assert list(runner._kept) == [P2.key()]  # 60 > 50, then 50 is not over half
+    attempts = []
+
+    def build_now(problem, key):
+        attempts.append(len(runner._kept))
+        if len(attempts) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return worker._ProblemState(key, None, None, None)
+
+    monkeypatch.setattr(runner, "_build_now", build_now)
+    state = runner._build(AddProblem(66), "add:n=66")
+    assert state.key == "add:n=66" and attempts == [1, 0] and not runner._kept
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # with nothing kept, running out of memory is the problem's
+        attempts.clear()
+        runner._build(AddProblem(77), "add:n=77")

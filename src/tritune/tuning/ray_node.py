@@ -68,7 +68,7 @@ class BenchActor:
         try:
             self._runner.prepare(problem)
         except Exception as exc:
-            self._runner.state = None
+            self._runner.forget()
             self._failed = (problem.key(), exc)
             return False
         return True
