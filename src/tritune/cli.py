@@ -312,7 +312,8 @@ def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
     report = tune_fmoe(req, device, settings, tunable, plan)
     print("\n".join(result_table(report)))
     print("\n".join(summary_lines(report)))
-    if report.summaries:  # the fixed cost a multi-GPU run does not divide (issue 17)
+    if report.summaries and not example:  # the fixed cost a multi-GPU run does not divide (issue 17); the example
+        # command ran its GEMM part first, which this would count
         print(f"  before the tune: {before:.1f}s (imports, device, reading and checking the rows)")
     if report.written:
         print(f"wrote {len(report.written)} row(s) to {req.output}")
