@@ -16,20 +16,12 @@ from pathlib import Path
 
 import torch
 from bench_runtime import eager_and_graph, gemm_baseline, gemm_call, gemm_inputs, rotated
+from profile_moe_kernels import device_events
 
 
 def kernel_trace(run, rounds: int = 10) -> dict:
     """Mean device duration of each GEMM kernel and mean idle gap between consecutive kernels (µs)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(rounds):
-            run()
-        torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
-                    key=lambda e: e.time_range.start)
+    events = [e for e in device_events(run, rounds, warmup=1) if e.device_time > 0]
     gemm = [e for e in events if "gemm" in e.name.lower() or "kernel" in e.name.lower()]
     gaps = [b.time_range.start - a.time_range.end for a, b in zip(gemm, gemm[1:], strict=False)]
     return {"kernels": len(gemm), "names": sorted({e.name[:60] for e in gemm}),

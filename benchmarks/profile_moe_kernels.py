@@ -26,20 +26,25 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def kernel_times(fn, iters: int) -> list[tuple[str, float]]:
-    """(kernel name, mean µs per call) in launch order over `iters` calls of fn (after 3 warm-up calls)."""
+def device_events(fn, iters: int, warmup: int = 3) -> list:
+    """The profiler's GPU kernel events (no memory events) of `iters` calls of fn after `warmup` calls, by start."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and e.name != "[memory]"),
-                    key=lambda e: e.time_range.start)
+    return sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and e.name != "[memory]"),
+                  key=lambda e: e.time_range.start)
+
+
+def kernel_times(fn, iters: int) -> list[tuple[str, float]]:
+    """(kernel name, mean µs per call) in launch order over `iters` calls of fn (after 3 warm-up calls)."""
+    events = device_events(fn, iters)
     per_call = len(events) // iters
     if per_call == 0 or per_call * iters != len(events):
         return [(f"{len(events)} kernels over {iters} calls: not a whole number per call", float("nan"))]
