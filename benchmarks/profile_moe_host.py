@@ -76,9 +76,7 @@ def profile_case(tmod, name: str, T: int, E: int, topk: int, D: int, inter: int,
     per = []
     keep, p = plan.workspace.allocate(out.device)
     for bound, getter in plan.getters:
-        flat = (*addresses, *p, *(() if not plan.tma else sum(
-            (c.get(addresses[1] if n == "w1" else addresses[2]) for _, n, _, c, _ in plan.tma), ())))
-        head = getter(flat)
+        head = getter(plan.flat_arguments(addresses, p))
         per.append((bound.name, host_us(lambda b=bound, h=head: b.launch(*h))))
     rec["launch_us"] = per
     rec["call"] = call

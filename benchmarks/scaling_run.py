@@ -122,6 +122,67 @@ def gemm_winners(out: Path) -> dict[str, dict]:
     return winners
 
 
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat; None where it cannot be read."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _cpu_mhz() -> float | None:
+    """Mean clock of the CPUs now (/proc/cpuinfo "cpu MHz"); None where it is not reported."""
+    try:
+        mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
+               if line.startswith("cpu MHz")]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(mhz) / len(mhz) if mhz else None
+
+
+class CpuSampler:
+    """Once a second during a run: how many CPUs were busy and their mean clock. On 4 GPUs every process of a run
+    spent more CPU on the same work than on 1 (compiles +22%, the workers' checks +47%, issue 17); a lower all-core
+    clock while the pool keeps more cores busy is one explanation, and these figures test it."""
+
+    def __init__(self, period_s: float = 1.0) -> None:
+        import threading
+
+        self.period_s, self.busy_cpus, self.mhz = period_s, [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        ncpu = os.cpu_count() or 1
+        last = _cpu_times()
+        while not self._stop.wait(self.period_s):
+            now, mhz = _cpu_times(), _cpu_mhz()
+            if now and last and now[1] > last[1]:
+                self.busy_cpus.append(ncpu * (now[0] - last[0]) / (now[1] - last[1]))
+            last = now
+            if mhz is not None:
+                self.mhz.append(mhz)
+
+    def figures(self) -> dict:
+        def stats(xs: list[float]) -> dict | None:
+            if not xs:
+                return None
+            xs = sorted(xs)
+            return {"mean": round(sum(xs) / len(xs), 1), "p10": round(xs[len(xs) // 10], 1),
+                    "p90": round(xs[(9 * len(xs)) // 10], 1)}
+        return {"busy_cpus": stats(self.busy_cpus), "cpu_mhz": stats(self.mhz), "samples": len(self.busy_cpus)}
+
+
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
             compile_workers: int | None = None) -> dict:
     """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) names the run too."""
@@ -137,12 +198,13 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     if compile_workers:
         cmd += ["--compile-workers", str(compile_workers)]
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as err:  # a result too: how far it got (the journal) in how long
-        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
-        rc, stdout, stderr = f"timeout after {timeout_s:.0f} s", text(err.stdout), text(err.stderr)
+    with CpuSampler() as cpu:
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as err:  # a result too: how far it got (the journal) in how long
+            text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+            rc, stdout, stderr = f"timeout after {timeout_s:.0f} s", text(err.stdout), text(err.stderr)
     wall = time.perf_counter() - t0
     shutil.rmtree(cache, ignore_errors=True)
     (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
@@ -150,7 +212,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "compile_workers": compile_workers,
             "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
-            "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout),
+            "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout), "cpu": cpu.figures(),
             "winners": winners}
 
 
@@ -187,6 +249,17 @@ def compare(runs: list[dict], spread: float) -> list[dict]:
     return rows
 
 
+def warm_up() -> float:
+    """Seconds of one untimed start of what every run starts (Python, torch, Triton, tritune's CLI, every GPU): the
+    first run on a fresh machine otherwise reads them from a cold disk cache (6.7 s before the tune against 3.4 s
+    warm, measured on 4 H200s) and the order of the runs would bias their comparison."""
+    start = time.perf_counter()
+    code = ("import torch, triton, tritune.cli; "
+            "[torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]")
+    subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, timeout=600)
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -201,13 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [run for path in args.merge for run in json.loads(path.read_text())["runs"]]
+    print(f"warm-up (imports and CUDA start-up, untimed): {warm_up():.1f}s", flush=True)
     for kind in args.kinds.split(","):
         for executor in args.executors.split(","):
             for gpus in map(int, args.gpus.split(",")):
                 run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
-                      f"idle {run['idle_s_per_gpu']}", flush=True)
+                      f"idle {run['idle_s_per_gpu']} cpu {run['cpu']}", flush=True)
                 rows = compare(runs, args.spread)
                 (args.out / "scaling.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
     for row in compare(runs, args.spread):

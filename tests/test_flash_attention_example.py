@@ -19,7 +19,8 @@ EXAMPLES = HERE.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))  # the example is a script, not a package: workers import it the same way
 import flash_attention as fa  # noqa: E402
 
-CPU = torch.device("cpu")
+# Where kernels run: the GPU when there is one, else the CPU through the interpreter (conftest.py).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,7 @@ def problem(n_ctx: int, head_dim: int, causal: bool, dtype: str, z: int = 1, h: 
 ])
 def test_kernel_matches_reference(dtype, causal, n_ctx, head_dim, block_m, block_n):
     p = problem(n_ctx, head_dim, causal, dtype)
-    args = fa.attention.make_args(p, CPU, seed=0)
+    args = fa.attention.make_args(p, DEVICE, seed=0)
     config = Config.of(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, num_warps=4, num_stages=2)
     assert fa.attention.grid_for(args, config) == (-(-n_ctx // block_m), 2, 1)
     fa.attention.launch(args, config)
@@ -56,12 +57,12 @@ def test_kernel_matches_reference(dtype, causal, n_ctx, head_dim, block_m, block
 def test_flash_attention_helper_on_strided_inputs():
     torch.manual_seed(0)
     # [Z, N_CTX, H, D] storage seen as [Z, H, N_CTX, D]: strides the kernel must follow.
-    q, k, v = (torch.randn(2, 40, 2, 32, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    q, k, v = (torch.randn(2, 40, 2, 32, dtype=torch.float16, device=DEVICE).transpose(1, 2) for _ in range(3))
     out = fa.flash_attention(q, k, v, causal=True, sm_scale=0.2)
     ref = fa.attention_reference(fa.attention_args(q, k, v, out, True, 0.2))
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     with pytest.raises(ValueError, match="power of two"):
-        fa.flash_attention(*(torch.randn(1, 1, 8, 24) for _ in range(3)), causal=False)
+        fa.flash_attention(*(torch.randn(1, 1, 8, 24, device=DEVICE) for _ in range(3)), causal=False)
 
 
 def test_key_space_and_cost_model():

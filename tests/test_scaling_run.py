@@ -101,3 +101,17 @@ def test_runs_compare_with_the_1_gpu_run_of_their_compile_workers(tmp_path):
             {**_run("cw-4", 4, 25.0, {}), "compile_workers": 7}, _run("all-4", 4, 30.0, {})]
     rows = {r["name"]: r for r in scaling.compare(runs, spread=0.05)}
     assert rows["cw-4"]["efficiency"] == 0.9 and rows["all-4"]["efficiency"] == round(100 / 120, 3)
+
+
+def test_cpu_sampler_counts_busy_cpus_and_their_clock():
+    import time
+
+    with scaling.CpuSampler(period_s=0.05) as cpu:
+        end = time.perf_counter() + 0.4
+        while time.perf_counter() < end:  # one CPU busy here
+            pass
+    fig = cpu.figures()
+    assert fig["samples"] >= 3 and fig["busy_cpus"]["mean"] > 0.3
+    assert fig["busy_cpus"]["p10"] <= fig["busy_cpus"]["mean"] <= fig["busy_cpus"]["p90"] + 1e-9
+    assert fig["cpu_mhz"] is None or fig["cpu_mhz"]["mean"] > 0  # some VMs do not report a clock
+    assert scaling.CpuSampler().figures() == {"busy_cpus": None, "cpu_mhz": None, "samples": 0}

@@ -22,7 +22,9 @@ from tritune.kernels.mxfp4 import mxfp4_tile
 # The 1-stage call's last launch (`_acc_to_out_kernel`, fp32 accumulator to the output dtype) done inside the GEMM
 # kernel instead: each program counts itself on the tokens it added to, and the last contributor of a token converts
 # that token's row (the GEMM split-K one-launch pattern). One launch fewer per call: the small-token path, where the
-# host cost of each launch shows (issue 11). Off until its GPU test and timing have run (interpreter-tested only).
+# host cost of each launch shows (issue 11). Off: correct on the H100 (its GPU test passes) but slower there, the
+# counter and the last contributor's read-back cost more GPU time than the launch saves (graph time at 1 token: Mixtral
+# 242-243 -> 246 µs, Qwen3-30B-A3B 41-42 -> 44 µs; eager no better; RESULTS.md 2026-11-26, fifth session).
 FINAL_CAST_IN_KERNEL = False
 
 

@@ -406,15 +406,20 @@ class MoeLaunch:
         else:
             ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
             head = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, ids)
+        flat = self.flat_arguments(head, p)
+        for launch, getter in self.steps:
+            launch(*getter(flat))
+        return out
+
+    def flat_arguments(self, head: tuple, pieces: tuple) -> tuple:
+        """What every step's getter picks its launch arguments from: the call's tensors (or their addresses), the
+        workspace pieces, then each TMA operand's descriptor (cached for the few bases that repeat)."""
         descs = ()
         for tma in self.tma:
             kind, key = tma.source
-            base = head[_TENSORS.index(key)] if kind == "t" else p[key]
+            base = head[_TENSORS.index(key)] if kind == "t" else pieces[key]
             if tma.cache is not None:  # weights and the kept workspace: the same few addresses call after call
                 descs += tma.cache.get(base if isinstance(base, int) else base.data_ptr())
             else:
                 descs += (TensorDescriptor.from_tensor(base.view(tma.shape), tma.block),)
-        flat = (*head, *p, *descs)
-        for launch, getter in self.steps:
-            launch(*getter(flat))
-        return out
+        return (*head, *pieces, *descs)
