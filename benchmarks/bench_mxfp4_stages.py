@@ -112,14 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sweep", action="store_true",
                     help=f"also 12 MXFP4 tile configs per path up to {SWEEP_TOKENS} tokens")
+    ap.add_argument("--padded-grid", action="store_true",
+                    help="MoE GEMM grids over every block of the padded sort (the baseline of the tight grids)")
     args = ap.parse_args(argv)
+    if args.padded_grid:
+        from tritune.kernels import moe_align
+
+        moe_align.GEMM_GRID_TIGHT = False
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     dims = TINY if args.tiny else SHAPE
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
     rows = []
     for t in tokens:
         rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep))
-        args.out.write_text(json.dumps({"dims": dims, "device": device, "rows": rows}, indent=1))
+        args.out.write_text(json.dumps({"dims": dims, "device": device, "padded_grid": args.padded_grid, "rows": rows},
+                                       indent=1))
     print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 fp8 A µs | "
           "MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -316,7 +316,14 @@ def main() -> None:
     ap.add_argument("--cast-in-kernel", action="store_true",
                     help="1-stage fused MoE with the output cast inside its GEMM kernel (FINAL_CAST_IN_KERNEL, off by "
                          "default until measured): one launch fewer per call")
+    ap.add_argument("--padded-grid", action="store_true",
+                    help="MoE GEMM grids over every block of the padded sort (moe_align.GEMM_GRID_TIGHT off): the "
+                         "baseline of the tight grids")
     args = ap.parse_args()
+    if args.padded_grid:
+        from tritune.kernels import moe_align
+
+        moe_align.GEMM_GRID_TIGHT = False
     if args.cast_in_kernel:
         from tritune.kernels import fused_moe_1stage
 
@@ -325,7 +332,8 @@ def main() -> None:
     import triton
 
     result = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cast_in_kernel": args.cast_in_kernel}
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cast_in_kernel": args.cast_in_kernel,
+              "padded_grid": args.padded_grid}
     parts = args.parts.split(",")
     log = open(args.out / "bench_runtime.log", "w")  # noqa: SIM115
     if "safety" in parts:

@@ -184,16 +184,18 @@ class CpuSampler:
 
 
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
-            compile_workers: int | None = None) -> dict:
-    """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) names the run too."""
-    name = f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
+            compile_workers: int | None = None, start_method: str = "spawn") -> dict:
+    """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) and `start_method`
+    (TRITUNE_START_METHOD) name the run too."""
+    name = (f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
+            + ("" if start_method == "spawn" else f"-{start_method}"))
     out = out_root / name
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     cache = Path(tempfile.mkdtemp(prefix=f"triton-{name}-"))
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "TRITUNE_START_METHOD": start_method}
     cmd = [sys.executable, "-m", "tritune.cli", *COMMANDS[kind](out), "--no-progress", "--executor", executor]
     if compile_workers:
         cmd += ["--compile-workers", str(compile_workers)]
@@ -210,6 +212,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "compile_workers": compile_workers,
+            "start_method": start_method,
             "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout), "cpu": cpu.figures(),
@@ -217,13 +220,17 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
 
 
 def compare(runs: list[dict], spread: float) -> list[dict]:
-    """Efficiency and winner agreement of each run against the 1-GPU local run of its kind and compile workers."""
-    base = {(r["kind"], r.get("compile_workers")): r for r in runs
-            if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
+    """Efficiency and winner agreement of each run against the 1-GPU local run of its kind and setting (compile
+    workers, start method), or, where there is none, the default 1-GPU run of its kind (named in `baseline`)."""
+    def setting(r: dict) -> tuple:
+        return r["kind"], r.get("compile_workers"), r.get("start_method", "spawn")
+
+    base = {setting(r): r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
     rows = []
     for r in runs:
-        ref = base.get((r["kind"], r.get("compile_workers")))
+        ref = base.get(setting(r)) or base.get((r["kind"], None, "spawn"))
         row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
+               "baseline": ref["name"] if ref else None,
                "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
         busy = sum(r["idle_s_per_gpu"])
         span = r["wall_s"] * max(1, len(r["idle_s_per_gpu"]))
@@ -271,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per run")
     ap.add_argument("--compile-workers", type=int, help="the CLI's --compile-workers for every run (default: every "
                     "core); runs compare with the 1-GPU run of the same setting")
+    ap.add_argument("--start-method", choices=("spawn", "forkserver"), default="spawn",
+                    help="TRITUNE_START_METHOD for every run (how compile processes and GPU workers start)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [run for path in args.merge for run in json.loads(path.read_text())["runs"]]
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.kinds.split(","):
         for executor in args.executors.split(","):
             for gpus in map(int, args.gpus.split(",")):
-                run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers)
+                run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers, args.start_method)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
                       f"idle {run['idle_s_per_gpu']} cpu {run['cpu']}", flush=True)

@@ -6,7 +6,8 @@ import pytest
 
 from tritune import knobs
 
-ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET)
+ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
+       knobs.START_METHOD)
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +24,15 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.log_level() == "WARNING"
     assert knobs.online_tune() is False
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
+    assert knobs.start_method() == "spawn"
+
+
+def test_start_method_values(monkeypatch):
+    monkeypatch.setenv(knobs.START_METHOD, " ForkServer ")
+    assert knobs.start_method() == "forkserver"
+    monkeypatch.setenv(knobs.START_METHOD, "fork")  # the driver holds a CUDA context: never plain fork
+    with pytest.raises(ValueError, match=r"^TRITUNE_START_METHOD='fork': use one of spawn, forkserver$"):
+        knobs.start_method()
 
 
 def test_blank_means_default(monkeypatch):

@@ -6,6 +6,7 @@ import torch
 from tritune.kernels.moe_align import (
     SMALL_MAX,
     MoeSorting,
+    gemm_blocks,
     max_padded_size,
     moe_align_block_size,
     moe_align_block_size_reference,
@@ -170,3 +171,31 @@ def test_ids_off_the_gpu_are_refused_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="topk_ids is on cpu; the sort's kernels run on a CUDA device"):
         moe_align_block_size(_ids(4, 2, 8, seed=0), 16, 8)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gemm_blocks_covers_every_block_that_holds_pairs(seed):
+    """The GEMM grids cover gemm_blocks row blocks: never fewer than the sort fills, never more than it has."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, topk = int(torch.randint(1, 40, (1,), generator=gen)), int(torch.randint(1, 9, (1,), generator=gen))
+    experts = int(torch.randint(topk, 200, (1,), generator=gen))
+    block = [16, 32, 64, 128][seed % 4]
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32)
+    filled = moe_align_block_size_reference(ids, block, experts).num_tokens_post_padded.item() // block
+    bound = gemm_blocks(ids.numel(), experts, block)
+    assert filled <= bound <= -(-max_padded_size(ids.numel(), experts, block) // block)
+
+
+def test_gemm_blocks_in_the_decode_regime():
+    # 1 token, top-8 of 128 experts, 16-row blocks: 8 blocks hold pairs, the padded sort has 121
+    assert gemm_blocks(8, 128, 16) == 9 and -(-max_padded_size(8, 128, 16) // 16) == 121
+    assert gemm_blocks(2, 8, 16) == 3  # Mixtral, 1 token: 2 of 8 blocks
+    assert gemm_blocks(8192, 8, 64) == 128 + 8  # many pairs: the padded sort's 136 blocks, every one may fill
+    assert gemm_blocks(0, 8, 16) == 1
+
+
+def test_gemm_blocks_padded_when_switched_off(monkeypatch):
+    from tritune.kernels import moe_align
+
+    monkeypatch.setattr(moe_align, "GEMM_GRID_TIGHT", False)
+    assert gemm_blocks(8, 128, 16) == 121  # the A/B baseline: every block of the padded sort

@@ -115,3 +115,15 @@ def test_cpu_sampler_counts_busy_cpus_and_their_clock():
     assert fig["busy_cpus"]["p10"] <= fig["busy_cpus"]["mean"] <= fig["busy_cpus"]["p90"] + 1e-9
     assert fig["cpu_mhz"] is None or fig["cpu_mhz"]["mean"] > 0  # some VMs do not report a clock
     assert scaling.CpuSampler().figures() == {"busy_cpus": None, "cpu_mhz": None, "samples": 0}
+
+
+def test_a_setting_compares_with_its_own_1gpu_run_else_the_default_one():
+    a = {"config": "A", "us": 10.0}
+    runs = [_run("g1", 1, 100.0, {"p": a}), _run("g4", 4, 30.0, {"p": a}),
+            {**_run("g4-cw24", 4, 25.0, {"p": a}), "compile_workers": 24},
+            {**_run("g1-fs", 1, 90.0, {"p": a}), "start_method": "forkserver"},
+            {**_run("g4-fs", 4, 25.0, {"p": a}), "start_method": "forkserver"}]
+    rows = {r["name"]: r for r in scaling.compare(runs, spread=0.05)}
+    assert rows["g4"]["baseline"] == "g1" and rows["g4"]["efficiency"] == round(100 / 120, 3)
+    assert rows["g4-cw24"]["baseline"] == "g1" and rows["g4-cw24"]["efficiency"] == 1.0  # no 1-GPU cw24 run
+    assert rows["g4-fs"]["baseline"] == "g1-fs" and rows["g4-fs"]["efficiency"] == 0.9

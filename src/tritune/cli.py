@@ -429,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "configs":
         return _configs(args)
+    try:  # how the tuner will start its processes: a bad value is one line now, not a traceback mid-tune
+        from tritune.knobs import start_method
+
+        start_method()
+    except ValueError as exc:
+        return _fail(str(exc))
     try:
         return _on_ray_cluster(args) if on_ray else _tune(args, interpreted)
     except KeyboardInterrupt:

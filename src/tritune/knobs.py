@@ -20,6 +20,7 @@ CACHE_DIR = "TRITUNE_CACHE_DIR"
 LOG_LEVEL = "TRITUNE_LOG_LEVEL"
 ONLINE_TUNE = "TRITUNE_ONLINE_TUNE"
 ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
+START_METHOD = "TRITUNE_START_METHOD"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -126,6 +127,23 @@ def online_budget() -> float:
     return seconds
 
 
+START_METHODS = ("spawn", "forkserver")
+
+
+def start_method() -> str:
+    """TRITUNE_START_METHOD: how the tuner starts its compile processes and GPU workers. "spawn" (default): each
+    starts a fresh Python and imports torch and Triton itself (seconds each; 64 at once on a large machine).
+    "forkserver": they fork from a server that imported torch and Triton once, which never touches CUDA; an opt-in
+    to measure against spawn (issue 17: the tuner's fixed start-up on 4 GPUs). Anything else is a ValueError.
+    """
+    value = _raw(START_METHOD)
+    if value is None:
+        return "spawn"
+    if value.lower() not in START_METHODS:
+        raise ValueError(f"{START_METHOD}={value!r}: use one of {', '.join(START_METHODS)}")
+    return value.lower()
+
+
 # Triton's truthiness for its boolean variables (getenv_bool: lower-cased, not stripped), so tritune and Triton
 # never disagree on whether kernels run in the interpreter.
 _TRITON_TRUE = ("1", "true", "yes", "on", "y")
@@ -158,6 +176,8 @@ KNOBS: tuple[Knob, ...] = (
                                    "TRITUNE_CONFIG_DIR). Default 0."),
     Knob(ONLINE_BUDGET, online_budget, "Seconds an online tune of one shape may measure (start-up on top). "
                                        "Default 10."),
+    Knob(START_METHOD, start_method, "How the tuner starts compile processes and GPU workers: spawn (default) or "
+                                     "forkserver (forked from one process that imported torch and Triton)."),
 )
 
 

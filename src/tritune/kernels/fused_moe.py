@@ -33,7 +33,7 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
     check_plan,
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
-from tritune.kernels.moe_align import MoeSorting
+from tritune.kernels.moe_align import MoeSorting, gemm_blocks
 from tritune.kernels.mxfp4 import mxfp4_dot_scaled, mxfp4_tile
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
@@ -290,7 +290,8 @@ def _moe_gemm_kernel(
     stages, so stage 2 reads A contiguously (no gather) and maps each row back to its pair only in the epilogue;
     stage 1 writes its padding rows as zeros, which stage 2 reads but never stores.
 
-    Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = blocks of the padded sort; blocks past the padded count exit.
+    Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = moe_align.gemm_blocks (every block that can hold pairs);
+    blocks past the padded count exit.
     """
     pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
     pid_k = tl.program_id(1)
@@ -414,7 +415,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
-    num_pid_m = sorting.expert_ids.numel()
+    num_pid_m = min(sorting.expert_ids.numel(), gemm_blocks(numel, w.shape[0], cfg.BLOCK_SIZE_M))
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     n_w = n * (2 if gated else 1)
     target = out if cfg.KSPLIT == 1 else torch.empty((cfg.KSPLIT, numel, n_w), device=a.device, dtype=torch.float32)

@@ -26,7 +26,7 @@ from tritune.kernels.fused_moe import (
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here
-from tritune.kernels.moe_align import max_padded_size
+from tritune.kernels.moe_align import gemm_blocks, max_padded_size
 from tritune.knobs import interpreting
 
 
@@ -69,7 +69,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     w_dt = torch.uint8 if q in MXFP4_QUANTS else a_dt  # MXFP4: two e2m1 codes per byte along K, uint8 e8m0 scales
     ws_dt = torch.uint8 if q in MXFP4_QUANTS else f32
     numel = dims.numel
-    num_pid_m = triton.cdiv(numel + dims.experts * (cfg.BLOCK_SIZE_M - 1), cfg.BLOCK_SIZE_M)
+    num_pid_m = gemm_blocks(numel, dims.experts, cfg.BLOCK_SIZE_M)  # as the launches pass it (its specialization)
     if kernel == "1stage":
         d, inter = dims.model_dim, dims.inter_dim
         s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)

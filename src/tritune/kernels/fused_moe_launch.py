@@ -248,7 +248,7 @@ class MoeLaunch:
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
               out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
-        num_pid_m = self.align.num_blocks
+        num_pid_m = self.align.gemm_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
         first = len(self.tma)
@@ -373,7 +373,7 @@ class MoeLaunch:
         fp8_a = quant in FP8_QUANTS  # activations quantized by the sort's first launch
         a, s = (("p", self.q1), ("p", self.q1 + 1)) if fp8_a else (("t", "hidden"), dummy)
         ws1, ws2 = (("t", "w1_scale"), ("t", "w2_scale")) if quant != "none" else (dummy, dummy)
-        num_pid_m = self.align.num_blocks
+        num_pid_m = self.align.gemm_blocks
         final, count = (("t", "out"), ("p", self.align.zero2_piece)) if self.final_cast else (dummy, dummy)
         recipe = [a, s, ("t", "w1"), ws1, ("t", "w2"), ws2, acc, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights"), final, count]

@@ -40,6 +40,24 @@ def max_padded_size(numel: int, num_experts: int, block_size: int) -> int:
     return numel + num_experts * (block_size - 1)
 
 
+# False: the GEMM grids cover every block of the padded sort, as before gemm_blocks (the A/B of its measurement).
+GEMM_GRID_TIGHT = True
+
+
+def gemm_blocks(numel: int, num_experts: int, block_size: int) -> int:
+    """How many row blocks a GEMM over the sort must cover: at most ⌈numel/block_size⌉ + min(experts, numel) - 1
+    blocks hold pairs (each expert with pairs adds at most one partial block; blocks are laid out from 0), never
+    more than the padded sort has. The GEMM grids are sized by this, not by the padded length: with few pairs and
+    many experts (decode: 1 token, top-8 of 128 experts, 16-row blocks) the padded sort has 121 blocks and 8 hold
+    pairs, so 15 of every 16 programs would start only to find their block past the end and exit."""
+    padded = triton.cdiv(max_padded_size(numel, num_experts, block_size), block_size)
+    if not GEMM_GRID_TIGHT:
+        return padded
+    if numel <= 0:
+        return 1
+    return min(padded, triton.cdiv(numel, block_size) + min(num_experts, numel))
+
+
 @triton.jit
 def _fill_blocks(
     sorted_ptr, expert_ids_ptr,  # int32 [max_padded], int32 [num_blocks]
@@ -330,6 +348,7 @@ class AlignLaunch:
         self.numel, self.block_size = numel, block_size
         self.max_padded = max_padded_size(numel, num_experts, block_size)
         self.num_blocks = num_blocks = triton.cdiv(self.max_padded, block_size)
+        self.gemm_blocks = gemm_blocks(numel, num_experts, block_size)  # the GEMM grids' row blocks
         i32, f32 = torch.int32, torch.float32
         small = numel <= SMALL_MAX
         num_chunks = triton.cdiv(numel, CHUNK)

@@ -6,7 +6,6 @@ the candidates it took down one at a time; only one that breaks the pool on its 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import signal
@@ -21,6 +20,7 @@ from typing import Any
 from tritune.compile_target import CompileTarget, compile_without_gpu
 from tritune.knobs import interpreting
 from tritune.tuning.errors import classify_exception, short_message
+from tritune.tuning.processes import process_context
 from tritune.tuning.types import Config, Status
 
 
@@ -236,8 +236,8 @@ class CompilePool:
 
     def _ensure_pool(self) -> None:
         if self._pool is None:
-            spawn = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self._max_workers, mp_context=spawn, initializer=_compile_process_init,
+            self._pool = ProcessPoolExecutor(self._max_workers, mp_context=process_context(),
+                                             initializer=_compile_process_init,
                                              initargs=(self._target,))
 
     def _drop_pool(self, cancel: bool = False) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing
 import signal
 import time
 from collections import deque
@@ -23,6 +22,7 @@ import torch
 
 from tritune.tuning.affinity import next_problem
 from tritune.tuning.errors import is_sticky
+from tritune.tuning.processes import process_context
 from tritune.tuning.types import BenchSettings, Measurement, Status, Task
 from tritune.tuning.worker import worker_main
 
@@ -77,7 +77,7 @@ class LocalExecutor:
             slots = [devices[i % len(devices)] for i in range(num_workers)]
         self._tunable = tunable
         self._settings = settings
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = process_context()
         self._queues: dict[str, deque[Task]] = {}  # problem key -> its queued tasks, in submission order
         self._queued = 0
         self._stash: list[Measurement] = []  # results collected by wait_ready, handed out by the next poll

@@ -1,0 +1,49 @@
+"""TRITUNE_START_METHOD: the compile pool and the GPU workers start from the context it names, and both still work
+when forked from the fork server (which imported torch and Triton once)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from fake_tunables import AddProblem, ScriptedAdd
+
+from tritune import knobs
+from tritune.tuning.compile import CompilePool
+from tritune.tuning.executor import LocalExecutor, run_all
+from tritune.tuning.processes import FORKSERVER_PRELOAD, process_context
+from tritune.tuning.types import BenchSettings, Config, Status, Task
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _children_can_import(monkeypatch):
+    paths = [str(HERE.parent / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    monkeypatch.delenv(knobs.START_METHOD, raising=False)
+
+
+def test_the_context_follows_the_knob(monkeypatch):
+    assert process_context().get_start_method() == "spawn"
+    monkeypatch.setenv(knobs.START_METHOD, "forkserver")
+    assert process_context().get_start_method() == "forkserver"
+    assert FORKSERVER_PRELOAD[:2] == ["torch", "triton"]
+
+
+def test_compile_pool_and_workers_run_forked_from_the_server(monkeypatch):
+    monkeypatch.setenv(knobs.START_METHOD, "forkserver")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a pool of processes even without a GPU
+    with CompilePool(ScriptedAdd(), max_workers=2) as pool:
+        assert not pool.inline
+        outcomes = [pool.submit(AddProblem(8), Config.of(mode=m)).result(timeout=120) for m in ("ok", "oor")]
+    assert [o.status for o in outcomes] == [Status.OK, Status.OUT_OF_RESOURCES]
+    settings = BenchSettings(iters=3, warmup=1, timeout_s=5.0, seed=0, flush_l2=False)
+    devices = [0] if torch.cuda.is_available() else None
+    with LocalExecutor(ScriptedAdd(), num_workers=1, settings=settings, devices=devices) as ex:
+        ex.wait_ready(120)
+        results = run_all(ex, [Task(0, AddProblem(100), Config.of(mode="good")),
+                               Task(1, AddProblem(100), Config.of(mode="wrong"))])
+    assert results[0].ok and results[1].status is Status.WRONG_ANSWER
