@@ -79,7 +79,7 @@ def pass_walls(stdout: str) -> dict[str, float]:
 
 
 def phase_seconds(out: Path) -> dict[str, float]:
-    """Seconds the GPU workers spent per phase (inputs, bind, check, time; worker.py's phase_ms) over every passing
+    """Seconds the GPU workers spent per phase (inputs, bind, run, check, time; worker.py's phase_ms) over every passing
     measurement journaled under `out`, and how many measurements carried them."""
     totals: dict[str, float] = {}
     counted = 0

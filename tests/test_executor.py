@@ -126,9 +126,10 @@ def test_a_passing_measurement_says_where_the_worker_spent_its_time():
     with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
         results = run_all(ex, tasks_for(["slow", "slow", "wrong"]))
     first, second, wrong = results
-    assert set(first.extra["phase_ms"]) == {"inputs", "bind", "check", "time"}
+    assert set(first.extra["phase_ms"]) == {"inputs", "bind", "run", "check", "time"}
     # "slow" sleeps 20 ms a call: two checked runs, then the timer's warm-up and timed calls
-    assert first.extra["phase_ms"]["check"] >= 2 * 20 and first.extra["phase_ms"]["time"] >= 20 * (FAST.iters + 1)
+    assert first.extra["phase_ms"]["run"] >= 2 * 20 and first.extra["phase_ms"]["time"] >= 20 * (FAST.iters + 1)
+    assert first.extra["phase_ms"]["check"] < first.extra["phase_ms"]["run"]  # the comparison alone
     assert second.extra["phase_ms"]["inputs"] < first.extra["phase_ms"]["inputs"] + 1.0  # inputs kept: ~0
     assert "phase_ms" not in wrong.extra  # only passing measurements carry it
 
