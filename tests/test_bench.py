@@ -9,7 +9,16 @@ import time
 import pytest
 import torch
 
-from tritune.tuning.bench import CPU_EAGER_METHOD, CPU_GRAPH_METHOD, CPU_METHOD, time_eager, time_graph, time_kernel
+from tritune.tuning.bench import (
+    CPU_EAGER_METHOD,
+    CPU_GRAPH_METHOD,
+    CPU_METHOD,
+    Timing,
+    merged,
+    time_eager,
+    time_graph,
+    time_kernel,
+)
 
 
 class Counter:
@@ -100,3 +109,14 @@ def test_graph_capture_failure_is_a_failed_timing_not_a_crash() -> None:
     stream = torch.cuda.current_stream()
     ok = time_graph(lambda: torch.mm(x[:32, None], x[None, :32]), iters=3, warmup=1)  # the process still works
     assert not ok.failed and ok.median_us > 0 and torch.cuda.current_stream() == stream
+
+
+def test_first_pass_timings_keep_their_samples_and_merge() -> None:
+    a = time_kernel(lambda: None, iters=3, warmup=0)
+    b = time_kernel(lambda: time.sleep(0.002), iters=4, warmup=0)
+    assert len(a.samples) == 3 and len(b.samples) == 4 and a.median_us == sorted(a.samples)[1]
+    both = merged(a, b)
+    assert both.iters == 7 and both.samples == a.samples + b.samples
+    assert both.min_us == min(a.samples) and both.max_us == max(b.samples)
+    scripted = Timing(5.0, 5.0, 5.0, 4, a.method)  # a timer that keeps no samples: the second run alone
+    assert merged(a, scripted) is scripted and merged(scripted, b) is b

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -188,3 +189,27 @@ def test_kept_inputs_give_way_when_the_gpu_is_short_of_room(monkeypatch):
     with pytest.raises(torch.cuda.OutOfMemoryError):  # with nothing kept, running out of memory is the problem's
         attempts.clear()
         runner._build(AddProblem(77), "add:n=77")
+
+
+def test_a_candidate_over_its_cutoff_stops_after_the_probe():
+    """Early stop: `early_stop_iters` calls, and no more when even the fastest is over the task's cutoff; under it,
+    the probe and `iters` calls more; a finalist or no cutoff: `iters` calls, no probe."""
+    import dataclasses
+
+    settings = dataclasses.replace(FAST, iters=4, early_stop_iters=2)
+    slow = Config.of(mode="slow", i=0)  # 20 ms a call
+    tasks = [Task(0, P1, slow, cutoff_us=1000.0), Task(1, P1, slow, cutoff_us=1e9), Task(2, P1, slow)]
+    with LocalExecutor(ScriptedAdd(), num_workers=1, settings=settings, devices=DEVICES) as ex:
+        stopped, kept, plain = run_all(ex, tasks)
+    assert all(m.ok for m in (stopped, kept, plain))
+    assert stopped.extra["early_stop"] == 2 and stopped.time_us >= 20000.0
+    assert "early_stop" not in kept.extra and "early_stop" not in plain.extra
+    assert stopped.extra["phase_ms"]["time"] < kept.extra["phase_ms"]["time"]  # 2 + 1 warm-up calls against 2 + 4 + 2
+
+
+def test_a_queued_task_takes_its_problems_cutoff_when_handed_out():
+    task = Task(0, P1, Config.of(mode="good"))
+    assert task.tightened({P1.key(): 50.0}).cutoff_us == 50.0
+    assert task.tightened({P2.key(): 50.0}) is task  # another problem's
+    assert Task(0, P1, task.config, cutoff_us=10.0).tightened({P1.key(): 50.0}).cutoff_us == 10.0  # already lower
+    assert Task(0, P1, task.config, finalist=True).tightened({P1.key(): 50.0}).cutoff_us == math.inf

@@ -3,6 +3,7 @@ the finalists re-timed as the op runs and ranked by the objective, on a fake op 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -271,3 +272,22 @@ def test_journal_from_before_op_times_resumes_and_retimes_only_the_finalists(tmp
     (r,), summary = tune(OP, [OpProblem()], DEVICE, op_settings(path, Objective.EAGER))
     assert (summary.measured, summary.reused, summary.retimed) == (0, 3, 2)
     assert r.best.config["name"] == "B" and not by_name(r)["C"].retimed
+
+
+def test_early_stop_cuts_slow_candidates_short_and_keeps_the_winner(tmp_path):
+    """A first: its 10 µs sets the cutoff at 15 µs, so C (40) and D (100) stop after the probe; B (12) is timed in
+    full; A still wins, and the summary counts the stopped."""
+    op = ScriptedOp((("A", 10.0, 0.0), ("B", 12.0, 0.0), ("C", 40.0, 0.0), ("D", 100.0, 0.0)))
+    bench = BenchSettings(iters=4, warmup=0, timeout_s=60.0, seed=0, flush_l2=False, timers=SCRIPTED,
+                          early_stop_iters=2)
+    settings = TuneSettings(journal_path=tmp_path / "j.sqlite", bench=bench, progress=False, finalists=0)
+    (r,), summary = tune(op, [OpProblem()], DEVICE, settings)
+    ms = by_name(r)
+    assert r.best.config["name"] == "A"
+    assert ms["C"].extra["early_stop"] == 2 and ms["D"].extra["early_stop"] == 2
+    assert "early_stop" not in ms["A"].extra and "early_stop" not in ms["B"].extra
+    assert summary.early_stopped == 2 and "(2 stopped after the early-stop probe)" in " ".join(summary.lines())
+    off = dataclasses.replace(settings, journal_path=tmp_path / "k.sqlite",
+                              bench=dataclasses.replace(bench, early_stop_factor=0))
+    (r2,), summary2 = tune(op, [OpProblem()], DEVICE, off)
+    assert summary2.early_stopped == 0 and r2.best.config["name"] == "A"

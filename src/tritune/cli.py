@@ -58,9 +58,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _early_stop_factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value == 0 or 1 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 0 (off) nor a factor above 1")
+    return value
+
+
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=_positive_int, default=30, help="timed runs per candidate (median reported)")
     p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed runs before timing")
+    p.add_argument("--early-stop", type=_early_stop_factor, default=1.5, metavar="FACTOR",
+                   help="time a candidate 10 runs first and stop there when even its fastest is over FACTOR x the "
+                        "best median of its problem so far (default 1.5; 0: every candidate gets --iters runs)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds per candidate before it is killed")
     p.add_argument("--mp", type=_positive_int, default=None, help="GPU workers (default: every visible GPU)")
     p.add_argument("--compile-workers", type=_positive_int, default=None, help="compile processes (default: all)")
@@ -182,7 +195,8 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
     from tritune.tuning.tuner import TuneSettings
     from tritune.tuning.types import BenchSettings, Objective
 
-    bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
+    bench = BenchSettings(iters=args.iters, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed,
+                          early_stop_factor=args.early_stop)
     return TuneSettings(
         ray=RaySettings(args.ray_address, args.ray_resource) if args.executor == "ray" else None,
         journal_path=out_dir / f"journal-{device.slug}.sqlite", bench=bench,

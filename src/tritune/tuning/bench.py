@@ -31,10 +31,21 @@ class Timing:
     iters: int
     method: str
     error: str = ""  # why it could not be measured (times are then NaN); "" when it was
+    samples: tuple[float, ...] = ()  # every timed call's µs, where the timer keeps them (first-pass timers do)
 
     @property
     def failed(self) -> bool:
         return bool(self.error)
+
+
+def merged(first: Timing, second: Timing) -> Timing:
+    """One Timing over both runs' calls (a probe and the rest of a candidate's timing); `second` alone where either
+    kept no samples (scripted timers)."""
+    if not first.samples or not second.samples or first.method != second.method:
+        return second
+    samples = first.samples + second.samples
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples), second.method,
+                  samples=samples)
 
 
 def _flush_buffer(l2_bytes: int) -> torch.Tensor:
@@ -72,7 +83,7 @@ def time_kernel(
     torch.cuda.synchronize()
     times_us = _parked_event_times(fn, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
     method = "cuda-events+l2-flush" if flush_l2 else "cuda-events"
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method, samples=tuple(times_us))
 
 
 def _parked_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor | None) -> list[float]:
@@ -104,7 +115,8 @@ def _time_cpu(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
         start = time.perf_counter()
         fn()
         times_us.append(1e6 * (time.perf_counter() - start))
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, CPU_METHOD)
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, CPU_METHOD,
+                  samples=tuple(times_us))
 
 
 def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batches: int = 3,
@@ -200,7 +212,7 @@ def time_graph(
         times_us = _parked_event_times(graph.replay, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
     finally:
         graph.reset()  # its memory pool goes back before the next candidate
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method)
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method, samples=tuple(times_us))
 
 
 def _time_batches_cpu(fn: Callable[[], None], iters: int, warmup: int, batches: int, method: str) -> Timing:

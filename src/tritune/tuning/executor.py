@@ -85,6 +85,7 @@ class LocalExecutor:
         self._stats = [_SlotStats() for _ in range(num_workers)]
         self._began = time.monotonic()
         self._ended: float | None = None
+        self._cutoffs: dict[str, float] = {}  # problem key -> early-stop cutoff (set_cutoff), applied at hand-out
         self._closed = False
         self._workers = [self._spawn(slot, device) for slot, device in enumerate(slots)]
 
@@ -94,6 +95,10 @@ class LocalExecutor:
             raise RuntimeError("LocalExecutor is closed")
         self._queues.setdefault(task.problem.key(), deque()).append(task)
         self._queued += 1
+
+    def set_cutoff(self, problem_key: str, cutoff_us: float) -> None:
+        """First-pass candidates of this problem handed out from now on stop timing early above `cutoff_us`."""
+        self._cutoffs[problem_key] = cutoff_us
 
     def cancel(self) -> list[Task]:
         """Withdraw every task not yet handed to a worker and return them (tasks in flight still report)."""
@@ -203,7 +208,7 @@ class LocalExecutor:
             # Its current problem first, then one no other worker holds: inputs are not rebuilt needlessly.
             key = next_problem(self._queues, w.problem_key, (o.problem_key for o in self._workers if o is not w))
             queue = self._queues[key]
-            task = queue.popleft()
+            task = queue.popleft().tightened(self._cutoffs)
             try:
                 w.conn.send(task)
             except OSError:  # died while idle: the task goes back, the worker is replaced

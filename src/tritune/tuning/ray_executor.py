@@ -73,6 +73,7 @@ class RayExecutor:
                  progress: bool = False) -> None:
         self._tunable, self._settings, self._ray_settings, self._device = tunable, settings, ray_settings, device
         self._compile_target = compile_target_of(device)  # compile tasks answer Triton from it, opening no GPU
+        self._cutoffs: dict[str, float] = {}  # problem key -> early-stop cutoff (set_cutoff), applied at hand-out
         self._progress_on = progress
         self._queues: dict[str, deque[_Item]] = {}  # problem key -> queued items, in submission order
         self._queued = 0
@@ -95,6 +96,10 @@ class RayExecutor:
         key = task.problem.key()
         self._queues.setdefault(key, deque()).append(_Item(task, key))
         self._queued += 1
+
+    def set_cutoff(self, problem_key: str, cutoff_us: float) -> None:
+        """First-pass candidates of this problem handed out from now on stop timing early above `cutoff_us`."""
+        self._cutoffs[problem_key] = cutoff_us
 
     def cancel(self) -> list[Task]:
         """Withdraw every candidate not yet handed to an actor (queued or compiling ahead) and return them."""
@@ -300,7 +305,7 @@ class RayExecutor:
     def _hand(self, actor: _Actor, item: _Item) -> None:
         fresh = actor.fresh and actor.problem_key == item.key
         actor.prep = None if fresh else actor.handle.prepare.remote(item.task.problem)
-        actor.run = actor.handle.run.remote(item.task)
+        actor.run = actor.handle.run.remote(item.task.tightened(self._cutoffs))
         actor.item, actor.problem_key = item, item.key
         actor.handed_at = time.monotonic()
         actor.started_at = actor.handed_at if fresh else None

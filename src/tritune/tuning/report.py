@@ -44,6 +44,7 @@ class TuneSummary:
     compiled: int = 0  # distinct binaries built in this run
     compile_failed: Counter = field(default_factory=Counter)  # status -> count
     measured: int = 0
+    early_stopped: int = 0  # of the measured: timed only the early-stop probe, over the problem's cutoff
     failed: Counter = field(default_factory=Counter)  # status -> count (benchmark side, finalists included)
     unmeasured: int = 0  # candidates (and finalist re-times) left out because the time limit passed
     retimed: int = 0  # finalists timed as the op runs in this run
@@ -86,7 +87,9 @@ class TuneSummary:
             f"compiled: {self.compiled} binaries ({self.compile_cpu_s:.1f} CPU-s, pool speed-up "
             f"{f'{self.compile_speedup:.1f}x' if self.compile_cpu_s >= 1.0 else 'n/a'}); "
             f"compile failures: {kinds(self.compile_failed)}",
-            f"measured: {self.measured}; failed on the GPU: {kinds(self.failed)}"
+            f"measured: {self.measured}"
+            + (f" ({self.early_stopped} stopped after the early-stop probe)" if self.early_stopped else "")
+            + f"; failed on the GPU: {kinds(self.failed)}"
             + (f"; {self.unmeasured} left unmeasured (time limit)" if self.unmeasured else ""),
             f"finalists timed as the op runs: {self.retimed} ({self.retimed_reused} reused from the journal"
             + (f", {self.retimed_shared} re-timed by another tuner sharing it" if self.retimed_shared else "") + ")",

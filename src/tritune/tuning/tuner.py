@@ -101,6 +101,20 @@ class _Pipeline:
         # task id -> (config, journal key, finalist, first-pass measurement) of candidates still in flight when
         # a share ended: their results, if they come while the run goes on, are journaled for later runs.
         self.late: dict[int, tuple[Config, str, bool, Measurement | None]] = {}
+        self.best_us: dict[str, float] = {}  # journal key -> fastest first-pass median so far (early stop)
+
+    def _note_best(self, jkey: str, m: Measurement) -> bool:
+        """Keep `m` as its problem's fastest first-pass median if it is; True when it is."""
+        if m.ok and math.isfinite(m.time_us) and m.time_us < self.best_us.get(jkey, math.inf):
+            self.best_us[jkey] = m.time_us
+            return True
+        return False
+
+    def _cutoff(self, jkey: str) -> float:
+        """Above what a first-pass candidate of this problem stops timing early: early_stop_factor x the fastest
+        median so far (inf before the first, or with early stop off)."""
+        factor = self.settings.bench.early_stop_factor
+        return factor * self.best_us.get(jkey, math.inf) if factor > 0 else math.inf
 
     def share_time(self, problems_left: int) -> None:
         """With a time limit, give the next problem an even share of the time left (a share unused passes on)."""
@@ -257,6 +271,7 @@ class _Pipeline:
                 self.summary.retimed_reused += 1
             elif done is not None and not finalist:
                 results[(jkey, config.key())] = done
+                self._note_best(jkey, done)
                 self.summary.reused += 1
                 if (bar := self._bar(problem, per_problem[pkey])) is not None:
                     bar.update(1)
@@ -304,7 +319,8 @@ class _Pipeline:
                 for problem, config, jkey in waiting.pop(ckey):
                     if outcome.status is Status.OK:
                         tasks[self.next_id] = (problem, config, jkey)
-                        self.executor.submit(Task(self.next_id, problem, config, finalist))
+                        self.executor.submit(Task(self.next_id, problem, config, finalist,
+                                                  math.inf if finalist else self._cutoff(jkey)))
                         first_task_at = first_task_at or time.perf_counter()
                         if not self.summary.first_task_s:
                             self.summary.first_task_s = first_task_at - self.started
@@ -326,6 +342,10 @@ class _Pipeline:
                     m = _with_op_times(journaled[jkey].get(config), m)
                 m = self._record(jkey, m, phase)
                 results[(jkey, config.key())] = m
+                if not finalist:
+                    if self._note_best(jkey, m) and (tell := getattr(self.executor, "set_cutoff", None)):
+                        tell(problem.key(), self._cutoff(jkey))  # candidates still queued for it, too
+                    self.summary.early_stopped += "early_stop" in m.extra
                 remaining -= 1
                 open_mine -= 1
                 if not m.ok:  # a Ray node's compile failure arrives here too, marked stage=compile

@@ -8,6 +8,7 @@ the leaf `tritune.params` (the stores hold configs too and sit below the engine)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -111,6 +112,12 @@ class BenchSettings:
     timeout_s: float = 60.0  # per candidate, counted from the moment the worker has the problem's inputs
     seed: int = 0  # for make_inputs
     flush_l2: bool = True
+    # Early stop of the first pass: a candidate is timed `early_stop_iters` calls first, and stops there when even
+    # its fastest call is over `early_stop_factor` x the fastest median of its problem so far (Task.cutoff_us); the
+    # others are timed `iters` calls more and ranked on all of them. 0 turns it off. Two thirds of a MoE row's stage
+    # candidates are over 1.5x its best, so their timing shrinks to a third (tuning/worker.py, tuning/tuner.py).
+    early_stop_factor: float = 1.5
+    early_stop_iters: int = 10
     # GPU time (first pass), eager and CUDA-graph time (finalists); tests swap in scripted ones.
     timers: Timers = field(default_factory=_default_timers)
 
@@ -123,3 +130,12 @@ class Task:
     problem: Any
     config: Config
     finalist: bool = False  # re-time as the op runs (eager and graph) instead of the first pass's GPU time
+    cutoff_us: float = math.inf  # first pass: stop timing early above this (BenchSettings.early_stop_factor)
+
+    def tightened(self, cutoffs: dict[str, float]) -> Task:
+        """This task with its problem's current cutoff where that is lower (executors apply it when they hand the
+        task to a worker: a problem's best may have improved since the task was queued); finalists never stop."""
+        cutoff = cutoffs.get(self.problem.key(), math.inf)
+        if self.finalist or not cutoff < self.cutoff_us:
+            return self
+        return dataclasses.replace(self, cutoff_us=cutoff)

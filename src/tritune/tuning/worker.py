@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tritune.tuning.bench import Timing, merged
 from tritune.tuning.errors import classify_exception, is_sticky, short_message
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import BenchSettings, CheckResult, Config, Measurement, Status, Task
@@ -135,8 +136,10 @@ class _Runner:
         self._phase("inputs")
         started()
         try:
-            measure = self._measure_as_op if task.finalist else self._measure
-            measurement = measure(problem, config, state)
+            if task.finalist:
+                measurement = self._measure_as_op(problem, config, state)
+            else:
+                measurement = self._measure(problem, config, state, task.cutoff_us)
         except Exception as exc:
             measurement = Measurement(key, config, classify_exception(exc), message=short_message(exc))
         if not measurement.ok:
@@ -162,12 +165,12 @@ class _Runner:
         self._phase("check")
         return tol, fn, first
 
-    def _measure(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
+    def _measure(self, problem: Any, config: Config, state: _ProblemState,
+                 cutoff_us: float = math.inf) -> Measurement:
         tol, fn, first = self._launch_checked(problem, config, state)
         if not first.passed:
             return _wrong_answer(state.key, config, first, "")
-        s = self.settings
-        timing = s.timers.gpu(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        timing, stopped = self._time_first_pass(fn, cutoff_us)
         self._phase("time")
         # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
         second = self._checked_run(fn, state, tol)
@@ -181,8 +184,22 @@ class _Runner:
             time_us=timing.median_us,
             error=max(first.mismatch_ratio, second.mismatch_ratio),
             rel_l2_err=max(first.rel_l2_err, second.rel_l2_err),
-            extra={"min_us": timing.min_us, "max_us": timing.max_us, "method": timing.method},
+            extra={"min_us": timing.min_us, "max_us": timing.max_us, "method": timing.method,
+                   **({"early_stop": timing.iters} if stopped else {})},
         )
+
+    def _time_first_pass(self, fn: Callable[[], None], cutoff_us: float) -> tuple[Timing, bool]:
+        """(GPU timing, stopped early): `early_stop_iters` calls first where the task has a cutoff, and no more when
+        even the fastest of them is over it; else the full `iters` (after the probe: `iters` more, ranked on all)."""
+        s = self.settings
+        kw = dict(flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
+        probe_iters = s.early_stop_iters
+        if not (math.isfinite(cutoff_us) and s.early_stop_factor > 0 and 0 < probe_iters < s.iters):
+            return s.timers.gpu(fn, iters=s.iters, warmup=s.warmup, **kw), False
+        probe = s.timers.gpu(fn, iters=probe_iters, warmup=s.warmup, **kw)
+        if probe.min_us > cutoff_us:
+            return probe, True
+        return merged(probe, s.timers.gpu(fn, iters=s.iters, warmup=0, **kw)), False
 
     def _measure_as_op(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
         """A finalist: checked, timed as eager calls and as a CUDA-graph replay, checked again. time_us stays NaN
