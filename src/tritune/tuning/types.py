@@ -114,7 +114,7 @@ class BenchSettings:
     flush_l2: bool = True
     # Early stop of the first pass: a candidate is timed `early_stop_iters` calls first, and stops there when even
     # its fastest call is over `early_stop_factor` x the fastest median of its problem so far (Task.cutoff_us); the
-    # others are timed `iters` calls more and ranked on all of them. 0 turns it off. Two thirds of a MoE row's stage
+    # others are timed `iters` calls in all, ranked on all of them. 0 turns it off. Two thirds of a MoE row's stage
     # candidates are over 1.5x its best, so their timing shrinks to a third (tuning/worker.py, tuning/tuner.py).
     early_stop_factor: float = 1.5
     early_stop_iters: int = 10

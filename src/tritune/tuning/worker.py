@@ -190,7 +190,8 @@ class _Runner:
 
     def _time_first_pass(self, fn: Callable[[], None], cutoff_us: float) -> tuple[Timing, bool]:
         """(GPU timing, stopped early): `early_stop_iters` calls first where the task has a cutoff, and no more when
-        even the fastest of them is over it; else the full `iters` (after the probe: `iters` more, ranked on all)."""
+        even the fastest of them is over it; else `iters` in all (the probe's and the rest's samples, ranked together;
+        a timer that keeps no samples is ranked on the rest alone)."""
         s = self.settings
         kw = dict(flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         probe_iters = s.early_stop_iters
@@ -199,7 +200,7 @@ class _Runner:
         probe = s.timers.gpu(fn, iters=probe_iters, warmup=s.warmup, **kw)
         if probe.min_us > cutoff_us:
             return probe, True
-        return merged(probe, s.timers.gpu(fn, iters=s.iters, warmup=0, **kw)), False
+        return merged(probe, s.timers.gpu(fn, iters=s.iters - probe_iters, warmup=0, **kw)), False
 
     def _measure_as_op(self, problem: Any, config: Config, state: _ProblemState) -> Measurement:
         """A finalist: checked, timed as eager calls and as a CUDA-graph replay, checked again. time_us stays NaN
