@@ -241,16 +241,19 @@ def test_fused_moe_launches_and_allocations_per_call(binds, counted, quant, choi
     assert err < 2e-2
 
 
-@pytest.mark.parametrize("run_1stage", [False, True], ids=["2-stage", "1-stage"])
-def test_few_pairs_among_many_experts_launch_only_the_blocks_that_can_fill(monkeypatch, run_1stage):
+@pytest.mark.parametrize("kind", ["2-stage", "1-stage", "sorted"])
+def test_few_pairs_among_many_experts_launch_only_the_blocks_that_can_fill(monkeypatch, kind):
     """1 token on 2 of 16 experts: the padded sort has 16 blocks of 16 rows, 2 hold pairs; the GEMM grids cover
-    moe_align.gemm_blocks = 3 of them, and the result is the reference's."""
-    from tritune.kernels.moe_align import gemm_blocks
+    moe_align.gemm_blocks = 3 of them, a sorted intermediate has their 48 rows (not the padded 242), and the result
+    is the reference's."""
+    from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 
     monkeypatch.setattr(sys.modules[__name__], "E", 16)
     x = moe_problem("none", tokens=1, seed=3)
+    run_1stage = kind == "1-stage"
+    cfg = SL if kind == "sorted" else S
     choice = MoeChoice(True, MoeConfig(16, 16, 32, 1, 4, 2, BLOCK_SIZE_D=32), None, "") if run_1stage else \
-        MoeChoice(False, S, S, "")
+        MoeChoice(False, cfg, cfg, "")
     out = call(x, choice)
     ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"],
                               requantize_intermediate=False)
@@ -258,8 +261,10 @@ def test_few_pairs_among_many_experts_launch_only_the_blocks_that_can_fill(monke
     plan = list(ops_moe._PLANS.values())[-1]
     assert plan.align.num_blocks == 16 and plan.align.gemm_blocks == gemm_blocks(2, 16, 16) == 3
     gemm_grids = [b.grid for b, _ in plan.getters if b.name in ("_moe_gemm_kernel", "_moe_1stage_kernel")]
-    tiles = [-(-INTER // 16)] if run_1stage else [-(-INTER // S.BLOCK_SIZE_N), -(-D // S.BLOCK_SIZE_N)]
+    tiles = [-(-INTER // 16)] if run_1stage else [-(-INTER // cfg.BLOCK_SIZE_N), -(-D // cfg.BLOCK_SIZE_N)]
     assert [g[0] for g in gemm_grids] == [3 * n for n in tiles]
+    if kind == "sorted":
+        assert plan.inter_rows == sorted_rows(2, 16, 16) == 48
 
 
 @pytest.mark.parametrize(("quant", "tokens", "cfg"), [

@@ -10,6 +10,7 @@ from tritune.kernels.moe_align import (
     max_padded_size,
     moe_align_block_size,
     moe_align_block_size_reference,
+    sorted_rows,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -199,3 +200,14 @@ def test_gemm_blocks_padded_when_switched_off(monkeypatch):
 
     monkeypatch.setattr(moe_align, "GEMM_GRID_TIGHT", False)
     assert gemm_blocks(8, 128, 16) == 121  # the A/B baseline: every block of the padded sort
+
+
+def test_sorted_rows_cover_the_gemm_blocks_within_the_padded_sort():
+    assert sorted_rows(8, 128, 16) == 9 * 16 == 144  # decode: not the padded 1928
+    assert sorted_rows(8192, 8, 64) == max_padded_size(8192, 8, 64)  # many pairs: the whole padded sort
+    for seed, (tokens, topk, experts, block) in enumerate(((1, 1, 1, 16), (5, 1, 3, 64), (50, 2, 7, 16),
+                                                            (11, 3, 200, 128), (3, 8, 128, 16))):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32)
+        filled = int(moe_align_block_size_reference(ids, block, experts).num_tokens_post_padded.item())
+        assert filled <= sorted_rows(ids.numel(), experts, block) <= max_padded_size(ids.numel(), experts, block)

@@ -26,7 +26,7 @@ from tritune.kernels.fused_moe import (
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here
-from tritune.kernels.moe_align import gemm_blocks, max_padded_size
+from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 from tritune.knobs import interpreting
 
 
@@ -87,9 +87,9 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
             WIDE_FP16=dims.dtype == torch.float16, FINAL_CAST=final_cast, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, grid=(1,))
         return
-    # The plan-level options, as MoeLaunch passes them: a sorted intermediate has the sort's padded length; stage 2
+    # The plan-level options, as MoeLaunch passes them: a sorted intermediate has moe_align.sorted_rows rows; stage 2
     # adds into the fp32 [T, D] accumulator unless it writes `out` itself (top-1 without split-K).
-    rows = max_padded_size(numel, dims.experts, cfg.BLOCK_SIZE_M) if cfg.SORTED_INTER else numel
+    rows = sorted_rows(numel, dims.experts, cfg.BLOCK_SIZE_M) if cfg.SORTED_INTER else numel
     stage1 = kernel == "stage1"
     atomic = not stage1 and bool(cfg.TOPK_ATOMIC) and not (dims.topk == 1 and cfg.KSPLIT == 1)
     if stage1:
@@ -108,8 +108,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
                                   [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
     a_sorted = (2 if cfg.GATHER_A else 0) if stage1 else cfg.SORTED_INTER
     a_desc = MockTensor(a_dt)
-    if a_sorted == 2:  # stage 1's gathered A has the sort's padded length of rows, as a sorted intermediate does
-        a_rows = max_padded_size(numel, dims.experts, cfg.BLOCK_SIZE_M) if stage1 else rows
+    if a_sorted == 2:  # stage 1's gathered A has the rows of a sorted intermediate (moe_align.sorted_rows)
+        a_rows = sorted_rows(numel, dims.experts, cfg.BLOCK_SIZE_M) if stage1 else rows
         a_desc = TensorDescriptor(MockTensor(a_dt), [a_rows, k], [k, 1], [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K])
     part_rows = rows if stage1 else numel  # split-K partials: stage 1 in the intermediate's order, stage 2 by pair
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K

@@ -38,7 +38,7 @@ from tritune.kernels.fused_moe_config import check_compiles_here
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
-from tritune.kernels.moe_align import AlignLaunch, RideAlong, max_padded_size
+from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -140,10 +140,10 @@ class MoeLaunch:
         ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
         pieces = _Pieces()
         group = act_group(quant)
-        # Rows of the intermediate: one per pair, or with SORTED_INTER the sort's padded length (block b's rows are
-        # b·BLOCK_SIZE_M.. in both stages; no block of real pairs reaches past it).
+        # Rows of the intermediate: one per pair, or with SORTED_INTER the sort's order (block b's rows are
+        # b·BLOCK_SIZE_M.. in both stages) over the blocks the GEMMs cover (moe_align.sorted_rows).
         self.sorted_inter = 0 if self.one_stage else stage1.SORTED_INTER
-        self.inter_rows = max_padded_size(numel, experts, stage1.BLOCK_SIZE_M) if self.sorted_inter else numel
+        self.inter_rows = sorted_rows(numel, experts, stage1.BLOCK_SIZE_M) if self.sorted_inter else numel
         # Stage 2 sums the top-k slots with atomics into an fp32 [T, D] accumulator (not when it writes `out` itself).
         self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
@@ -295,7 +295,7 @@ class MoeLaunch:
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
         gathered_rows = None
         if cfg1.GATHER_A:  # stage 1's A (and its scales) copied into the sort's order, then read through TMA
-            gathered_rows = self.align.max_padded
+            gathered_rows = self.align.sorted_rows
             groups = self.align.groups if quantized else 1
             a_dt = pieces.items[a1[1]][0] if a1[0] == "p" else hidden.dtype
             ga = pieces.add(a_dt, gathered_rows * model_dim)

@@ -40,6 +40,15 @@ def max_padded_size(numel: int, num_experts: int, block_size: int) -> int:
     return numel + num_experts * (block_size - 1)
 
 
+def sorted_rows(numel: int, num_experts: int, block_size: int) -> int:
+    """Rows of a buffer in the sort's order (a sorted intermediate, stage 1's gathered A): the row blocks the GEMM
+    grids cover (gemm_blocks), never past the padded sort. Every block that holds pairs lies inside; the rest of
+    the padded sort is never written or read, so at 1 token, top-8 of 128 experts and 16-row blocks the buffer (and
+    the launches that run over it: the split-K finish, the intermediate's fp8 quantization) has 144 rows, not 1928."""
+    blocks = gemm_blocks(numel, num_experts, block_size)
+    return min(max_padded_size(numel, num_experts, block_size), blocks * block_size)
+
+
 # False: the GEMM grids cover every block of the padded sort, as before gemm_blocks (the A/B of its measurement).
 GEMM_GRID_TIGHT = True
 
@@ -349,6 +358,7 @@ class AlignLaunch:
         self.max_padded = max_padded_size(numel, num_experts, block_size)
         self.num_blocks = num_blocks = triton.cdiv(self.max_padded, block_size)
         self.gemm_blocks = gemm_blocks(numel, num_experts, block_size)  # the GEMM grids' row blocks
+        self.sorted_rows = sorted_rows(numel, num_experts, block_size)  # rows of buffers in the sort's order
         i32, f32 = torch.int32, torch.float32
         small = numel <= SMALL_MAX
         num_chunks = triton.cdiv(numel, CHUNK)
