@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,14 +38,18 @@ class Timing:
         return bool(self.error)
 
 
+def _of_samples(times_us: Sequence[float], method: str) -> Timing:
+    """The Timing of these per-call times, which it keeps."""
+    return Timing(statistics.median(times_us), min(times_us), max(times_us), len(times_us), method,
+                  samples=tuple(times_us))
+
+
 def merged(first: Timing, second: Timing) -> Timing:
     """One Timing over both runs' calls (a probe and the rest of a candidate's timing); `second` alone where either
     kept no samples (scripted timers)."""
     if not first.samples or not second.samples or first.method != second.method:
         return second
-    samples = first.samples + second.samples
-    return Timing(statistics.median(samples), min(samples), max(samples), len(samples), second.method,
-                  samples=samples)
+    return _of_samples(first.samples + second.samples, second.method)
 
 
 def _flush_buffer(l2_bytes: int) -> torch.Tensor:
@@ -83,7 +87,7 @@ def time_kernel(
     torch.cuda.synchronize()
     times_us = _parked_event_times(fn, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
     method = "cuda-events+l2-flush" if flush_l2 else "cuda-events"
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method, samples=tuple(times_us))
+    return _of_samples(times_us, method)
 
 
 def _parked_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor | None) -> list[float]:
@@ -115,8 +119,7 @@ def _time_cpu(fn: Callable[[], None], iters: int, warmup: int) -> Timing:
         start = time.perf_counter()
         fn()
         times_us.append(1e6 * (time.perf_counter() - start))
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, CPU_METHOD,
-                  samples=tuple(times_us))
+    return _of_samples(times_us, CPU_METHOD)
 
 
 def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batches: int = 3,
@@ -212,7 +215,7 @@ def time_graph(
         times_us = _parked_event_times(graph.replay, iters, _flush_buffer(l2_bytes) if flush_l2 else None)
     finally:
         graph.reset()  # its memory pool goes back before the next candidate
-    return Timing(statistics.median(times_us), min(times_us), max(times_us), iters, method, samples=tuple(times_us))
+    return _of_samples(times_us, method)
 
 
 def _time_batches_cpu(fn: Callable[[], None], iters: int, warmup: int, batches: int, method: str) -> Timing:

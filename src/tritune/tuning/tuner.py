@@ -103,18 +103,14 @@ class _Pipeline:
         self.late: dict[int, tuple[Config, str, bool, Measurement | None]] = {}
         self.best_us: dict[str, float] = {}  # journal key -> fastest first-pass median so far (early stop)
 
-    def _note_best(self, jkey: str, m: Measurement) -> bool:
-        """Keep `m` as its problem's fastest first-pass median if it is; True when it is."""
-        if m.ok and math.isfinite(m.time_us) and m.time_us < self.best_us.get(jkey, math.inf):
-            self.best_us[jkey] = m.time_us
-            return True
-        return False
-
-    def _cutoff(self, jkey: str) -> float:
-        """Above what a first-pass candidate of this problem stops timing early: early_stop_factor x the fastest
-        median so far (inf before the first, or with early stop off)."""
-        factor = self.settings.bench.early_stop_factor
-        return factor * self.best_us.get(jkey, math.inf) if factor > 0 else math.inf
+    def _note_best(self, problem_key: str, jkey: str, m: Measurement) -> None:
+        """Keep first-pass `m` as its problem's fastest median if it is, and tell the executor the problem's new
+        early-stop cutoff (early_stop_factor x it), which it gives every candidate of the problem it hands out."""
+        if not (m.ok and math.isfinite(m.time_us) and m.time_us < self.best_us.get(jkey, math.inf)):
+            return
+        self.best_us[jkey] = m.time_us
+        if (factor := self.settings.bench.early_stop_factor) > 0:
+            self.executor.set_cutoff(problem_key, factor * m.time_us)
 
     def share_time(self, problems_left: int) -> None:
         """With a time limit, give the next problem an even share of the time left (a share unused passes on)."""
@@ -271,7 +267,7 @@ class _Pipeline:
                 self.summary.retimed_reused += 1
             elif done is not None and not finalist:
                 results[(jkey, config.key())] = done
-                self._note_best(jkey, done)
+                self._note_best(pkey, jkey, done)
                 self.summary.reused += 1
                 if (bar := self._bar(problem, per_problem[pkey])) is not None:
                     bar.update(1)
@@ -319,8 +315,7 @@ class _Pipeline:
                 for problem, config, jkey in waiting.pop(ckey):
                     if outcome.status is Status.OK:
                         tasks[self.next_id] = (problem, config, jkey)
-                        self.executor.submit(Task(self.next_id, problem, config, finalist,
-                                                  math.inf if finalist else self._cutoff(jkey)))
+                        self.executor.submit(Task(self.next_id, problem, config, finalist))
                         first_task_at = first_task_at or time.perf_counter()
                         if not self.summary.first_task_s:
                             self.summary.first_task_s = first_task_at - self.started
@@ -343,8 +338,7 @@ class _Pipeline:
                 m = self._record(jkey, m, phase)
                 results[(jkey, config.key())] = m
                 if not finalist:
-                    if self._note_best(jkey, m) and (tell := getattr(self.executor, "set_cutoff", None)):
-                        tell(problem.key(), self._cutoff(jkey))  # candidates still queued for it, too
+                    self._note_best(problem.key(), jkey, m)
                     self.summary.early_stopped += "early_stop" in m.extra
                 remaining -= 1
                 open_mine -= 1

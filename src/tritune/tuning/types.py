@@ -134,7 +134,7 @@ class Task:
 
     def tightened(self, cutoffs: dict[str, float]) -> Task:
         """This task with its problem's current cutoff where that is lower (executors apply it when they hand the
-        task to a worker: a problem's best may have improved since the task was queued); finalists never stop."""
+        task to a worker, so it is the cutoff of the problem's best at that moment); finalists never stop."""
         cutoff = cutoffs.get(self.problem.key(), math.inf)
         if self.finalist or not cutoff < self.cutoff_us:
             return self
