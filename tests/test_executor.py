@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -127,19 +128,23 @@ def test_a_passing_measurement_says_where_the_worker_spent_its_time():
     with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
         results = run_all(ex, tasks_for(["slow", "slow", "wrong"]))
     first, second, wrong = results
-    assert set(first.extra["phase_ms"]) == {"inputs", "bind", "run", "check", "time"}
+    # where the GPU timer parks the GPU (on a GPU), "time" comes with its park and queue seconds
+    timer_keys = {"timer_parked", "timer_queued"} if torch.cuda.is_available() else set()
+    assert set(first.extra["phase_ms"]) == {"inputs", "bind", "run", "check", "time"} | timer_keys
     # "slow" sleeps 20 ms a call: two checked runs, then the timer's warm-up and timed calls
     assert first.extra["phase_ms"]["run"] >= 2 * 20 and first.extra["phase_ms"]["time"] >= 20 * (FAST.iters + 1)
-    assert first.extra["phase_ms"]["check"] < first.extra["phase_ms"]["run"]  # the comparison alone
+    # the comparison alone (the second candidate's: on a GPU the first comparison also loads torch's kernels)
+    assert second.extra["phase_ms"]["check"] < second.extra["phase_ms"]["run"]
     assert second.extra["phase_ms"]["inputs"] < first.extra["phase_ms"]["inputs"] + 1.0  # inputs kept: ~0
     assert "phase_ms" not in wrong.extra  # only passing measurements carry it
 
 
-def test_a_worker_keeps_recent_problems_inputs_and_rebuilds_after_a_failure(tmp_path):
+def test_a_worker_keeps_recent_problems_inputs_and_rebuilds_after_a_failure(tmp_path, monkeypatch):
     """Back and forth between problems (what a GPU does when the compile pool runs barely ahead): each problem's
     inputs are built once while it is among the last KEPT_PROBLEMS + 1 served; a failure rebuilds them."""
     from tritune.tuning import worker
 
+    monkeypatch.setattr(worker, "KEPT_PROBLEMS", 2)  # the sequence below is written for 2
     log = tmp_path / "make_inputs.log"
     runner = worker._Runner(ScriptedAdd(str(log)), torch.device("cpu"), FAST)
     p3, p4 = AddProblem(55), AddProblem(66)
@@ -159,8 +164,9 @@ def test_a_worker_keeps_recent_problems_inputs_and_rebuilds_after_a_failure(tmp_
 
 
 def test_kept_inputs_give_way_when_the_gpu_is_short_of_room(monkeypatch):
-    """Before a build the least recently served states go while over KEPT_MEMORY_SHARE of the GPU is in use; a build
-    that runs out of memory drops every kept state and tries once more."""
+    """Before a build the least recently served states go while the GPU in use plus the largest state built so far is
+    over KEPT_MEMORY_SHARE of it; a build that runs out of memory drops every kept state and tries once more, after
+    the failed attempt's allocations are released."""
     from types import SimpleNamespace
 
     from tritune.tuning import worker
@@ -175,12 +181,24 @@ def test_kept_inputs_give_way_when_the_gpu_is_short_of_room(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     runner._make_room()
     assert list(runner._kept) == [P2.key()]  # 60 > 50, then 50 is not over half
-    attempts = []
+    runner._largest_state = 5  # room for a state as large as the largest built so far: 50 + 5 > 50
+    runner._make_room()
+    assert not runner._kept
+    runner._largest_state, runner._kept = 0, {P2.key(): None}
+    attempts, first_attempt = [], []
+
+    class Buffer:  # what an attempt allocated before it ran out
+        pass
 
     def build_now(problem, key):
         attempts.append(len(runner._kept))
+        buffer = Buffer()
         if len(attempts) == 1:
+            first_attempt.append(weakref.ref(buffer))
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        # the failed attempt's frame, and what it held, is gone before the retry (inside the except block the
+        # traceback kept it, and on a GPU the retry ran out of memory too)
+        assert first_attempt[0]() is None
         return worker._ProblemState(key, None, None, None)
 
     monkeypatch.setattr(runner, "_build_now", build_now)
@@ -198,11 +216,12 @@ def test_a_candidate_over_its_cutoff_stops_after_the_probe():
 
     settings = dataclasses.replace(FAST, iters=4, early_stop_iters=2)
     slow = Config.of(mode="slow", i=0)  # 20 ms a call
-    tasks = [Task(0, P1, slow, cutoff_us=1000.0), Task(1, P1, slow, cutoff_us=1e9), Task(2, P1, slow)]
+    # a cutoff under any time (on a GPU the timer sees the add kernel's microseconds, not the host's 20 ms)
+    tasks = [Task(0, P1, slow, cutoff_us=1e-3), Task(1, P1, slow, cutoff_us=1e9), Task(2, P1, slow)]
     with LocalExecutor(ScriptedAdd(), num_workers=1, settings=settings, devices=DEVICES) as ex:
         stopped, kept, plain = run_all(ex, tasks)
     assert all(m.ok for m in (stopped, kept, plain))
-    assert stopped.extra["early_stop"] == 2 and stopped.time_us >= 20000.0
+    assert stopped.extra["early_stop"] == 2 and (torch.cuda.is_available() or stopped.time_us >= 20000.0)
     assert "early_stop" not in kept.extra and "early_stop" not in plain.extra
     # the probe alone against the probe and the rest of `iters`
     assert stopped.extra["phase_ms"]["time"] < kept.extra["phase_ms"]["time"]
@@ -214,3 +233,27 @@ def test_a_queued_task_takes_its_problems_cutoff_when_handed_out():
     assert task.tightened({P2.key(): 50.0}) is task  # another problem's
     assert Task(0, P1, task.config, cutoff_us=10.0).tightened({P1.key(): 50.0}).cutoff_us == 10.0  # already lower
     assert Task(0, P1, task.config, finalist=True).tightened({P1.key(): 50.0}).cutoff_us == math.inf
+
+
+def test_a_measurement_reports_the_timers_park_and_queue_seconds(monkeypatch):
+    """Inside "time", where a GPU timer parked the GPU: the sleep it asked for and the host's queueing behind it,
+    the candidate's share of bench.PARK_TOTALS (absent where no timer parked, as on the CPU)."""
+    import dataclasses
+
+    from tritune.tuning import bench, worker
+
+    def parking_timer(fn, *, iters, warmup, **kw):
+        bench.PARK_TOTALS["parked"] += 0.003
+        bench.PARK_TOTALS["queued"] += 0.001
+        return bench.Timing(5.0, 4.0, 6.0, iters, "scripted")
+
+    timers = dataclasses.replace(FAST.timers, gpu=parking_timer)
+    runner = worker._Runner(ScriptedAdd(), torch.device("cpu"), dataclasses.replace(FAST, timers=timers))
+    parked = runner.run(Task(0, P1, Config.of(mode="good")), lambda: None)
+    still = dataclasses.replace(FAST.timers, gpu=lambda fn, *, iters, warmup, **kw: bench.Timing(5.0, 4.0, 6.0, iters,
+                                                                                                "scripted"))
+    plain = worker._Runner(ScriptedAdd(), torch.device("cpu"), dataclasses.replace(FAST, timers=still)).run(
+        Task(1, P1, Config.of(mode="good")), lambda: None)
+    assert parked.ok and parked.extra["phase_ms"]["timer_parked"] == pytest.approx(3.0)
+    assert parked.extra["phase_ms"]["timer_queued"] == pytest.approx(1.0)
+    assert plain.ok and "timer_parked" not in plain.extra["phase_ms"]

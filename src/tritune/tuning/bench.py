@@ -21,6 +21,10 @@ CPU_GRAPH_METHOD = "cpu-perf-counter, no CUDA graph: back-to-back calls (interpr
 _SLEEP_CYCLES_PER_S = 2.0e9  # torch.cuda._sleep counts SM clock cycles; ~2 GHz on H100/H200 boost clocks
 # (device index, bytes) -> flush buffer; kept for the life of the process so timing never allocates.
 _FLUSH_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
+# Seconds this process's GPU timers parked the GPU (the sleep asked for) and spent queueing the timed calls behind
+# it, summed: a worker reports each candidate's share, so a tuning run shows whether a busier host lengthens the
+# timing loops (the sleep is sized from one call's host cost) or the GPU does (issue 17).
+PARK_TOTALS = {"parked": 0.0, "queued": 0.0}
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,17 @@ def _parked_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor 
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    torch.cuda._sleep(int(min(2.0, 1.5 * iters * (host_s + 30e-6)) * _SLEEP_CYCLES_PER_S))
+    park_s = min(2.0, 1.5 * iters * (host_s + 30e-6))
+    torch.cuda._sleep(int(park_s * _SLEEP_CYCLES_PER_S))
+    t0 = time.perf_counter()
     for start, end in zip(starts, ends, strict=True):
         if flush is not None:
             flush.zero_()
         start.record()
         fn()
         end.record()
+    PARK_TOTALS["queued"] += time.perf_counter() - t0
+    PARK_TOTALS["parked"] += park_s
     torch.cuda.synchronize()
     return [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
 

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tritune.tuning.bench import Timing, merged
+from tritune.tuning.bench import PARK_TOTALS, Timing, merged
 from tritune.tuning.errors import classify_exception, is_sticky, short_message
+from tritune.tuning.processes import adopt_env
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import BenchSettings, CheckResult, Config, Measurement, Status, Task
 
@@ -32,10 +34,10 @@ if TYPE_CHECKING:
 _DEFAULT_L2_BYTES = 50 * 2**20
 _STICKY_EXIT_CODE = 3
 # Problems whose inputs a worker keeps besides the current one, while the GPU has room (KEPT_MEMORY_SHARE of it in
-# use at most). On 4 GPUs the compile pool runs barely ahead, so a worker's problem often has nothing queued for a
-# moment and the worker serves another, then comes back: it built inputs 3.6x as often as on 1 GPU (11.9 s against
-# 3.3 s summed, issue 17).
-KEPT_PROBLEMS = 2
+# use at most, counting a state as large as the largest built so far). On 4 GPUs the compile pool runs barely ahead, so
+# a worker's problem often has nothing queued for a moment and the worker serves another, then comes back: with 2
+# kept it still built inputs 2.6x as often as on 1 GPU (8.5 s against 3.3 s summed, issue 17).
+KEPT_PROBLEMS = 4
 KEPT_MEMORY_SHARE = 0.5
 
 
@@ -62,6 +64,7 @@ class _Runner:
         self.l2_bytes = _l2_bytes(device)
         self.state: _ProblemState | None = None
         self._kept: dict[str, _ProblemState] = {}  # recent problems' states, least recently used first
+        self._largest_state = 0  # bytes of the largest problem state built so far (what a new one may need)
         self.phases: dict[str, float] = {}  # the current candidate's milliseconds per phase (see `run`)
         self._mark = time.perf_counter()
         self._check_output = check_output
@@ -84,31 +87,39 @@ class _Runner:
         return self.state
 
     def _build(self, problem: Any, key: str) -> _ProblemState:
-        """A new problem's state; the kept ones give way when the GPU is short of room (before, or when it runs out)."""
+        """A new problem's state; the kept ones give way when the GPU is short of room (before, or when it runs out).
+        The retry comes after the handler: inside it, the traceback would keep the failed attempt's tensors alive
+        and the retry ran out of memory too (gpt-oss's MXFP4 rows on an H100: every problem switch failed)."""
         self._make_room()
         try:
             return self._build_now(problem, key)
         except torch.cuda.OutOfMemoryError:
             if not self._kept:
                 raise
-            self._kept.clear()
-            torch.cuda.empty_cache()
-            return self._build_now(problem, key)
+        self._kept.clear()
+        torch.cuda.empty_cache()
+        return self._build_now(problem, key)
 
     def _build_now(self, problem: Any, key: str) -> _ProblemState:
+        before = self._allocated()
         inputs = self.tunable.make_inputs(problem, self.device, self.settings.seed)
         ref = self.tunable.reference(problem, inputs)
         out = self.tunable.alloc_output(problem, inputs)
         ref = self._prepare_reference(ref, out.dtype, self.tunable.tolerance(problem))  # once, not per check
         self._sync()
+        self._largest_state = max(self._largest_state, self._allocated() - before)
         return _ProblemState(key, inputs, ref, out)
 
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
     def _make_room(self) -> None:
-        """Drop kept states, least recently used first, while more than KEPT_MEMORY_SHARE of the GPU is in use."""
+        """Drop kept states, least recently used first, while the GPU in use plus a state as large as the largest
+        built so far would be over KEPT_MEMORY_SHARE of it."""
         if self.device.type != "cuda":
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
-        while self._kept and torch.cuda.memory_allocated(self.device) > KEPT_MEMORY_SHARE * total:
+        while self._kept and self._allocated() + self._largest_state > KEPT_MEMORY_SHARE * total:
             self._kept.pop(next(iter(self._kept)))
 
     def forget(self) -> None:
@@ -123,10 +134,13 @@ class _Runner:
         inputs and reference, 0 when kept from the last candidate; bind: the launcher; run: the two checked runs up to
         their sync, the first loading the binary; check: comparing their outputs with the reference; time: the
         timer): what sets a tuning run's pace besides the GPU time itself. On 4 GPUs "run" and "check" together grew
-        47% over 1 GPU (issue 17); apart, they say whether the GPU side or the host side grew."""
+        47% over 1 GPU (issue 17); apart, they say whether the GPU side or the host side grew. Two figures inside
+        "time" come with them: timer_parked (the sleeps the GPU timers asked for) and timer_queued (the host's time
+        queueing the timed calls behind them)."""
         problem, config = task.problem, task.config
         key = _safe_key(problem)
         self.phases = {}
+        parked0, queued0 = PARK_TOTALS["parked"], PARK_TOTALS["queued"]
         self._mark = time.perf_counter()
         try:
             state = self.prepare(problem)
@@ -147,6 +161,9 @@ class _Runner:
             self.forget()
             return measurement
         phases = {name: round(ms, 3) for name, ms in self.phases.items()}
+        if PARK_TOTALS["parked"] > parked0:
+            phases["timer_parked"] = round(1e3 * (PARK_TOTALS["parked"] - parked0), 3)
+            phases["timer_queued"] = round(1e3 * (PARK_TOTALS["queued"] - queued0), 3)
         return dataclasses.replace(measurement, extra={**measurement.extra, "phase_ms": phases})
 
     def _phase(self, name: str) -> None:
@@ -237,8 +254,13 @@ class _Runner:
             torch.cuda.synchronize(self.device)
 
 
-def worker_main(tunable: Any, device_index: int | None, settings: BenchSettings, conn: Connection) -> None:
-    """Process entry point (spawn): serve Tasks from `conn` on GPU `device_index`, or on the CPU when None."""
+def worker_main(env: dict[str, str], tunable_pickle: bytes, device_index: int | None, settings: BenchSettings,
+                conn: Connection) -> None:
+    """Process entry point: serve Tasks from `conn` on GPU `device_index`, or on the CPU when None. The parent's
+    environment is adopted before the tunable is unpickled (which imports kernel modules, and Triton reads
+    TRITON_INTERPRET when they load): a process forked from the fork server has the server's."""
+    adopt_env(env)
+    tunable = pickle.loads(tunable_pickle)
     # Ctrl-C reaches the whole process group; the parent stops the workers, they must not die mid-task.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device_index is not None and torch.cuda.is_available():
