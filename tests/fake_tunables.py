@@ -41,8 +41,9 @@ class ScriptedAdd:
 
     def make_inputs(self, problem: AddProblem, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.log_path is not None:
+            mark = os.environ.get("TRITUNE_TEST_MARK")  # what the worker's environment says (test_processes.py)
             with open(self.log_path, "a") as log:
-                log.write(f"{os.getpid()} {problem.key()}\n")
+                log.write(f"{os.getpid()} {problem.key()}{' ' + mark if mark else ''}\n")
         gen = torch.Generator().manual_seed(seed)
         x = torch.rand(problem.n, generator=gen) + 0.5  # never zero
         y = torch.rand(problem.n, generator=gen) + 0.5
@@ -98,6 +99,8 @@ class ScriptedAdd:
             raise CompilationError("x = tl.load(p)", None, "unsupported tensor index")
         if mode == "value_error":
             raise ValueError("bad launch grid")
+        if mode == "env":  # says what the compile process's environment holds (test_processes.py)
+            raise ValueError(f"TRITUNE_TEST_MARK={os.environ.get('TRITUNE_TEST_MARK')}")
         if mode == "compile_exit":
             os._exit(1)
         time.sleep(float(config.get("sleep", 0.0)))

@@ -24,10 +24,13 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.log_level() == "WARNING"
     assert knobs.online_tune() is False
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
-    assert knobs.start_method() == "spawn"
+    assert knobs.start_method() == "forkserver"  # Linux has it
 
 
 def test_start_method_values(monkeypatch):
+    monkeypatch.setattr(knobs.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert knobs.start_method() == "spawn"  # a platform without a fork server
+    monkeypatch.undo()
     monkeypatch.setenv(knobs.START_METHOD, " ForkServer ")
     assert knobs.start_method() == "forkserver"
     monkeypatch.setenv(knobs.START_METHOD, "fork")  # the driver holds a CUDA context: never plain fork

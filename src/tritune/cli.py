@@ -445,8 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         return _configs(args)
     try:  # how the tuner will start its processes: a bad value is one line now, not a traceback mid-tune
         from tritune.knobs import start_method
+        from tritune.tuning.processes import start_server_early
 
         start_method()
+        if not on_ray:  # the fork server's imports overlap the device query and reading the rows
+            start_server_early()
     except ValueError as exc:
         return _fail(str(exc))
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,14 +132,14 @@ START_METHODS = ("spawn", "forkserver")
 
 
 def start_method() -> str:
-    """TRITUNE_START_METHOD: how the tuner starts its compile processes and GPU workers. "spawn" (default): each
-    starts a fresh Python and imports torch and Triton itself (seconds each; 64 at once on a large machine).
-    "forkserver": they fork from a server that imported torch and Triton once, which never touches CUDA; an opt-in
-    to measure against spawn (issue 17: the tuner's fixed start-up on 4 GPUs). Anything else is a ValueError.
+    """TRITUNE_START_METHOD: how the tuner starts its compile processes and GPU workers. "forkserver" (default): they
+    fork from a server that imported torch and Triton once, which never touches CUDA. "spawn": each starts a fresh
+    Python and imports torch and Triton itself (seconds each; 64 at once on a large machine). Where the platform has
+    no fork server, spawn. Anything else is a ValueError.
     """
     value = _raw(START_METHOD)
     if value is None:
-        return "spawn"
+        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     if value.lower() not in START_METHODS:
         raise ValueError(f"{START_METHOD}={value!r}: use one of {', '.join(START_METHODS)}")
     return value.lower()
@@ -176,8 +177,8 @@ KNOBS: tuple[Knob, ...] = (
                                    "TRITUNE_CONFIG_DIR). Default 0."),
     Knob(ONLINE_BUDGET, online_budget, "Seconds an online tune of one shape may measure (start-up on top). "
                                        "Default 10."),
-    Knob(START_METHOD, start_method, "How the tuner starts compile processes and GPU workers: spawn (default) or "
-                                     "forkserver (forked from one process that imported torch and Triton)."),
+    Knob(START_METHOD, start_method, "How the tuner starts compile processes and GPU workers: forkserver "
+                                     "(default; forked from one process that imported torch and Triton) or spawn."),
 )
 
 

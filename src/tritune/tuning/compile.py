@@ -20,7 +20,7 @@ from typing import Any
 from tritune.compile_target import CompileTarget, compile_without_gpu
 from tritune.knobs import interpreting
 from tritune.tuning.errors import classify_exception, short_message
-from tritune.tuning.processes import process_context
+from tritune.tuning.processes import adopt_env, parent_env, process_context
 from tritune.tuning.types import Config, Status
 
 
@@ -57,7 +57,9 @@ def lower_compile_priority() -> None:
         pass
 
 
-def _compile_process_init(target: CompileTarget | None) -> None:
+def _compile_process_init(target: CompileTarget | None, env: dict[str, str] | None = None) -> None:
+    # The parent's environment first (a process forked from the fork server has the server's).
+    adopt_env(env)
     # Ctrl-C reaches the whole process group; the parent decides what stops, workers must not die mid-task.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lower_compile_priority()
@@ -238,7 +240,7 @@ class CompilePool:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self._max_workers, mp_context=process_context(),
                                              initializer=_compile_process_init,
-                                             initargs=(self._target,))
+                                             initargs=(self._target, parent_env()))
 
     def _drop_pool(self, cancel: bool = False) -> None:
         if self._pool is not None:

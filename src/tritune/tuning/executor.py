@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 import signal
 import time
 from collections import deque
@@ -22,7 +23,7 @@ import torch
 
 from tritune.tuning.affinity import next_problem
 from tritune.tuning.errors import is_sticky
-from tritune.tuning.processes import process_context
+from tritune.tuning.processes import parent_env, process_context
 from tritune.tuning.types import BenchSettings, Measurement, Status, Task
 from tritune.tuning.worker import worker_main
 
@@ -189,7 +190,7 @@ class LocalExecutor:
         parent_conn, child_conn = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self._tunable, device, self._settings, child_conn),
+            args=(parent_env(), pickle.dumps(self._tunable), device, self._settings, child_conn),
             name=f"tritune-bench-{slot}",
             daemon=True,
         )

@@ -1,15 +1,23 @@
 """The multiprocessing context the tuner's compile pool and GPU workers start from (TRITUNE_START_METHOD).
 
-Both are started with "spawn" by default: a fresh interpreter that imports torch and Triton, 2-4 s each and all at
-once at the start of a tune (64 compile processes and 4 workers on 4 H200s, where the first candidate reached a GPU
-10 s after the start). "forkserver" forks them from one server process that imported torch and Triton once, so each
-starts in milliseconds. The server never initialises CUDA (it imports torch, not a CUDA tensor), so a forked GPU
-worker makes its own context as a spawned one does. Fork itself is never used: the driver holds a CUDA context.
+"forkserver" (the default) forks them from one server process that imported torch and Triton once, so each starts
+in milliseconds; the CLI starts that server before its own device query and file reading (`start_server_early`), so
+the server's imports overlap them. "spawn" starts a fresh interpreter per process that imports torch and Triton
+itself, 2-4 s each and all at once at the start of a tune: on 4 H200s the first candidate reached a GPU 9.7 s after
+the tune began with spawn and 3.5 s with the server (which took 3.8 s to start before it), and the 4-GPU MoE tune
+took 106.2 s against 109.2 s (issue 17). The server never initialises CUDA (it imports torch, not a CUDA tensor), so
+a forked GPU worker makes its own context as a spawned one does. Fork itself is never used: the driver holds a CUDA
+context.
+
+A forked child inherits the server's environment, fixed when the server started, not the parent's now: every child
+entry point adopts the parent's environment (`parent_env` / `adopt_env`), so a knob set after the server started
+reaches the children as it does with spawn.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 from multiprocessing.context import BaseContext
 
 from tritune.knobs import start_method
@@ -25,3 +33,29 @@ def process_context() -> BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # takes effect when this process first starts its server
     return ctx
+
+
+def start_server_early() -> None:
+    """Start the fork server now (where TRITUNE_START_METHOD is forkserver) so its imports run while this process
+    does other work; it returns once the server process is started, not once it has imported. Call it after
+    TRITON_INTERPRET is decided: the server's environment is fixed here (children adopt the parent's anyway)."""
+    if start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    process_context()  # the preload list, before the server starts
+    forkserver.ensure_running()
+
+
+def parent_env() -> dict[str, str]:
+    """The environment a child started now should run with (passed to it, adopted by `adopt_env`)."""
+    return dict(os.environ)
+
+
+def adopt_env(env: dict[str, str] | None) -> None:
+    """Make this process's environment `env` (the parent's when it started this child); None leaves it as is."""
+    if env is None or env == os.environ:
+        return
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    os.environ.update(env)
