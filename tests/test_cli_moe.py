@@ -373,3 +373,49 @@ def test_an_mxfp4_row_is_tuned_and_served_from_the_file(tmp_path, capsys, monkey
     finally:
         monkeypatch.delenv(knobs.CONFIG_FMOE)
         reload_moe_configs()
+
+
+def _stage_result(kind: str, kernels: list[tuple[MoeConfig, float]], failed: tuple[MoeConfig, ...] = ()):
+    """A ProblemResult of stage measurements (the searched fields only, as the stage search records them)."""
+    from tritune.params import Config
+    from tritune.tuners.fused_moe_tunable import ONE_STAGE_SPACE, STAGE_SPACE
+    from tritune.tuning.report import ProblemResult
+    from tritune.tuning.types import Measurement, Status
+
+    names = ONE_STAGE_SPACE if kind == "1stage" else STAGE_SPACE
+    point = lambda cfg: Config.from_dict({n: getattr(cfg, n) for n in names})  # noqa: E731
+    ms = [Measurement(kind, point(c), Status.OK, t, 0.01) for c, t in kernels]
+    ms += [Measurement(kind, point(c), Status.WRONG_ANSWER, float("nan"), 1.0) for c in failed]
+    ok = [m for m in ms if m.ok]
+    return ProblemResult(kind, min(ok, key=lambda m: m.time_us) if ok else None, ms, len(ms), {})
+
+
+def test_the_rule_tables_plan_joins_the_end_to_end_candidates(monkeypatch):
+    """A tuned row is never one the op beats untuned: the rule table's plan (its plan-level fields included) is
+    re-timed end to end, last (a tie keeps the tuner's pick), carrying its stages' measured times; not twice, not
+    when a stage of it did not pass, and not under the interpreter unless switched on."""
+    from tritune.tuners import fused_moe_tunable as fmt
+
+    gpu = dataclasses.replace(DEV, interpreter=False)
+    big = FmoeShape(4096, 4096, 384, 128, 8, "silu", "bf16", "bf16", "bf16", "none", True, False)
+    rule1, rule2 = fmt.rule_plan(big, gpu)
+    assert rule1.SORTED_INTER == 2  # a plan-level field the stages are not searched over
+    other = dataclasses.replace(SMALL, BLOCK_SIZE_M=128)
+    stage1 = _stage_result("stage1", [(rule1, 540.0), (other, 500.0)])
+    stage2 = _stage_result("stage2", [(rule2, 520.0), (other, 480.0)])
+    picked = fmoe_tuner.choose(stage1, stage2, None)
+    assert [c.plan for c in picked] == [(other, other)]
+    chosen = fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, big, gpu)
+    assert chosen[0] == picked[0] and len(chosen) == 2
+    assert chosen[1].plan == (rule1, rule2) and (chosen[1].us1, chosen[1].us2) == (540.0, 520.0)
+    assert fmoe_tuner.with_rule_plan(chosen, stage1, stage2, None, big, gpu) == chosen  # already there
+    unchecked = _stage_result("stage2", [(other, 480.0)], failed=(rule2,))
+    assert fmoe_tuner.with_rule_plan(picked, stage1, unchecked, None, big, gpu) == picked  # its stage 2 failed
+    assert fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, big, DEV) == picked  # interpreted: off
+    monkeypatch.setattr(fmt, "RULE_PLAN_UNDER_INTERPRETER", True)
+    one_rule, none = fmt.rule_plan(SHAPE_A, DEV)
+    assert none is None  # a 1-stage rule plan
+    one = _stage_result("1stage", [(one_rule, 30.0)])
+    fast = fmoe_tuner.Choice((SMALL, SMALL), 2.0, 0.0, 3.0, 0.0)
+    with_one = fmoe_tuner.with_rule_plan([fast], stage1, stage2, one, SHAPE_A, DEV)
+    assert with_one == [fast, fmoe_tuner.Choice((one_rule, None), 30.0, 0.01)]

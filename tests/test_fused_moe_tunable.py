@@ -383,3 +383,37 @@ def test_launcher_rejects_config_the_kernel_cannot_run() -> None:
     inputs = t.make_inputs(problem, DEVICE, seed=0)
     with pytest.raises(ValueError, match="BLOCK_SIZE_D"):
         t.launcher(problem, inputs, ONE_STAGE.replace(BLOCK_SIZE_D=0), t.alloc_output(problem, inputs))
+
+
+def test_extra_points_are_measured_whatever_the_constraints_say() -> None:
+    """SearchSpace.extra: after the product's points, each once; kept by prune even where a constraint fails (the
+    op's own choice is always measured); a `with_params` copy keeps them."""
+    from tritune.tuning.space import Constraint
+
+    not_two = Constraint("a is not 2", lambda c: c["a"] != 2)
+    inside, outside = Config.of(a=2, b=0), Config.of(a=3, b=0)
+    space = SearchSpace({"a": (1, 2), "b": (0,)}, (not_two,), extra=(outside, inside, outside))
+    assert space.size == 3 and list(space.configs()) == [Config.of(a=1, b=0), inside, outside]
+    pruned = space.prune()
+    assert pruned.kept == [Config.of(a=1, b=0), inside, outside] and pruned.pruned == {}
+    plain = SearchSpace({"a": (1, 2), "b": (0,)}, (not_two,))
+    assert plain.size == 2 and plain.prune().pruned == {"a is not 2": 1}
+    wider = space.with_params({"a": (1, 2, 3)})
+    assert wider.extra == space.extra and wider.size == 3  # 3 is in the product now: once
+
+
+def test_the_rule_tables_kernels_join_the_stage_search_on_a_gpu() -> None:
+    """Each stage space holds the rule table's kernel of its kind (its searched fields), outside the constraints;
+    not under the interpreter, and not when the space is overridden (tests, --search-space)."""
+    from tritune.tuners.fused_moe_tunable import rule_plan, rule_points
+
+    big = MoeProblem(shape(token=4096, inter_dim=384, expert=128, topk=8), "stage2")
+    first, second = rule_plan(big.shape, GPU)
+    (point,) = FusedMoeTunable().space(big, GPU).extra
+    assert point.as_dict() == {n: getattr(second, n) for n in STAGE_SPACE}
+    assert FusedMoeTunable().space(dataclasses.replace(big, kind="stage1"), GPU).extra == (
+        Config.from_dict({n: getattr(first, n) for n in STAGE_SPACE}),)
+    assert FusedMoeTunable().space(dataclasses.replace(big, kind="1stage"), GPU).extra == ()  # a 2-stage plan
+    assert FusedMoeTunable().space(big, DEV).extra == ()  # interpreted
+    assert FusedMoeTunable(stage_space=(("KSPLIT", (1,)),)).space(big, GPU).extra == ()
+    assert rule_points(big, GPU, dict(STAGE_SPACE)) == (point,)

@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, MoeConfig
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
+from tritune.tuners import fused_moe_tunable
 from tritune.tuners.fused_moe_tunable import (
     ONE_STAGE_RULES,
     STAGE_RULES,
@@ -34,6 +35,7 @@ from tritune.tuners.fused_moe_tunable import (
     Plan,
     config_of,
     plan_names,
+    rule_plan,
 )
 from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
@@ -95,6 +97,7 @@ class MoeTuneReport:
     failed: list[tuple[FmoeShape, str]] = field(default_factory=list)
     summaries: list[TuneSummary] = field(default_factory=list)
     results: list[ProblemResult] = field(default_factory=list)
+    rule_plans: set[str] = field(default_factory=set)  # keys of the e2e problems that re-time the rule table's plan
     # Seconds outside the engine's passes (issue 17: the fixed cost that a multi-GPU run does not divide):
     # "start" making the GPU workers and the compile pool, "close" shutting them down, "write" the output files.
     outside_s: dict[str, float] = field(default_factory=dict)
@@ -251,6 +254,39 @@ def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceIn
     return [*choices, Choice(variant, pair.us1, pair.err1, pair.us2, pair.err2)]
 
 
+def rule_plan_applies(device: DeviceInfo) -> bool:
+    """Whether the rule table's plan is re-timed: on a GPU (under the interpreter only where tests switch it on)."""
+    return not device.interpreter or fused_moe_tunable.RULE_PLAN_UNDER_INTERPRETER
+
+
+def with_rule_plan(choices: list[Choice], stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None,
+                   shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
+    """`choices` and, last (so that a tie keeps the tuner's pick), the rule table's plan for the row with its stages'
+    measured times (`rule_plan`; the stage search always measures them), unless a choice already runs that plan,
+    the stages did not pass, or it is off under the interpreter."""
+    if not rule_plan_applies(device):
+        return choices
+    plan = rule_plan(shape, device)
+    if any(c.plan == plan for c in choices):
+        return choices
+
+    def measured(result: ProblemResult | None, kernel: MoeConfig) -> Measurement | None:
+        """The passing measurement of `kernel` (its searched fields) among `result`'s."""
+        for m in result.measurements if result is not None else ():
+            if m.ok and m.config.as_dict() == {name: getattr(kernel, name) for name in m.config.as_dict()}:
+                return m
+        return None
+
+    first, second = plan
+    if second is None:
+        m1 = measured(one, first)
+        return choices if m1 is None else [*choices, Choice(plan, m1.time_us, m1.error)]
+    m1, m2 = measured(stage1, first), measured(stage2, second)
+    if m1 is None or m2 is None:
+        return choices
+    return [*choices, Choice(plan, m1.time_us, m1.error, m2.time_us, m2.error)]
+
+
 def why_nothing_chosen(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None) -> str:
     """Why `choose` found nothing, in each kind's own words (`ProblemResult.why_failed`): 'no stage pair and no
     1-stage winner (stage1: every candidate was pruned; ...)'."""
@@ -353,11 +389,14 @@ def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSe
         if not cs:
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
-        cs = with_lever_variant(cs, shape, device)
+        cs = with_rule_plan(with_lever_variant(cs, shape, device), *kind_results, shape, device)
+        rule = rule_plan(shape, device) if rule_plan_applies(device) else None
         for c in cs:
             p = MoeProblem(shape, "e2e", req.skew, c.plan)
             choices[p.key()] = c
             e2e_problems.append(p)
+            if c.plan == rule:
+                report.rule_plans.add(p.key())
     if e2e_problems:
         e2e_results, e2e_summary = tune(tunable, e2e_problems, device, e2e_settings, executor, pool)
         report.summaries.append(e2e_summary)
@@ -401,7 +440,8 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
     shapes = list(dict.fromkeys(r.problem.shape for r in report.results))
     for shape in shapes:
         lines.append(f"== row {row_name(shape)} ({shape.act_type}, {shape.dtype}, quant {shape.quant})")
-        lines += ["  " + _kind_line(r) for r in report.results if r.problem.shape == shape]
+        lines += ["  " + _kind_line(r, r.problem.key() in report.rule_plans) for r in report.results
+                  if r.problem.shape == shape]
     if report.summaries:
         lines.append(f"== run: {len(shapes)} row(s), stage search and end-to-end re-time together")
         lines += ["  " + line for line in TuneSummary.total(report.summaries).lines()]
@@ -416,14 +456,16 @@ def summary_lines(report: MoeTuneReport) -> list[str]:
     return lines
 
 
-def _kind_line(r: ProblemResult) -> str:
-    """'stage1: 2 in the space, 0 pruned, 2 measured; best 12.3 us', 'e2e (stage pair): 1 measured; best ...'."""
+def _kind_line(r: ProblemResult, rule_plan: bool = False) -> str:
+    """'stage1: 2 in the space, 0 pruned, 2 measured; best 12.3 us', 'e2e (stage pair): 1 measured; best ...'
+    ('e2e (stage pair BM128, rule table)' for the rule table's plan)."""
     p: MoeProblem = r.problem
     failed = Counter(m.status.value for m in r.measurements if not m.ok)
     failures = (" (" + ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items())) + ")") if failed else ""
     outcome = f"best {r.best.time_us:.1f} us" if r.best is not None else r.why_failed()
     if p.kind == "e2e":
         which = "1-stage" if not p.names[1] else f"stage pair BM{p.plan[0].BLOCK_SIZE_M}{p.lever_tag}"
+        which += ", rule table" if rule_plan else ""
         return f"e2e ({which}): {len(r.measurements)} measured{failures}; {outcome}"
     return (f"{p.kind}: {r.space_size} in the space, {sum(r.pruned.values())} pruned, {len(r.measurements)} "
             f"measured{failures}; {outcome}")

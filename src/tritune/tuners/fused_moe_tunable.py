@@ -22,6 +22,7 @@ from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference,
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
+from tritune.ops.heuristics import moe_heuristic
 from tritune.ops.routing import sample_routing
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuning.space import Constraint, Param, SearchSpace
@@ -239,6 +240,41 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
     )
 
 
+# The rule table's plan joins the stage search (its stages always measured) and the end-to-end re-time, so a tuned
+# row is never one the op beats untuned: on the H100, E 128 top-8 I 384 rows tuned at 4096 and 8192 tokens ran
+# 979.8 / 1646.8 us where the rule table's own plan ran 949.8 / 1559.1 us (benchmarks/RESULTS.md, 2026-11-26).
+# Off under the interpreter (its times mean nothing; tests switch it on).
+RULE_PLAN_UNDER_INTERPRETER = False
+
+
+def rule_plan(shape: FmoeShape, device: DeviceInfo) -> Plan:
+    """What the op runs for a row of `shape` with no tuned file on `device` (the rule table)."""
+    run_1stage, first, second = moe_heuristic(
+        shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.quant, device.sm_count,
+        device.max_shared_mem, gated=shape.use_g1u1, capability=device.capability)
+    return (first, None) if run_1stage else (first, second)
+
+
+def rule_point(problem: MoeProblem, device: DeviceInfo, params: dict) -> Config | None:
+    """The rule plan's kernel for `problem`'s kind as a point of a space with `params` (the plan-level fields the
+    stages are not searched over left out: the stage alone runs without them), or None where the plan has no kernel
+    of that kind."""
+    first, second = rule_plan(problem.shape, device)
+    kernel = {"stage1": first if second is not None else None, "stage2": second,
+              "1stage": first if second is None else None}[problem.kind]
+    if kernel is None:
+        return None
+    return Config.from_dict({name: getattr(kernel, name) for name in params})
+
+
+def rule_points(problem: MoeProblem, device: DeviceInfo, params: dict) -> tuple[Config, ...]:
+    """`SearchSpace.extra` for `problem`: the rule plan's kernel of its kind, where it has one."""
+    if device.interpreter and not RULE_PLAN_UNDER_INTERPRETER:
+        return ()
+    point = rule_point(problem, device, params)
+    return () if point is None else (point,)
+
+
 def config_of(config: Config) -> fm.MoeConfig:
     """The launch config of a stage or 1-stage search-space point: the one place an engine Config becomes one."""
     return fm.MoeConfig.from_params(config.as_dict())
@@ -271,9 +307,11 @@ class FusedMoeTunable:
             return SearchSpace({"kernel1": (problem.names[0],), "kernel2": (problem.names[1],)})
         if problem.kind == "1stage":
             params = dict(ONE_STAGE_SPACE) | dict(self.one_stage_space or ())
-            return SearchSpace(params, one_stage_constraints(problem, device))
+            extra = () if self.one_stage_space else rule_points(problem, device, params)
+            return SearchSpace(params, one_stage_constraints(problem, device), extra=extra)
         params = dict(STAGE_SPACE) | dict(self.stage_space or ())
-        return SearchSpace(params, stage_constraints(problem, device))
+        extra = () if self.stage_space else rule_points(problem, device, params)
+        return SearchSpace(params, stage_constraints(problem, device), extra=extra)
 
     def make_inputs(self, problem: MoeProblem, device: torch.device, seed: int) -> dict:
         s = problem.shape

@@ -72,27 +72,42 @@ class PruneResult:
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """The product of `params`' lists, pruned by `constraints`, plus `extra`: points measured whatever the
+    constraints say (the op's own untuned choice, so a tuned result is never one the op would beat untuned), after
+    the product's, each once."""
+
     params: Mapping[str, Sequence[Scalar]]
     constraints: tuple[Constraint, ...] = field(default=())
     rules: Mapping[str, Param] | None = None  # what `with_params` lets replace each list; None: names only
+    extra: tuple[Config, ...] = ()
 
     @property
     def size(self) -> int:
         total = 1
         for values in self.params.values():
             total *= len(values)
-        return total
+        return total + len(self._extra_outside())
+
+    def _in_product(self, config: Config) -> bool:
+        values = config.as_dict()
+        return values.keys() == self.params.keys() and all(values[k] in self.params[k] for k in values)
+
+    def _extra_outside(self) -> list[Config]:
+        """The extra points not in the product, each once, in order."""
+        return [c for c in dict.fromkeys(self.extra) if not self._in_product(c)]
 
     def configs(self) -> Iterator[Config]:
         names = sorted(self.params)
         for values in itertools.product(*(self.params[n] for n in names)):
             yield Config(tuple(zip(names, values, strict=True)))
+        yield from self._extra_outside()
 
     def prune(self) -> PruneResult:
         kept: list[Config] = []
         pruned: dict[str, int] = {c.name: 0 for c in self.constraints}
+        extra = set(self.extra)
         for config in self.configs():
-            failing = next((c for c in self.constraints if not c.ok(config)), None)
+            failing = None if config in extra else next((c for c in self.constraints if not c.ok(config)), None)
             if failing is None:
                 kept.append(config)
             else:
@@ -109,7 +124,7 @@ class SearchSpace:
             check_values(overrides, self.rules)
         merged = dict(self.params)
         merged.update({k: tuple(v) for k, v in overrides.items()})
-        return SearchSpace(merged, self.constraints, self.rules)
+        return SearchSpace(merged, self.constraints, self.rules, self.extra)
 
 
 def load_space_file(path: str | Path, rules: Mapping[str, Param] | None = None) -> dict[str, tuple[Scalar, ...]]:
