@@ -183,6 +183,63 @@ class CpuSampler:
         return {"busy_cpus": stats(self.busy_cpus), "cpu_mhz": stats(self.mhz), "samples": len(self.busy_cpus)}
 
 
+class GpuSampler:
+    """Once a second during a run, per GPU: SM clock (MHz), power (W), utilisation (%) and temperature, from
+    `nvidia-smi` running beside the run. The same timing loops took 8% more seconds on 4 GPUs than on 1 (issue 17)
+    while the winners' own times did not move; a lower clock when all four draw power at once would show here."""
+
+    QUERY = "index,clocks.sm,power.draw,utilization.gpu,temperature.gpu"
+
+    def __init__(self, gpus: int, period_ms: int = 1000) -> None:
+        self.gpus, self.period_ms = gpus, period_ms
+        self._file = tempfile.TemporaryFile(mode="w+")
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> GpuSampler:
+        if shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", f"-lms={self.period_ms}"],
+                stdout=self._file, stderr=subprocess.DEVNULL)
+            # Its first sample before the run starts: nvidia-smi opening every GPU while the CLI initialises CUDA
+            # is a likely cause of the 4-GPU runs' 5.5 s before the tune (3.4-3.8 s without the sampler, 2026-11-26).
+            deadline = time.perf_counter() + 10.0
+            written = lambda: os.fstat(self._file.fileno()).st_size > 0  # noqa: E731
+            while time.perf_counter() < deadline and self._proc.poll() is None and not written():
+                time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+
+    def figures(self) -> dict | None:
+        """Per GPU used: the mean of each quantity over the run's samples (None without nvidia-smi)."""
+        if self._proc is None:
+            return None
+        self._file.seek(0)
+        return gpu_figures(self._file.read(), self.gpus)
+
+
+def gpu_figures(text: str, gpus: int) -> dict:
+    """nvidia-smi CSV lines (index, SM MHz, W, %, C) -> {"sm_mhz": [mean per GPU], "power_w": ..., "util_pct": ...,
+    "temp_c_max": [...], "samples": n} over GPUs 0..gpus-1; unparsable lines ("[N/A]") are skipped."""
+    cols: dict[int, list[tuple[float, ...]]] = {i: [] for i in range(gpus)}
+    for line in text.splitlines():
+        try:
+            index, *values = (float(x) for x in line.split(","))
+        except ValueError:
+            continue
+        if int(index) in cols and len(values) == 4:
+            cols[int(index)].append(tuple(values))
+    mean = lambda xs: round(sum(xs) / len(xs), 1) if xs else None  # noqa: E731
+    return {"sm_mhz": [mean([v[0] for v in cols[i]]) for i in range(gpus)],
+            "power_w": [mean([v[1] for v in cols[i]]) for i in range(gpus)],
+            "util_pct": [mean([v[2] for v in cols[i]]) for i in range(gpus)],
+            "temp_c_max": [max((v[3] for v in cols[i]), default=None) for i in range(gpus)],
+            "samples": min((len(v) for v in cols.values()), default=0)}
+
+
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
             compile_workers: int | None = None, start_method: str = "spawn") -> dict:
     """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) and `start_method`
@@ -200,7 +257,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     if compile_workers:
         cmd += ["--compile-workers", str(compile_workers)]
     t0 = time.perf_counter()
-    with CpuSampler() as cpu:
+    with CpuSampler() as cpu, GpuSampler(gpus) as gpu:
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
@@ -216,7 +273,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
             "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out), "pass_wall_s": pass_walls(stdout), "cpu": cpu.figures(),
-            "winners": winners}
+            "gpu": gpu.figures(), "winners": winners}
 
 
 def compare(runs: list[dict], spread: float) -> list[dict]:
@@ -290,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers, args.start_method)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
-                      f"idle {run['idle_s_per_gpu']} cpu {run['cpu']}", flush=True)
+                      f"idle {run['idle_s_per_gpu']} cpu {run['cpu']} gpu {run['gpu']}", flush=True)
                 rows = compare(runs, args.spread)
                 (args.out / "scaling.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
     for row in compare(runs, args.spread):

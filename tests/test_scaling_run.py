@@ -117,6 +117,17 @@ def test_cpu_sampler_counts_busy_cpus_and_their_clock():
     assert scaling.CpuSampler().figures() == {"busy_cpus": None, "cpu_mhz": None, "samples": 0}
 
 
+def test_gpu_figures_average_each_gpu_and_skip_unreadable_lines():
+    text = ("0, 1980, 650.5, 100, 60\n1, 1700, 700.0, 90, 70\n0, 1800, 600.5, 80, 64\n"
+            "1, [N/A], 690.0, 95, 71\n2, 1000, 100, 0, 30\ngarbage\n")
+    fig = scaling.gpu_figures(text, 2)
+    assert fig["sm_mhz"] == [1890.0, 1700.0] and fig["power_w"] == [625.5, 700.0]
+    assert fig["util_pct"] == [90.0, 90.0] and fig["temp_c_max"] == [64.0, 70.0]
+    assert fig["samples"] == 1  # GPU 1 has one readable sample; GPU 2 is not one of the run's
+    assert scaling.gpu_figures("", 1) == {"sm_mhz": [None], "power_w": [None], "util_pct": [None],
+                                          "temp_c_max": [None], "samples": 0}
+
+
 def test_a_setting_compares_with_its_own_1gpu_run_else_the_default_one():
     a = {"config": "A", "us": 10.0}
     runs = [_run("g1", 1, 100.0, {"p": a}), _run("g4", 4, 30.0, {"p": a}),
