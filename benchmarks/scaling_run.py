@@ -241,11 +241,11 @@ def gpu_figures(text: str, gpus: int) -> dict:
 
 
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
-            compile_workers: int | None = None, start_method: str = "spawn") -> dict:
+            compile_workers: int | None = None, start_method: str = "forkserver") -> dict:
     """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) and `start_method`
     (TRITUNE_START_METHOD) name the run too."""
     name = (f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
-            + ("" if start_method == "spawn" else f"-{start_method}"))
+            + ("" if start_method == "forkserver" else f"-{start_method}"))
     out = out_root / name
     if out.exists():
         shutil.rmtree(out)
@@ -285,7 +285,8 @@ def compare(runs: list[dict], spread: float) -> list[dict]:
     base = {setting(r): r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
     rows = []
     for r in runs:
-        ref = base.get(setting(r)) or base.get((r["kind"], None, "spawn"))
+        ref = (base.get(setting(r)) or base.get((r["kind"], None, r.get("start_method", "spawn")))
+               or base.get((r["kind"], None, "forkserver")) or base.get((r["kind"], None, "spawn")))
         row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
                "baseline": ref["name"] if ref else None,
                "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per run")
     ap.add_argument("--compile-workers", type=int, help="the CLI's --compile-workers for every run (default: every "
                     "core); runs compare with the 1-GPU run of the same setting")
-    ap.add_argument("--start-method", choices=("spawn", "forkserver"), default="spawn",
+    ap.add_argument("--start-method", choices=("spawn", "forkserver"), default="forkserver",
                     help="TRITUNE_START_METHOD for every run (how compile processes and GPU workers start)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

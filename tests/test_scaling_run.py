@@ -96,6 +96,9 @@ def test_a_run_past_its_timeout_is_recorded_not_raised(tmp_path):
 def test_runs_compare_with_the_1_gpu_run_of_their_compile_workers(tmp_path):
     run = scaling.run_one("gemm", "local", 1, tmp_path, timeout_s=0.01, compile_workers=7)
     assert run["name"] == "gemm-local-1gpu-cw7" and run["compile_workers"] == 7
+    assert run["start_method"] == "forkserver"  # the product's default, unnamed
+    spawned = scaling.run_one("gemm", "local", 1, tmp_path, timeout_s=0.01, start_method="spawn")
+    assert spawned["name"] == "gemm-local-1gpu-spawn"
     assert "--compile-workers 7" in run["command"]
     runs = [_run("all-1", 1, 100.0, {}), {**_run("cw-1", 1, 90.0, {}), "compile_workers": 7},
             {**_run("cw-4", 4, 25.0, {}), "compile_workers": 7}, _run("all-4", 4, 30.0, {})]
