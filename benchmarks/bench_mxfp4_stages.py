@@ -33,6 +33,11 @@ PEAKS = {"bf16_flops": 730e12, "bytes_per_s": 3.0e12}  # H100 SXM, as the other 
 SWEEP_TOKENS = 256  # sweep MXFP4 tiles up to this many tokens
 SWEEP = [dict(BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_stages=st) for bn in (32, 64, 128) for bk in (128, 256)
          for st in (3, 4)]
+# --fma: the stage kernels' multiply-add path (BLOCK_SIZE_M under 16: fp32 FMAs, no tl.dot), BLOCK_SIZE_M the power of
+# two holding the pairs per expert, in these tiles, for bf16 and MXFP4 weights, where an expert gets at most 8 pairs.
+FMA_TILES = [dict(BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, KSPLIT=ks, num_warps=w, num_stages=st)
+             for bn, bk, ks, w, st in ((64, 128, 1, 4, 3), (128, 64, 1, 4, 3), (32, 256, 1, 4, 3), (64, 128, 2, 4, 3),
+                                       (64, 128, 4, 4, 3), (128, 128, 1, 8, 3), (256, 64, 1, 8, 4))]
 
 
 def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_weight: float) -> float:
@@ -41,7 +46,8 @@ def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_
     return max(flops / PEAKS["bf16_flops"], (weights + 2 * tokens * d * 2) / PEAKS["bytes_per_s"]) * 1e6
 
 
-def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int, sweep: bool = False) -> dict:
+def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int, sweep: bool = False,
+          fma: bool = False) -> dict:
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -93,6 +99,13 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
             for label, ds in (("", False), (" dot_scaled", True)):
                 contestants[f"mxfp4{label} sweep {i}"] = (fm.MXFP4, ds, dataclasses.replace(mx(c1), **fields),
                                                           dataclasses.replace(mx(c2), **fields), q1, q2, s1, s2)
+    pairs_per_expert = math.ceil(tokens * topk / e)
+    if fma and pairs_per_expert <= 8:
+        bm = 1 << (pairs_per_expert - 1).bit_length()  # the power of two holding them
+        for i, fields in enumerate(FMA_TILES):
+            cfg = dataclasses.replace(fm.MoeConfig(), BLOCK_SIZE_M=bm, GROUP_SIZE_M=1, **fields)
+            contestants[f"bf16 fma {i}"] = ("none", False, cfg, cfg, b1, b2, None, None)
+            contestants[f"mxfp4 fma {i}"] = (fm.MXFP4, False, cfg, cfg, q1, q2, s1, s2)
     for name, (quant, dot_scaled, cfg1, cfg2, *tensors) in contestants.items():
         try:
             row[f"{name}_rel_l2"], row[f"{name}_us"] = run(quant, dot_scaled, cfg1, cfg2, *tensors)
@@ -101,6 +114,8 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
             row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
     swept = [v for k, v in row.items() if k.startswith("mxfp4") and k.endswith("_us")]
     row["mxfp4_best_us"] = min(swept) if swept else math.nan
+    bf16_fma = [v for k, v in row.items() if k.startswith("bf16 fma") and k.endswith("_us")]
+    row["bf16_fma_best_us"] = min(bf16_fma) if bf16_fma else math.nan
     return row
 
 
@@ -112,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--sweep", action="store_true",
                     help=f"also 12 MXFP4 tile configs per path up to {SWEEP_TOKENS} tokens")
+    ap.add_argument("--fma", action="store_true", help="also the stage kernels' multiply-add path (BLOCK_SIZE_M under "
+                    "16) in a few tiles, bf16 and MXFP4, where an expert gets at most 8 pairs")
     ap.add_argument("--padded-grid", action="store_true",
                     help="MoE GEMM grids over every block of the padded sort (the baseline of the tight grids)")
     args = ap.parse_args(argv)
@@ -124,16 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
     rows = []
     for t in tokens:
-        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep))
+        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep, args.fma))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "padded_grid": args.padded_grid, "rows": rows},
                                        indent=1))
-    print("| tokens | floor MXFP4 µs | bf16 stages µs | MXFP4 decode µs | MXFP4 dot_scaled µs | MXFP4 fp8 A µs | "
-          "MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| tokens | floor MXFP4 µs | bf16 stages µs | bf16 multiply-add best µs | MXFP4 decode µs | "
+          "MXFP4 dot_scaled µs | MXFP4 fp8 A µs | MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
-              f"{r.get('mxfp4_us', math.nan):.1f} | {r.get('mxfp4 dot_scaled_us', math.nan):.1f} | "
+              f"{r['bf16_fma_best_us']:.1f} | {r.get('mxfp4_us', math.nan):.1f} | "
+              f"{r.get('mxfp4 dot_scaled_us', math.nan):.1f} | "
               f"{r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
               f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
     return 0

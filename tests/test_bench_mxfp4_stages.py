@@ -27,3 +27,14 @@ def test_tiny_point_runs_and_checks_both_contestants(tmp_path):
     assert row["mxfp4_configs"][0].startswith("moe_stage1_per_1x32_") and row["mxfp4_us"] > 0
     for name in ("mxfp4 dot_scaled", "mxfp4 a8"):  # the other MXFP4 contestants: checked too
         assert row[f"{name}_rel_l2"] < 1e-2 and row[f"{name}_us"] > 0
+
+
+def test_tiny_point_with_the_multiply_add_path(tmp_path):
+    out = tmp_path / "mx.json"
+    assert bench.main(["--tiny", "--tokens", "3", "--fma", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    fma = [k[:-7] for k in row if k.endswith("_rel_l2") and " fma " in k]
+    assert len(fma) == 2 * len(bench.FMA_TILES)  # bf16 and MXFP4, each tile
+    assert all(row[f"{name}_rel_l2"] < 1e-2 and row[f"{name}_us"] > 0 for name in fma)
+    assert row["mxfp4 fma 0_configs"][0].startswith("moe_stage1_per_1x32_silu_BM2_")  # 6 pairs over 4 experts
+    assert row["bf16_fma_best_us"] > 0

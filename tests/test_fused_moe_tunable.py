@@ -86,6 +86,13 @@ STAGE_RULES = [
      DEV, stage_config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128)),  # (1 + 1) tiles of 64x256 over 128 threads: 256
     (P1X128_REGS, MoeProblem(shape("per_1x128"), "stage1"),
      DEV, stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128)),  # (2 + 1) tiles of 64x128 over 128 threads: 192 > 128
+    ("BLOCK_SIZE_M under 16 only for 16-bit or MXFP4 weights, without TMA or SWAP_AB",
+     MoeProblem(shape("per_token", token=4, expert=8, topk=2), "stage1"), DEV,
+     stage_config(BLOCK_SIZE_M=1, GROUP_SIZE_M=1)),  # fp8: no multiply-add path
+    ("BLOCK_SIZE_M under 16 only as the power of two holding the pairs per expert", FEW, DEV,
+     stage_config(BLOCK_SIZE_M=2, GROUP_SIZE_M=1)),  # 4 pairs per expert: 4
+    ("multiply-add product > 128 registers per thread", FEW, DEV,
+     stage_config(BLOCK_SIZE_M=4, BLOCK_SIZE_N=128, GROUP_SIZE_M=1)),  # 4 x 128 x 64 over 128 threads: 256
     ("8 warps on a tile under 128x64", BIG, DEV, stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
     ("BLOCK_SIZE_M above 2x the pairs per expert", FEW, DEV,
      stage_config(BLOCK_SIZE_M=32, GROUP_SIZE_M=1)),  # 4 pairs per expert: BLOCK_SIZE_M up to 16
@@ -417,3 +424,32 @@ def test_the_rule_tables_kernels_join_the_stage_search_on_a_gpu() -> None:
     assert FusedMoeTunable().space(big, DEV).extra == ()  # interpreted
     assert FusedMoeTunable(stage_space=(("KSPLIT", (1,)),)).space(big, GPU).extra == ()
     assert rule_points(big, GPU, dict(STAGE_SPACE)) == (point,)
+
+
+def test_the_multiply_add_rules_one_by_one(monkeypatch) -> None:
+    """BLOCK_SIZE_M under 16 (the stage kernels' multiply-add path): only for 16-bit or MXFP4 weights without TMA or
+    SWAP_AB, only as the power of two holding the pairs per expert, only with its product within 128 registers a
+    thread; such values join the default space only with FMA_IN_SPACE."""
+    from tritune.tuners import fused_moe_tunable as fmt
+
+    decode = MoeProblem(shape(token=1, expert=128, topk=8), "stage1")  # 8 pairs over 128 experts: 1 per expert
+    three = MoeProblem(shape(token=12, expert=8, topk=2), "stage2")  # 24 pairs over 8 experts: 3 per expert
+    fp8 = MoeProblem(shape("per_token", token=1, expert=128, topk=8), "stage1")
+    fma = stage_config(BLOCK_SIZE_M=1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=1)
+    assert _failing(stage_constraints(decode, GPU), fma) == []
+    assert _failing(stage_constraints(three, GPU), fma.replace(BLOCK_SIZE_M=4)) == []
+    assert _failing(stage_constraints(three, GPU), fma.replace(BLOCK_SIZE_M=2)) == [
+        "BLOCK_SIZE_M under 16 only as the power of two holding the pairs per expert"]
+    assert "BLOCK_SIZE_M under 16 only for 16-bit or MXFP4 weights, without TMA or SWAP_AB" in _failing(
+        stage_constraints(fp8, GPU), fma)
+    assert "BLOCK_SIZE_M under 16 only for 16-bit or MXFP4 weights, without TMA or SWAP_AB" in _failing(
+        stage_constraints(decode, GPU), fma.replace(USE_TMA=1))
+    wide = fma.replace(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=1)  # 1 x 256 x 128 fp32
+    assert _failing(stage_constraints(decode, GPU), wide) == ["multiply-add product > 128 registers per thread"]
+    assert _failing(stage_constraints(decode, GPU), wide.replace(num_warps=8)) == []  # 8 warps share it
+    assert 1 not in FusedMoeTunable().space(decode, GPU).params["BLOCK_SIZE_M"]
+    monkeypatch.setattr(fmt, "FMA_IN_SPACE", True)
+    space = FusedMoeTunable().space(decode, GPU)
+    assert space.params["BLOCK_SIZE_M"][:4] == fmt.FMA_BLOCK_M
+    kept = {c["BLOCK_SIZE_M"] for c in space.prune().kept}
+    assert 1 in kept and not kept & {2, 4, 8}

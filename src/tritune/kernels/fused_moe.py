@@ -106,6 +106,39 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 
 @triton.jit
+def _fma_w_tile(w_base, ws_base, rows, offs_k, k, K, stride_wn, stride_wsn, QUANT: tl.constexpr,
+                EVEN_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """The weight tile of rows `rows`, K indices k + offs_k, as fp32 [BLOCK_N, BLOCK_K] (the weight's own
+    orientation): 16-bit weights upcast, MXFP4 (QUANT 3 or 4) decoded with its scales. Zero past K."""
+    if QUANT == 3 or QUANT == 4:
+        w = mxfp4_tile(w_base, ws_base, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K, tl.float32)
+    else:
+        ptrs = w_base + rows[:, None] * stride_wn + (k + offs_k)[None, :]
+        if EVEN_K:
+            w = tl.load(ptrs)
+        else:
+            w = tl.load(ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _gated_fma(a, w_base, ws_base, offs_n, offs_k, k, K, N, stride_wn, stride_wsn, GATED: tl.constexpr,
+               QUANT: tl.constexpr, EVEN_K: tl.constexpr, acc_g, acc_u, BLOCK_SIZE_N: tl.constexpr,
+               BLOCK_SIZE_K: tl.constexpr):
+    """One K step of the (gate, up) accumulators [BLOCK_M, BLOCK_N] by fp32 multiply-adds, for blocks of fewer than
+    16 pairs (tl.dot needs 16 rows): a [BLOCK_M, BLOCK_K] 16-bit, w rows `offs_n` (gate) and `offs_n + N` (up)."""
+    x = a.to(tl.float32)[:, None, :]
+    w = _fma_w_tile(w_base, ws_base, offs_n, offs_k, k, K, stride_wn, stride_wsn, QUANT, EVEN_K, BLOCK_SIZE_N,
+                    BLOCK_SIZE_K)
+    acc_g += tl.sum(x * w[None, :, :], axis=2)
+    if GATED:
+        w = _fma_w_tile(w_base, ws_base, offs_n + N, offs_k, k, K, stride_wn, stride_wsn, QUANT, EVEN_K,
+                        BLOCK_SIZE_N, BLOCK_SIZE_K)
+        acc_u += tl.sum(x * w[None, :, :], axis=2)
+    return acc_g, acc_u
+
+
+@triton.jit
 def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, BLOCK_SIZE_N: tl.constexpr,
                     BLOCK_SIZE_K: tl.constexpr):
     """acc plus this K step's a · w for MXFP4 rows `rows`, the tile decoded into a's dtype first."""
@@ -230,9 +263,14 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             a = tl.load(a_ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
         if QUANT == 1 and A_QUANT_ON_LOAD:
             a = _round_to_e4m3(tl.clamp(a.to(tl.float32) / row_scale[:, None], -448.0, 448.0)).to(FP8_TL)
-        acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
-                                  a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g, acc_u,
-                                  w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB)
+        if BLOCK_SIZE_M < 16:  # a few pairs: fp32 multiply-adds in registers (fused_moe_config.is_fma)
+            acc_g, acc_u = _gated_fma(a, w_base, ws_base, offs_n, offs_k, k, K, N, stride_wn, stride_wsn, GATED,
+                                      QUANT, EVEN_K, acc_g, acc_u, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        else:
+            acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
+                                      a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g,
+                                      acc_u, w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                                      SWAP_AB)
         a_ptrs += BLOCK_SIZE_K
     if SWAP_AB:
         acc_g = tl.trans(acc_g)

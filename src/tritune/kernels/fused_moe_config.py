@@ -109,12 +109,33 @@ class MoeConfig:
         return m.group(1), MoeConfig(**params)
 
 
+# Stage kernels with BLOCK_SIZE_M under 16 (1, 2, 4 or 8 pairs a block) multiply-add in fp32 registers instead of
+# tl.dot (which needs 16 rows): for decode, where an expert gets one or two pairs, the weight tile goes from memory
+# (and, for MXFP4, its decode) straight into FMAs, with no round trip through shared memory into an MMA layout and
+# no 16-row tile of which one row is real. 16-bit activations with 16-bit or MXFP4 weights; no TMA, SWAP_AB or plan
+# levers (not built for it).
+FMA_QUANTS = ("none", "per_1x32")
+FMA_MAX_BLOCK_M = 8
+
+
+def is_fma(config: MoeConfig) -> bool:
+    """Whether a stage config takes the register multiply-add path (BLOCK_SIZE_M under 16)."""
+    return config.BLOCK_SIZE_M <= FMA_MAX_BLOCK_M
+
+
 def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
     for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
         v = getattr(config, name)
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{config.name(kernel, quant)}: {name}={v} must be a power of two >= 16")
+        if v < 1 or v & (v - 1) or (v < 16 and name != "BLOCK_SIZE_M"):
+            raise ValueError(f"{config.name(kernel, quant)}: {name}={v} must be a power of two >= 16"
+                             + (" (or 1-8 pairs for a stage kernel's multiply-add path)" if name == "BLOCK_SIZE_M"
+                                else ""))
+    if is_fma(config) and (kernel == "1stage" or quant not in FMA_QUANTS or config.USE_TMA or config.SWAP_AB
+                           or any(getattr(config, f) for f in PLAN_FIELDS)):
+        raise ValueError(f"{config.name(kernel, quant)}: BLOCK_SIZE_M under 16 (the multiply-add path) is for stage "
+                         f"kernels with quant {' or '.join(FMA_QUANTS)}, without TMA, SWAP_AB or "
+                         f"{', '.join(PLAN_FIELDS)}")
     if config.KSPLIT < 1 or config.num_warps < 1 or config.num_stages < 1 or config.GROUP_SIZE_M < 1:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:

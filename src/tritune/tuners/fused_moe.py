@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, MoeConfig
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, MoeConfig, is_fma
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
@@ -236,6 +236,8 @@ def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | No
     if device.interpreter and not E2E_LEVER_UNDER_INTERPRETER:
         return None
     if shape.quant in MXFP4_QUANTS:  # the sorted intermediate has not run with MXFP4 weights on a GPU yet
+        return None
+    if is_fma(plan[0]):  # the multiply-add path takes no plan levers
         return None
     if not device.supports_tma or (shape.inter_dim * a_bytes) % 16:
         return None

@@ -17,6 +17,7 @@ import triton
 from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+from tritune.kernels.fused_moe_config import FMA_QUANTS
 from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
@@ -38,6 +39,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
 REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2, fm.MXFP4_A8: 3e-2}
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
+
+# BLOCK_SIZE_M values of the stage kernels' multiply-add path (fused_moe_config.is_fma), in the space only with
+# FMA_IN_SPACE: not yet measured on a GPU against the tl.dot tiles (benchmarks/bench_mxfp4_stages.py --fma times it).
+FMA_BLOCK_M = (1, 2, 4, 8)
+FMA_IN_SPACE = False
 
 STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128),
@@ -187,8 +193,20 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
                    lambda c: quant != "per_1x128"
                    or (b_tiles + 1) * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32)
                    <= (128 if c["num_warps"] == 4 else 192)),
+        # The multiply-add path (BLOCK_SIZE_M under 16, fused_moe_config.is_fma): what it runs, one block height per
+        # row (the power of two holding the pairs an expert gets, so an expert's weights are read by one block), and
+        # its [BLOCK_M, BLOCK_N, BLOCK_K] product within 128 fp32 registers a thread.
+        Constraint("BLOCK_SIZE_M under 16 only for 16-bit or MXFP4 weights, without TMA or SWAP_AB",
+                   lambda c: c["BLOCK_SIZE_M"] >= 16 or (quant in FMA_QUANTS and not c["USE_TMA"]
+                                                         and not c["SWAP_AB"])),
+        Constraint("BLOCK_SIZE_M under 16 only as the power of two holding the pairs per expert",
+                   lambda c: c["BLOCK_SIZE_M"] >= 16 or c["BLOCK_SIZE_M"] == triton.next_power_of_2(mean)),
+        Constraint("multiply-add product > 128 registers per thread",
+                   lambda c: c["BLOCK_SIZE_M"] >= 16
+                   or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] <= 128 * 32 * c["num_warps"]),
         Constraint("8 warps on a tile under 128x64",
-                   lambda c: c["num_warps"] == 4 or b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64),
+                   lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] < 16
+                   or b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64),
         Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
                    lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
         Constraint("BLOCK_SIZE_M under a quarter of the pairs per expert (cap 64)",
@@ -310,6 +328,8 @@ class FusedMoeTunable:
             extra = () if self.one_stage_space else rule_points(problem, device, params)
             return SearchSpace(params, one_stage_constraints(problem, device), extra=extra)
         params = dict(STAGE_SPACE) | dict(self.stage_space or ())
+        if FMA_IN_SPACE and not self.stage_space:
+            params["BLOCK_SIZE_M"] = (*FMA_BLOCK_M, *params["BLOCK_SIZE_M"])
         extra = () if self.stage_space else rule_points(problem, device, params)
         return SearchSpace(params, stage_constraints(problem, device), extra=extra)
 
