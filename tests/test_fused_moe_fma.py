@@ -67,13 +67,17 @@ def test_stage2_multiply_add_matches_the_reference(quant, bm):
     assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
 
 
-def test_whole_two_stage_call_with_multiply_add_stages():
+@pytest.mark.parametrize("quant", ["none", fm.MXFP4])
+def test_whole_two_stage_call_with_multiply_add_stages(quant):
     """Both stages on the multiply-add path in one call, through the bound launch (sort, stages, top-k sum)."""
-    hidden, w1, w2, ids, weights = operands(seed=5)
-    cfg = fma_config(2)
-    out = fm.fused_moe_2stage(hidden.to(DEVICE), w1.half().to(DEVICE), w2.half().to(DEVICE), weights.to(DEVICE),
-                              ids.to(DEVICE), stage1=cfg, stage2=cfg)
-    ref = fused_moe_reference(hidden, w1.half(), w2.half(), weights, ids)
+    hidden, w1, w2, ids, weights = operands(seed=5, inter=64)
+    (q1, s1), (q2, s2) = ((w1.half(), None), (w2.half(), None)) if quant == "none" else (
+        quantize_weights(w1, quant), quantize_weights(w2, quant))
+    cfg = fma_config(2, BLOCK_SIZE_K=32)
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    out = fm.fused_moe_2stage(dev(hidden), dev(q1), dev(q2), dev(weights), dev(ids), stage1=cfg, stage2=cfg,
+                              quant=quant, w1_scale=dev(s1), w2_scale=dev(s2))
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=quant, w1_scale=s1, w2_scale=s2)
     assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 3e-3
 
 

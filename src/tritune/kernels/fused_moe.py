@@ -34,7 +34,7 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting, gemm_blocks
-from tritune.kernels.mxfp4 import mxfp4_dot_scaled, mxfp4_tile
+from tritune.kernels.mxfp4 import decode_e2m1, e8m0_to_fp32, mxfp4_dot_scaled, mxfp4_tile
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
@@ -106,19 +106,33 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
 
 @triton.jit
-def _fma_w_tile(w_base, ws_base, rows, offs_k, k, K, stride_wn, stride_wsn, QUANT: tl.constexpr,
-                EVEN_K: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
-    """The weight tile of rows `rows`, K indices k + offs_k, as fp32 [BLOCK_N, BLOCK_K] (the weight's own
-    orientation): 16-bit weights upcast, MXFP4 (QUANT 3 or 4) decoded with its scales. Zero past K."""
-    if QUANT == 3 or QUANT == 4:
-        w = mxfp4_tile(w_base, ws_base, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K, tl.float32)
+def _fma_w_tile(w_base, rows, offs_k, k, K, stride_wn, EVEN_K: tl.constexpr):
+    """The 16-bit weight tile of rows `rows`, K indices k + offs_k, as fp32 [BLOCK_N, BLOCK_K] (the weight's own
+    orientation). Zero past K."""
+    ptrs = w_base + rows[:, None] * stride_wn + (k + offs_k)[None, :]
+    if EVEN_K:
+        w = tl.load(ptrs)
     else:
-        ptrs = w_base + rows[:, None] * stride_wn + (k + offs_k)[None, :]
-        if EVEN_K:
-            w = tl.load(ptrs)
-        else:
-            w = tl.load(ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
+        w = tl.load(ptrs, mask=(k + offs_k)[None, :] < K, other=0.0)
     return w.to(tl.float32)
+
+
+@triton.jit
+def _fma_mxfp4(x_even, x_odd, w_base, ws_base, rows, k, K, stride_wn, stride_wsn, BLOCK_SIZE_N: tl.constexpr,
+               BLOCK_SIZE_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] sum over K indices [k, k + BLOCK_K) of x · w for MXFP4 rows `rows`, by multiply-adds: each
+    byte's low nibble (element 2j) meets x_even[:, j] and its high nibble x_odd[:, j], so the decoded weights are
+    never interleaved back into K order (the activations are split instead: a tile of a few rows)."""
+    kb = k // 2 + tl.arange(0, BLOCK_SIZE_K // 2)
+    packed = tl.load(w_base + rows[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
+    ks = k // 32 + tl.arange(0, BLOCK_SIZE_K // 32)
+    sc = e8m0_to_fp32(tl.load(ws_base + rows[:, None] * stride_wsn + ks[None, :], mask=ks[None, :] < K // 32,
+                              other=127))[:, :, None]  # [BLOCK_N, BLOCK_K // 32, 1]: one scale per 16 bytes
+    low = tl.reshape(tl.reshape(decode_e2m1(packed & 0xF), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32, 16)) * sc,
+                     (BLOCK_SIZE_N, BLOCK_SIZE_K // 2))
+    high = tl.reshape(tl.reshape(decode_e2m1(packed >> 4), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32, 16)) * sc,
+                      (BLOCK_SIZE_N, BLOCK_SIZE_K // 2))
+    return tl.sum(x_even[:, None, :] * low[None, :, :] + x_odd[:, None, :] * high[None, :, :], axis=2)
 
 
 @triton.jit
@@ -127,14 +141,18 @@ def _gated_fma(a, w_base, ws_base, offs_n, offs_k, k, K, N, stride_wn, stride_ws
                BLOCK_SIZE_K: tl.constexpr):
     """One K step of the (gate, up) accumulators [BLOCK_M, BLOCK_N] by fp32 multiply-adds, for blocks of fewer than
     16 pairs (tl.dot needs 16 rows): a [BLOCK_M, BLOCK_K] 16-bit, w rows `offs_n` (gate) and `offs_n + N` (up)."""
+    if QUANT == 3 or QUANT == 4:  # MXFP4: A split into even and odd K indices, the weights' nibbles left apart
+        x_even, x_odd = tl.split(tl.reshape(a.to(tl.float32), (a.shape[0], BLOCK_SIZE_K // 2, 2)))
+        acc_g += _fma_mxfp4(x_even, x_odd, w_base, ws_base, offs_n, k, K, stride_wn, stride_wsn, BLOCK_SIZE_N,
+                            BLOCK_SIZE_K)
+        if GATED:
+            acc_u += _fma_mxfp4(x_even, x_odd, w_base, ws_base, offs_n + N, k, K, stride_wn, stride_wsn,
+                                BLOCK_SIZE_N, BLOCK_SIZE_K)
+        return acc_g, acc_u
     x = a.to(tl.float32)[:, None, :]
-    w = _fma_w_tile(w_base, ws_base, offs_n, offs_k, k, K, stride_wn, stride_wsn, QUANT, EVEN_K, BLOCK_SIZE_N,
-                    BLOCK_SIZE_K)
-    acc_g += tl.sum(x * w[None, :, :], axis=2)
+    acc_g += tl.sum(x * _fma_w_tile(w_base, offs_n, offs_k, k, K, stride_wn, EVEN_K)[None, :, :], axis=2)
     if GATED:
-        w = _fma_w_tile(w_base, ws_base, offs_n + N, offs_k, k, K, stride_wn, stride_wsn, QUANT, EVEN_K,
-                        BLOCK_SIZE_N, BLOCK_SIZE_K)
-        acc_u += tl.sum(x * w[None, :, :], axis=2)
+        acc_u += tl.sum(x * _fma_w_tile(w_base, offs_n + N, offs_k, k, K, stride_wn, EVEN_K)[None, :, :], axis=2)
     return acc_g, acc_u
 
 
