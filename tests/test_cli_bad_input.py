@@ -155,6 +155,20 @@ def test_a_bad_start_method_is_one_line_before_any_work(command, tmp_path, monke
     assert not out.exists()
 
 
+def test_a_tuning_command_starts_the_fork_server_first_and_a_query_does_not(tmp_path, monkeypatch):
+    """The fork server's imports overlap the CLI's own work: a tuning verb starts it before anything else (here the
+    run then stops at a bad input); `configs` starts nothing."""
+    from tritune.tuning import processes
+
+    started = []
+    monkeypatch.setattr(processes, "start_server_early", lambda: started.append(True))
+    missing = tmp_path / "missing.csv"
+    assert run_cli(["moe", "-i", str(missing), "-o", str(tmp_path / "t.csv"), *ENGINE]) == 2
+    assert started == [True]
+    run_cli(["configs"])
+    assert started == [True]
+
+
 # ---- 3. inputs without rows -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("command", "content", "why"), [
