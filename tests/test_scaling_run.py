@@ -44,6 +44,9 @@ def test_pass_walls_read_from_the_moe_summary():
                                         "retime_first_task_s": 0.8, "start_s": 0.4, "close_s": 2.1, "write_s": 0.3,
                                         "before_tune_s": 3.5}
     assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass
+    walls = scaling.pass_walls(text)
+    assert scaling.with_residual(walls, 115.0)["residual_s"] == round(115.0 - (3.5 + 0.4 + 102.9 + 4.0 + 2.1 + 0.3), 2)
+    assert scaling.with_residual({"search_s": 1.0}, 5.0) == {"search_s": 1.0}  # not every part printed: none
 
 
 def test_compare_efficiency_and_winners():
