@@ -91,20 +91,24 @@ def pass_walls(stdout: str) -> dict[str, float]:
 
 def phase_seconds(out: Path) -> dict[str, float]:
     """Seconds the GPU workers spent per phase (inputs, bind, run, check, time; worker.py's phase_ms) over every passing
-    measurement journaled under `out`, and how many measurements carried them."""
+    measurement journaled under `out`, how many measurements carried them, and how many timings went back from the
+    short park to the full one (TRITUNE_TIMER_PARK short)."""
     totals: dict[str, float] = {}
-    counted = 0
+    counted = retimed = 0
     for path in out.rglob("journal-*.sqlite"):
         with sqlite3.connect(path) as conn:
             if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'measurements'").fetchone():
                 continue  # a journal file opened but never written
             for (extra,) in conn.execute("SELECT extra FROM measurements"):
-                phases = json.loads(extra).get("phase_ms")
+                fields = json.loads(extra)
+                phases = fields.get("phase_ms")
+                retimed += fields.get("short_park_retimed", 0)
                 if phases:
                     counted += 1
                     for name, ms in phases.items():
                         totals[name] = totals.get(name, 0.0) + ms / 1e3
-    return {**{k: round(v, 1) for k, v in sorted(totals.items())}, "measurements": counted}
+    return {**{k: round(v, 1) for k, v in sorted(totals.items())}, "measurements": counted,
+            "short_park_retimed": retimed}
 
 
 def moe_winners(out: Path) -> dict[str, dict]:

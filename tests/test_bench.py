@@ -3,6 +3,7 @@ where a GPU exists)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -120,3 +121,88 @@ def test_first_pass_timings_keep_their_samples_and_merge() -> None:
     assert both.min_us == min(a.samples) and both.max_us == max(b.samples)
     scripted = Timing(5.0, 5.0, 5.0, 4, a.method)  # a timer that keeps no samples: the second run alone
     assert merged(a, scripted) is scripted and merged(scripted, b) is b
+
+
+class _ScriptedEvent:
+    """A CUDA event stand-in: `query()` says whether the GPU has run it (scripted), elapsed_time 2 ms to any end."""
+
+    def __init__(self, log: list, reached: bool) -> None:
+        self.log, self.reached = log, reached
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def query(self) -> bool:
+        return self.reached
+
+    def elapsed_time(self, end: _ScriptedEvent) -> float:
+        return 2.0
+
+
+def _scripted(reached_at: int | None):
+    """(event factory, log): start events from number `reached_at` on have been reached by the GPU when queried."""
+    log: list = []
+    made = [0]
+
+    def event():
+        made[0] += 1
+        index = made[0] - 1  # starts are made first, then ends
+        return _ScriptedEvent(log, reached_at is not None and index >= reached_at)
+
+    return event, log
+
+
+def test_short_park_times_every_call_while_the_host_stays_ahead() -> None:
+    """bench._queued_event_times with scripted events: with the check on and no start event run by the time its call
+    is queued, every call is timed; the park and queueing seconds land in PARK_TOTALS."""
+    from tritune.tuning import bench
+
+    event, log = _scripted(None)
+    fn, slept, synced = Counter(), [], []
+    parked0 = bench.PARK_TOTALS["parked"]
+    times = bench._queued_event_times(fn, 4, None, 0.001, checked=True, event=event, sleep=slept.append,
+                                      synchronize=lambda: synced.append(1))
+    assert times == [2000.0] * 4 and fn.calls == 4 and slept == [0.001] and synced == [1]
+    assert bench.PARK_TOTALS["parked"] == pytest.approx(parked0 + 0.001) and log.count("record") == 8
+
+
+def test_short_park_stops_at_the_first_call_the_gpu_caught_up_with() -> None:
+    """A start event already run when its call is queued whole: that call may hold host gaps, so the queue stops there
+    and nothing is returned (the caller times again with the full park); unchecked, the same is timed as it is."""
+    from tritune.tuning import bench
+
+    event, _ = _scripted(2)  # the third call's start has run
+    fn = Counter()
+    assert bench._queued_event_times(fn, 5, None, 0.001, checked=True, event=event, sleep=lambda s: None,
+                                     synchronize=lambda: None) is None
+    assert fn.calls == 3  # stopped there
+    event, _ = _scripted(2)
+    assert bench._queued_event_times(Counter(), 5, None, 0.001, checked=False, event=event, sleep=lambda s: None,
+                                     synchronize=lambda: None) == [2000.0] * 5
+
+
+def test_a_caught_up_short_park_falls_back_to_the_full_one(monkeypatch) -> None:
+    """_parked_event_times: the short park first (with a flush), the full park when the GPU caught up, counted in
+    PARK_TOTALS["retimed"]; without a flush, or with TRITUNE_TIMER_PARK=full, the full park only."""
+    from tritune.tuning import bench
+
+    calls = []
+
+    def queued(fn, iters, flush, park_s, *, checked):
+        calls.append((round(park_s, 6), checked))
+        return None if checked else [1.0] * iters
+
+    monkeypatch.setattr(bench, "_queued_event_times", queued)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(time, "perf_counter", itertools.cycle([0.0, 1e-5]).__next__)  # one call's host cost: 10 us
+    retimed0 = bench.PARK_TOTALS["retimed"]
+    assert bench._parked_event_times(Counter(), 50, torch.empty(1)) == [1.0] * 50
+    assert calls == [(round(2 * 40e-6 + 50e-6, 6), True), (round(1.5 * 50 * 40e-6, 6), False)]
+    assert bench.PARK_TOTALS["retimed"] == retimed0 + 1
+    calls.clear()
+    bench._parked_event_times(Counter(), 50, None)  # no flush: no margin for the short park
+    assert [checked for _, checked in calls] == [False]
+    calls.clear()
+    monkeypatch.setenv("TRITUNE_TIMER_PARK", "full")
+    bench._parked_event_times(Counter(), 50, torch.empty(1))
+    assert [checked for _, checked in calls] == [False]

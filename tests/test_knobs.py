@@ -7,7 +7,7 @@ import pytest
 from tritune import knobs
 
 ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
-       knobs.START_METHOD)
+       knobs.START_METHOD, knobs.TIMER_PARK)
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,15 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.online_tune() is False
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
     assert knobs.start_method() == "forkserver"  # Linux has it
+
+
+def test_timer_park_values(monkeypatch):
+    assert knobs.timer_park() == "short"
+    monkeypatch.setenv(knobs.TIMER_PARK, " Full ")
+    assert knobs.timer_park() == "full"
+    monkeypatch.setenv(knobs.TIMER_PARK, "long")
+    with pytest.raises(ValueError, match=r"^TRITUNE_TIMER_PARK='long': use one of short, full$"):
+        knobs.timer_park()
 
 
 def test_start_method_values(monkeypatch):

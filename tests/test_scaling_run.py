@@ -80,10 +80,10 @@ def test_worker_phases_summed_from_the_journal(tmp_path):
     with Journal(tmp_path / "gemm" / "journal-dev.sqlite") as journal:
         for i, phases in enumerate([{"inputs": 1000.0, "bind": 5.0, "check": 20.0, "time": 3.0},
                                     {"inputs": 0.0, "bind": 5.0, "check": 20.0, "time": 3.0}, None]):
-            extra = {"phase_ms": phases} if phases else {}
+            extra = {"phase_ms": phases, "short_park_retimed": i} if phases else {}
             journal.record(Measurement("p", Config.of(i=i), Status.OK, time_us=1.0, extra=extra))
     assert scaling.phase_seconds(tmp_path) == {"bind": 0.0, "check": 0.0, "inputs": 1.0, "time": 0.0,
-                                               "measurements": 2}
+                                               "measurements": 2, "short_park_retimed": 1}
 
 
 def test_a_run_past_its_timeout_is_recorded_not_raised(tmp_path):

@@ -22,6 +22,7 @@ LOG_LEVEL = "TRITUNE_LOG_LEVEL"
 ONLINE_TUNE = "TRITUNE_ONLINE_TUNE"
 ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
 START_METHOD = "TRITUNE_START_METHOD"
+TIMER_PARK = "TRITUNE_TIMER_PARK"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -145,6 +146,22 @@ def start_method() -> str:
     return value.lower()
 
 
+TIMER_PARKS = ("short", "full")
+
+
+def timer_park() -> str:
+    """TRITUNE_TIMER_PARK: how long the GPU timers park the GPU while the host queues the timed calls. "short"
+    (default): a head start of about two calls, every call then checked to have been queued whole before the GPU
+    reached it, else timed again with the full park. "full": a sleep covering the whole queue, as before
+    2026-11-26. Anything else is a ValueError."""
+    value = _raw(TIMER_PARK)
+    if value is None:
+        return "short"
+    if value.lower() not in TIMER_PARKS:
+        raise ValueError(f"{TIMER_PARK}={value!r}: use one of {', '.join(TIMER_PARKS)}")
+    return value.lower()
+
+
 # Triton's truthiness for its boolean variables (getenv_bool: lower-cased, not stripped), so tritune and Triton
 # never disagree on whether kernels run in the interpreter.
 _TRITON_TRUE = ("1", "true", "yes", "on", "y")
@@ -179,6 +196,8 @@ KNOBS: tuple[Knob, ...] = (
                                        "Default 10."),
     Knob(START_METHOD, start_method, "How the tuner starts compile processes and GPU workers: forkserver "
                                      "(default; forked from one process that imported torch and Triton) or spawn."),
+    Knob(TIMER_PARK, timer_park, "How long the GPU timers park the GPU while the host queues: short (default; "
+                                 "each call checked, else timed again) or full (a sleep covering the whole queue)."),
 )
 
 

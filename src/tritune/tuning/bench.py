@@ -11,8 +11,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from tritune.knobs import timer_park
 
 CPU_METHOD = "cpu-perf-counter (interpreter: timings meaningless)"
 CPU_EAGER_METHOD = "cpu-perf-counter, back-to-back calls (interpreter: timings meaningless)"
@@ -24,7 +27,7 @@ _FLUSH_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
 # Seconds this process's GPU timers parked the GPU (the sleep asked for) and spent queueing the timed calls behind
 # it, summed: a worker reports each candidate's share, so a tuning run shows whether a busier host lengthens the
 # timing loops (the sleep is sized from one call's host cost) or the GPU does (issue 17).
-PARK_TOTALS = {"parked": 0.0, "queued": 0.0}
+PARK_TOTALS = {"parked": 0.0, "queued": 0.0, "retimed": 0}  # retimed: short parks the GPU caught up with
 
 
 @dataclass(frozen=True)
@@ -94,28 +97,61 @@ def time_kernel(
     return _of_samples(times_us, method)
 
 
+# The GPU is parked on a sleep while the host queues the timed calls. A sleep sized to cover the whole queue (1.5 x
+# calls x (one call's host cost + 30 us)) asked for 51 s behind 27 s of queueing in a 1-GPU MoE tune (4x H200,
+# 2026-11-26): time the GPU spent idle. With the L2 flush before each call the GPU's time per call (the flush alone
+# is tens of us) is mostly longer than the host's, so after a short head start the host stays ahead of the GPU.
+# The short park (TRITUNE_TIMER_PARK, default "short") tries that first and checks every call: once a call is
+# queued whole, the GPU must not have reached its start event yet (a CUDA event query), else something in it may
+# have waited on the host. The first call that fails sends the timing back to the full park. Without a flush there
+# is no such margin, and the full park is used.
+
+
 def _parked_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor | None) -> list[float]:
     """µs of each of `iters` calls of `fn` (warm already), each between CUDA events and preceded by zeroing `flush`
-    when given; the GPU is parked on a sleep while the host queues every timed call, so a kernel shorter than its
+    when given; the GPU is parked on a sleep while the host queues the timed calls, so a kernel shorter than its
     own launch overhead is timed back to back (GPU time, as under CUDA graphs) rather than with the host's gaps."""
     t0 = time.perf_counter()
     fn()  # host cost of one call (Python, argument binding, launch), to size the sleep
     host_s = time.perf_counter() - t0
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    park_s = min(2.0, 1.5 * iters * (host_s + 30e-6))
-    torch.cuda._sleep(int(park_s * _SLEEP_CYCLES_PER_S))
+    if flush is not None and timer_park() == "short":
+        times = _queued_event_times(fn, iters, flush, min(2.0, 2.0 * (host_s + 30e-6) + 50e-6), checked=True)
+        if times is not None:
+            return times
+        PARK_TOTALS["retimed"] += 1
+    return _queued_event_times(fn, iters, flush, min(2.0, 1.5 * iters * (host_s + 30e-6)), checked=False)
+
+
+def _queued_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor | None, park_s: float, *,
+                        checked: bool, event: Callable[[], Any] | None = None,
+                        sleep: Callable[[float], None] | None = None,
+                        synchronize: Callable[[], None] | None = None) -> list[float] | None:
+    """Park the GPU `park_s` seconds, queue the timed calls, then µs per call. `checked`: None (after stopping the
+    queue) as soon as a call's start event has run by the time the call is queued whole: the GPU caught up with the
+    host, so that call may include host gaps. `event`, `sleep`, `synchronize`: CUDA's by default (tests script them)."""
+    event = event or (lambda: torch.cuda.Event(enable_timing=True))
+    sleep = sleep or (lambda s: torch.cuda._sleep(int(s * _SLEEP_CYCLES_PER_S)))
+    synchronize = synchronize or torch.cuda.synchronize
+    starts = [event() for _ in range(iters)]
+    ends = [event() for _ in range(iters)]
+    sleep(park_s)
     t0 = time.perf_counter()
+    ahead = True
     for start, end in zip(starts, ends, strict=True):
         if flush is not None:
             flush.zero_()
         start.record()
         fn()
         end.record()
+        if checked and start.query():
+            ahead = False
+            break
     PARK_TOTALS["queued"] += time.perf_counter() - t0
     PARK_TOTALS["parked"] += park_s
-    torch.cuda.synchronize()
+    synchronize()
+    if not ahead:
+        return None
     return [1000.0 * start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
 
 

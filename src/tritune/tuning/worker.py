@@ -140,7 +140,7 @@ class _Runner:
         problem, config = task.problem, task.config
         key = _safe_key(problem)
         self.phases = {}
-        parked0, queued0 = PARK_TOTALS["parked"], PARK_TOTALS["queued"]
+        parked0, queued0, retimed0 = PARK_TOTALS["parked"], PARK_TOTALS["queued"], PARK_TOTALS["retimed"]
         self._mark = time.perf_counter()
         try:
             state = self.prepare(problem)
@@ -161,10 +161,13 @@ class _Runner:
             self.forget()
             return measurement
         phases = {name: round(ms, 3) for name, ms in self.phases.items()}
+        extra = {**measurement.extra, "phase_ms": phases}
         if PARK_TOTALS["parked"] > parked0:
             phases["timer_parked"] = round(1e3 * (PARK_TOTALS["parked"] - parked0), 3)
             phases["timer_queued"] = round(1e3 * (PARK_TOTALS["queued"] - queued0), 3)
-        return dataclasses.replace(measurement, extra={**measurement.extra, "phase_ms": phases})
+        if PARK_TOTALS["retimed"] > retimed0:  # timings whose short park the GPU caught up with
+            extra["short_park_retimed"] = PARK_TOTALS["retimed"] - retimed0
+        return dataclasses.replace(measurement, extra=extra)
 
     def _phase(self, name: str) -> None:
         """Add the time since the last phase ended (since `run` began, for the first) to phase `name`."""
