@@ -206,3 +206,27 @@ def test_a_caught_up_short_park_falls_back_to_the_full_one(monkeypatch) -> None:
     monkeypatch.setenv("TRITUNE_TIMER_PARK", "full")
     bench._parked_event_times(Counter(), 50, torch.empty(1))
     assert [checked for _, checked in calls] == [False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: the short park's event checks")
+def test_short_and_full_parks_agree_and_a_host_bound_call_takes_the_full_one(monkeypatch) -> None:
+    """On a GPU: a GPU-bound call times the same under the short park as under the full one; a call whose host cost
+    dwarfs its GPU time (a host sleep) fails the short park's check and is timed with the full park."""
+    from tritune.tuning import bench
+
+    x = torch.randn(2048, 2048, device="cuda")
+    short = time_kernel(lambda: torch.mm(x, x), iters=30)
+    monkeypatch.setenv("TRITUNE_TIMER_PARK", "full")
+    full = time_kernel(lambda: torch.mm(x, x), iters=30)
+    assert abs(short.median_us / full.median_us - 1) < 0.1
+    monkeypatch.delenv("TRITUNE_TIMER_PARK")
+    y = torch.zeros(1, device="cuda")
+
+    def host_bound() -> None:
+        time.sleep(0.002)  # 2 ms of host per call, far over the flush's GPU time
+        y.add_(1)
+
+    retimed0 = bench.PARK_TOTALS["retimed"]
+    timing = time_kernel(host_bound, iters=10, warmup=1)
+    assert bench.PARK_TOTALS["retimed"] == retimed0 + 1
+    assert timing.median_us < 1000.0  # the add's GPU time, not the host's 2 ms
