@@ -299,3 +299,22 @@ def test_heuristic_split_k() -> None:
     assert heuristic_config("bf16", 1, 4096, 4096).NUM_KSPLIT == 1  # K too short to pay a second launch
     assert heuristic_config("bf16", 1, 53, 1031).NUM_KSPLIT == 1  # one tile, but K 1031 is short
     assert heuristic_config("bf16", 4096, 4096, 4096).NUM_KSPLIT == 1  # the grid fills the SMs
+
+
+@pytest.mark.parametrize(("kernel", "m", "n", "k"), [
+    ("bf16", 1000, 6144, 4096),
+    ("a8w8_blockscale", 4096, 24576, 7168),  # the rule's warp-specialised tile: no default-space value has it
+    ("a8w8", 1, 2112, 7168),  # the rule's BLOCK_SIZE_N 32: not a default-space value
+])
+def test_the_rule_tables_config_is_always_measured(kernel, m, n, k) -> None:
+    """On a GPU the space holds the op's untuned choice whatever the constraints say (`SearchSpace.extra`), so a
+    tuned shape is never one the op beats untuned; not under the interpreter, and not with --search-space."""
+    from tritune.tuners.gemm_tunable import config_of
+
+    gpu = dataclasses.replace(DEV, interpreter=False)
+    problem = GemmProblem(kernel, m, n, k)
+    (point,) = GemmTunable().space(problem, gpu).extra
+    assert config_of(point) == heuristic_config(kernel, m, n, k, gpu.sm_count)
+    assert point in GemmTunable().space(problem, gpu).prune().kept
+    assert GemmTunable().space(problem, DEV).extra == ()
+    assert GemmTunable(space_params=(("num_stages", (3,)),)).space(problem, gpu).extra == ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from tritune.kernels.gemm import TAGS
 from tritune.kernels.quant import quantize_blocks, quantize_rows
 from tritune.knobs import interpreting
 from tritune.ops.gemm import gemm as op_gemm
-from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale
+from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale, heuristic_config
 from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
@@ -148,6 +149,18 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     )
 
 
+def rule_points(problem: GemmProblem, device: DeviceInfo) -> tuple[Config, ...]:
+    """The rule table's config for `problem` on `device` as a search-space point: the space's parameters and any
+    other field the rule sets (so `config_of` gives back exactly that config); none under the interpreter."""
+    if device.interpreter:
+        return ()
+    rule = heuristic_config(problem.kernel, problem.M, problem.N, problem.K, device.sm_count)
+    defaults = gk.GemmConfig()
+    params = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)
+              if f.name in DEFAULT_SPACE or getattr(rule, f.name) != getattr(defaults, f.name)}
+    return (Config.from_dict(params),)
+
+
 def config_of(config: Config) -> gk.GemmConfig:
     """The launch config of a search-space point: the one place an engine Config becomes a GemmConfig (the ops read
     stored configs through `ops.offgrid.gemm_entries`, the same conversion of the same parameters)."""
@@ -165,8 +178,14 @@ class GemmTunable:
     max_mismatch_ratio: float = 1e-3
 
     def space(self, problem: GemmProblem, device: DeviceInfo) -> SearchSpace:
-        space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES)
-        return space.with_params(dict(self.space_params)) if self.space_params else space
+        """The default space and its rules, with the op's own untuned choice (the rule table's config) always
+        measured (`SearchSpace.extra`), so a tuned shape is never one the op beats untuned; a --search-space
+        override replaces the lists and measures only what it lists."""
+        if self.space_params:
+            space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES)
+            return space.with_params(dict(self.space_params))
+        return SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES,
+                           extra=rule_points(problem, device))
 
     def make_inputs(self, problem: GemmProblem, device: torch.device, seed: int) -> dict:
         # Drawn where they are used: on the CPU an 8192 x 14336 operand took about a second, and a worker of a 4-GPU
