@@ -259,3 +259,24 @@ def test_torch_loop_baseline_matches_the_reference(problem):
     out = torch_baseline(problem, inputs, use_grouped_mm=False)()
     result = check_output(out, TUNABLE.reference(problem, inputs), TUNABLE.tolerance(problem))
     assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_ops_untuned_choice_is_always_measured_on_a_gpu(gemm, kernel, monkeypatch):
+    """On a GPU (scripted here: CUDA available, capability 9.0) the space holds the op's untuned choice as a point
+    that `kernel_config` maps back to exactly it; none under the interpreter or with an override."""
+    from tritune.ops.grouped_gemm import heuristic_configs
+    from tritune.tuners.grouped_gemm_tunable import rule_points
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    shape = GroupedGemmShape(num_experts=64, hidden_size=2048, intermediate_size=1408, topk=6, seqlen=4096,
+                             dtype="bf16")
+    problem = GroupedGemmProblem(shape, gemm, kernel)
+    (p,) = TUNABLE.space(problem, H100).extra
+    rule = getattr(heuristic_configs(problem.n, problem.k, 4096 * 6 / 64, problem.permute_x, problem.permute_y,
+                                     torch.device("cuda")), kernel)
+    assert kernel_config(problem, p) == rule and p in TUNABLE.space(problem, H100).prune().kept
+    assert rule_points(problem, dataclasses.replace(H100, interpreter=True)) == ()
+    assert GroupedGemmTunable(space_params=tuple(INTERPRETER_SPACE.items())).space(problem, H100).extra == ()

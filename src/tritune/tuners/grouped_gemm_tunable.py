@@ -20,7 +20,7 @@ from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_reference,
 )
 from tritune.knobs import interpreting
-from tritune.ops.grouped_gemm import run_dw, run_dx, run_forward
+from tritune.ops.grouped_gemm import heuristic_configs, run_dw, run_dx, run_forward
 from tritune.ops.routing import sample_routing
 from tritune.tuners.grouped_gemm_tuning import (
     BACKWARD_DW_RULES,
@@ -150,6 +150,24 @@ class GroupedGemmProblem:
     def permute_y(self) -> bool:
         """down's role: its forward scatters Y into pair order, its dX and dW gather dY from pair order."""
         return self.gemm == "down"
+
+
+def rule_points(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Config, ...]:
+    """The op's untuned choice for `problem` (`ops.grouped_gemm.heuristic_configs`, the kernel's config of the
+    three) as a search-space point, where one gives back exactly that config through `kernel_config`; none under
+    the interpreter or without CUDA."""
+    if device.interpreter or not torch.cuda.is_available():
+        return ()
+    s = problem.shape
+    configs = heuristic_configs(problem.n, problem.k, s.seqlen * s.topk / s.num_experts, problem.permute_x,
+                                problem.permute_y, torch.device("cuda"))
+    rule = getattr(configs, problem.kernel)
+    first, second = _TMA_FIELDS[problem.kernel]
+    point = Config.of(BLOCK_SIZE_M=rule.BLOCK_SIZE_M, BLOCK_SIZE_N=rule.BLOCK_SIZE_N, BLOCK_SIZE_K=rule.BLOCK_SIZE_K,
+                      num_warps=rule.num_warps, num_stages=rule.num_stages, flatten=bool(rule.flatten),
+                      use_tma_load_a=bool(getattr(rule, first)), use_tma_load_b=bool(getattr(rule, second)),
+                      use_tma_store=bool(rule.use_tma_store), fuse_permute=bool(rule.permute_x or rule.permute_y))
+    return (point,) if kernel_config(problem, point) == rule else ()
 
 
 def kernel_config(problem: GroupedGemmProblem, config: Config) -> KernelConfig:
@@ -296,8 +314,13 @@ class GroupedGemmTunable:
     space_params: tuple[tuple[str, tuple], ...] | None = None  # overrides (interpreter space, --search-space)
 
     def space(self, problem: GroupedGemmProblem, device: DeviceInfo) -> SearchSpace:
-        space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES)
-        return space.with_params(dict(self.space_params)) if self.space_params else space
+        """The default space and its rules, with the op's untuned choice on a GPU always measured
+        (`SearchSpace.extra`); an override (interpreter space, --search-space) measures only what it lists."""
+        if self.space_params:
+            space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES)
+            return space.with_params(dict(self.space_params))
+        return SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES,
+                           extra=rule_points(problem, device))
 
     def make_inputs(self, problem: GroupedGemmProblem, device: torch.device, seed: int) -> dict:
         return make_grouped_inputs(problem, device, seed)
