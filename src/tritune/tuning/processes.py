@@ -11,7 +11,9 @@ context.
 
 A forked child inherits the server's environment, fixed when the server started, not the parent's now: every child
 entry point adopts the parent's environment (`parent_env` / `adopt_env`), so a knob set after the server started
-reaches the children as it does with spawn.
+reaches the children as it does with spawn. One thing adoption cannot change: Triton's own library functions were
+decorated in the server, in the TRITON_INTERPRET mode it had then, so that variable must be settled before the server
+starts (the CLI decides it first; a process that flips it between tunes should use spawn).
 """
 
 from __future__ import annotations
