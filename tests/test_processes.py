@@ -84,3 +84,17 @@ def test_compile_pool_and_workers_run_forked_from_the_server(monkeypatch):
         results = run_all(ex, [Task(0, AddProblem(100), Config.of(mode="good")),
                                Task(1, AddProblem(100), Config.of(mode="wrong"))])
     assert results[0].ok and results[1].status is Status.WRONG_ANSWER
+
+
+def test_the_fork_servers_preload_imports_and_leaves_cuda_alone():
+    """Every module the server preloads imports (a failing one is skipped silently by multiprocessing, so it is
+    checked here), and importing them initialises no CUDA (a child forked after that could not)."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys, torch\n"
+            f"for name in {FORKSERVER_PRELOAD!r}: importlib.import_module(name)\n"
+            "sys.exit(3 if torch.cuda.is_initialized() else 0)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
