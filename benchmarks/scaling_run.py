@@ -90,9 +90,9 @@ def pass_walls(stdout: str) -> dict[str, float]:
 
 
 def phase_seconds(out: Path) -> dict[str, float]:
-    """Seconds the GPU workers spent per phase (inputs, bind, run, check, time; worker.py's phase_ms) over every passing
-    measurement journaled under `out`, how many measurements carried them, and how many timings went back from the
-    short park to the full one (TRITUNE_TIMER_PARK short)."""
+    """Seconds the GPU workers spent per phase (inputs, bind, run, rerun, check, time; worker.py's phase_ms) over every
+    passing measurement journaled under `out`, how many measurements carried them, and how many timings went back
+    from the short park to the full one (TRITUNE_TIMER_PARK short)."""
     totals: dict[str, float] = {}
     counted = retimed = 0
     for path in out.rglob("journal-*.sqlite"):

@@ -131,12 +131,13 @@ class _Runner:
         """Measure one candidate; never raises (but Ctrl-C). Calls `started()` once inputs are ready.
 
         A passing measurement's extra["phase_ms"] says where the worker's time went (inputs: building the problem's
-        inputs and reference, 0 when kept from the last candidate; bind: the launcher; run: the two checked runs up to
-        their sync, the first loading the binary; check: comparing their outputs with the reference; time: the
-        timer): what sets a tuning run's pace besides the GPU time itself. On 4 H200s the runs took 26-42% more
-        seconds than on 1 GPU while the comparisons took the same (issue 17). Two figures inside "time" come with
-        them: timer_parked (the sleeps the GPU timers asked for) and timer_queued (the host's time queueing the timed
-        calls behind them); extra["short_park_retimed"] counts timings repeated behind the full park."""
+        inputs and reference, 0 when kept from the last candidate; bind: the launcher; run: the first checked run up to
+        its sync, which loads the binary; rerun: the checked run after timing; check: comparing their outputs with
+        the reference; time: the timer): what sets a tuning run's pace besides the GPU time itself. On 4 H200s the
+        checked runs took 26-42% more seconds than on 1 GPU while the comparisons took the same (issue 17). Two
+        figures inside "time" come with them: timer_parked (the sleeps the GPU timers asked for) and timer_queued
+        (the host's time queueing the timed calls behind them); extra["short_park_retimed"] counts timings repeated
+        behind the full park."""
         problem, config = task.problem, task.config
         key = _safe_key(problem)
         self.phases = {}
@@ -193,7 +194,7 @@ class _Runner:
         timing, stopped = self._time_first_pass(fn, cutoff_us)
         self._phase("time")
         # Checked again after timing: a kernel that races or corrupts state only under repetition fails too.
-        second = self._checked_run(fn, state, tol)
+        second = self._checked_run(fn, state, tol, "rerun")
         self._phase("check")
         if not second.passed:
             return _wrong_answer(state.key, config, second, "after timing: ")
@@ -233,7 +234,7 @@ class _Runner:
         eager = s.timers.eager(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         graph = s.timers.graph(fn, iters=s.iters, warmup=s.warmup, flush_l2=s.flush_l2, l2_bytes=self.l2_bytes)
         self._phase("time")
-        second = self._checked_run(fn, state, tol)  # a graph replay writes `out` too: check the eager path again
+        second = self._checked_run(fn, state, tol, "rerun")  # a graph replay writes `out` too: check eager again
         self._phase("check")
         if not second.passed:
             return _wrong_answer(state.key, config, second, "after timing as the op runs: ")
@@ -245,11 +246,12 @@ class _Runner:
                            rel_l2_err=max(first.rel_l2_err, second.rel_l2_err), extra=extra,
                            eager_us=eager.median_us, graph_us=graph.median_us)
 
-    def _checked_run(self, fn: Callable[[], None], state: _ProblemState, tol: Tolerance) -> CheckResult:
+    def _checked_run(self, fn: Callable[[], None], state: _ProblemState, tol: Tolerance,
+                     phase: str = "run") -> CheckResult:
         self._poison(state.out)
         fn()
         self._sync()  # so an asynchronous CUDA error is raised here and blamed on this candidate
-        self._phase("run")  # the caller's next phase, "check", is then the comparison alone
+        self._phase(phase)  # the caller's next phase, "check", is then the comparison alone
         return self._check_output(state.out, state.ref, tol)
 
     def _sync(self) -> None:
