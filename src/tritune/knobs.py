@@ -138,12 +138,8 @@ def start_method() -> str:
     Python and imports torch and Triton itself (seconds each; 64 at once on a large machine). Where the platform has
     no fork server, spawn. Anything else is a ValueError.
     """
-    value = _raw(START_METHOD)
-    if value is None:
-        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    if value.lower() not in START_METHODS:
-        raise ValueError(f"{START_METHOD}={value!r}: use one of {', '.join(START_METHODS)}")
-    return value.lower()
+    return _one_of(START_METHOD, START_METHODS,
+                   "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
 
 
 TIMER_PARKS = ("short", "full")
@@ -154,11 +150,17 @@ def timer_park() -> str:
     (default): a head start of about two calls, every call then checked to have been queued whole before the GPU
     reached it, else timed again with the full park. "full": a sleep covering the whole queue, as before
     2026-11-26. Anything else is a ValueError."""
-    value = _raw(TIMER_PARK)
+    return _one_of(TIMER_PARK, TIMER_PARKS, "short")
+
+
+def _one_of(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The variable's value, lower-cased, which must be one of `choices` (ValueError naming it otherwise); `default`
+    when unset."""
+    value = _raw(name)
     if value is None:
-        return "short"
-    if value.lower() not in TIMER_PARKS:
-        raise ValueError(f"{TIMER_PARK}={value!r}: use one of {', '.join(TIMER_PARKS)}")
+        return default
+    if value.lower() not in choices:
+        raise ValueError(f"{name}={value!r}: use one of {', '.join(choices)}")
     return value.lower()
 
 

@@ -181,11 +181,9 @@ class GemmTunable:
         """The default space and its rules, with the op's own untuned choice (the rule table's config) always
         measured (`SearchSpace.extra`), so a tuned shape is never one the op beats untuned; a --search-space
         override replaces the lists and measures only what it lists."""
-        if self.space_params:
-            space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES)
-            return space.with_params(dict(self.space_params))
-        return SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES,
-                           extra=rule_points(problem, device))
+        extra = () if self.space_params else rule_points(problem, device)
+        space = SearchSpace(dict(DEFAULT_SPACE), gemm_constraints(problem, device), SPACE_RULES, extra)
+        return space.with_params(dict(self.space_params)) if self.space_params else space
 
     def make_inputs(self, problem: GemmProblem, device: torch.device, seed: int) -> dict:
         # Drawn where they are used: on the CPU an 8192 x 14336 operand took about a second, and a worker of a 4-GPU

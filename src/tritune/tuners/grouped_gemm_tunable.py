@@ -316,11 +316,9 @@ class GroupedGemmTunable:
     def space(self, problem: GroupedGemmProblem, device: DeviceInfo) -> SearchSpace:
         """The default space and its rules, with the op's untuned choice on a GPU always measured
         (`SearchSpace.extra`); an override (interpreter space, --search-space) measures only what it lists."""
-        if self.space_params:
-            space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES)
-            return space.with_params(dict(self.space_params))
-        return SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES,
-                           extra=rule_points(problem, device))
+        extra = () if self.space_params else rule_points(problem, device)
+        space = SearchSpace(dict(DEFAULT_SPACE), grouped_gemm_constraints(problem, device), SPACE_RULES, extra)
+        return space.with_params(dict(self.space_params)) if self.space_params else space
 
     def make_inputs(self, problem: GroupedGemmProblem, device: torch.device, seed: int) -> dict:
         return make_grouped_inputs(problem, device, seed)
