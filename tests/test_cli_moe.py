@@ -405,17 +405,20 @@ def test_the_rule_tables_plan_joins_the_end_to_end_candidates(monkeypatch):
     stage2 = _stage_result("stage2", [(rule2, 520.0), (other, 480.0)])
     picked = fmoe_tuner.choose(stage1, stage2, None)
     assert [c.plan for c in picked] == [(other, other)]
-    chosen = fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, big, gpu)
+    assert fmoe_tuner.rule_plan_applies(gpu)
+    chosen = fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, (rule1, rule2))
     assert chosen[0] == picked[0] and len(chosen) == 2
     assert chosen[1].plan == (rule1, rule2) and (chosen[1].us1, chosen[1].us2) == (540.0, 520.0)
-    assert fmoe_tuner.with_rule_plan(chosen, stage1, stage2, None, big, gpu) == chosen  # already there
+    assert fmoe_tuner.with_rule_plan(chosen, stage1, stage2, None, (rule1, rule2)) == chosen  # already there
     unchecked = _stage_result("stage2", [(other, 480.0)], failed=(rule2,))
-    assert fmoe_tuner.with_rule_plan(picked, stage1, unchecked, None, big, gpu) == picked  # its stage 2 failed
-    assert fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, big, DEV) == picked  # interpreted: off
+    assert fmoe_tuner.with_rule_plan(picked, stage1, unchecked, None, (rule1, rule2)) == picked  # stage 2 failed
+    assert not fmoe_tuner.rule_plan_applies(DEV)  # interpreted: off, so the caller passes no plan
+    assert fmoe_tuner.with_rule_plan(picked, stage1, stage2, None, None) == picked
     monkeypatch.setattr(fmt, "RULE_PLAN_UNDER_INTERPRETER", True)
     one_rule, none = fmt.rule_plan(SHAPE_A, DEV)
     assert none is None  # a 1-stage rule plan
     one = _stage_result("1stage", [(one_rule, 30.0)])
     fast = fmoe_tuner.Choice((SMALL, SMALL), 2.0, 0.0, 3.0, 0.0)
-    with_one = fmoe_tuner.with_rule_plan([fast], stage1, stage2, one, SHAPE_A, DEV)
+    assert fmoe_tuner.rule_plan_applies(DEV)
+    with_one = fmoe_tuner.with_rule_plan([fast], stage1, stage2, one, (one_rule, None))
     assert with_one == [fast, fmoe_tuner.Choice((one_rule, None), 30.0, 0.01)]

@@ -262,14 +262,11 @@ def rule_plan_applies(device: DeviceInfo) -> bool:
 
 
 def with_rule_plan(choices: list[Choice], stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | None,
-                   shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
-    """`choices` and, last (so that a tie keeps the tuner's pick), the rule table's plan for the row with its stages'
-    measured times (`rule_plan`; the stage search always measures them), unless a choice already runs that plan,
-    the stages did not pass, or it is off under the interpreter."""
-    if not rule_plan_applies(device):
-        return choices
-    plan = rule_plan(shape, device)
-    if any(c.plan == plan for c in choices):
+                   plan: Plan | None) -> list[Choice]:
+    """`choices` and, last (so that a tie keeps the tuner's pick), the rule table's plan for the row (`rule_plan`;
+    None where it does not apply) with its stages' measured times (the stage search always measures them), unless
+    a choice already runs that plan or its stages did not pass."""
+    if plan is None or any(c.plan == plan for c in choices):
         return choices
 
     def measured(result: ProblemResult | None, kernel: MoeConfig) -> Measurement | None:
@@ -391,8 +388,8 @@ def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSe
         if not cs:
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
-        cs = with_rule_plan(with_lever_variant(cs, shape, device), *kind_results, shape, device)
         rule = rule_plan(shape, device) if rule_plan_applies(device) else None
+        cs = with_rule_plan(with_lever_variant(cs, shape, device), *kind_results, rule)
         for c in cs:
             p = MoeProblem(shape, "e2e", req.skew, c.plan)
             choices[p.key()] = c
