@@ -10,33 +10,20 @@ import dataclasses
 import pytest
 import torch
 
+# The MXFP4 stage tests' operands: 7 tokens, top-2 of 4 experts (the last idle), stage 1 K 96 (not a multiple of 64),
+# N 40 under a 64 tile.
+from test_fused_moe_mxfp4 import DEVICE, INTER, TOKENS, TOPK, D, E, operands, rel_l2
+
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, check_plan, moe_stage1, moe_stage2, quantize_weights
 from tritune.kernels.fused_moe_config import is_fma
 from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOKENS, D, INTER, E, TOPK = 5, 96, 40, 4, 2  # stage 1 K 96 (not a multiple of 64); N 40 under a 64 tile
-
 
 def fma_config(bm: int, **changes) -> MoeConfig:
     return dataclasses.replace(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
                                          num_warps=4, num_stages=2), **changes)
-
-
-def operands(seed: int = 0, inter: int = INTER):
-    gen = torch.Generator().manual_seed(seed)
-    hidden = (torch.randn(TOKENS, D, generator=gen) / 2).half()
-    w1 = torch.randn(E, 2 * inter, D, generator=gen) / D**0.5
-    w2 = torch.randn(E, D, inter, generator=gen) / inter**0.5
-    ids = torch.randint(0, E - 1, (TOKENS, TOPK), generator=gen, dtype=torch.int32)  # expert E-1 idle
-    weights = torch.rand(TOKENS, TOPK, generator=gen)
-    return hidden, w1, w2, ids, weights
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("quant", ["none", fm.MXFP4])

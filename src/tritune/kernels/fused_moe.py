@@ -34,7 +34,7 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting, gemm_blocks
-from tritune.kernels.mxfp4 import decode_e2m1, e8m0_to_fp32, mxfp4_dot_scaled, mxfp4_tile
+from tritune.kernels.mxfp4 import decode_e2m1, mxfp4_codes, mxfp4_dot_scaled, mxfp4_tile
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
@@ -123,11 +123,8 @@ def _fma_mxfp4(x_even, x_odd, w_base, ws_base, rows, k, K, stride_wn, stride_wsn
     """[BLOCK_M, BLOCK_N] sum over K indices [k, k + BLOCK_K) of x · w for MXFP4 rows `rows`, by multiply-adds: each
     byte's low nibble (element 2j) meets x_even[:, j] and its high nibble x_odd[:, j], so the decoded weights are
     never interleaved back into K order (the activations are split instead: a tile of a few rows)."""
-    kb = k // 2 + tl.arange(0, BLOCK_SIZE_K // 2)
-    packed = tl.load(w_base + rows[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
-    ks = k // 32 + tl.arange(0, BLOCK_SIZE_K // 32)
-    sc = e8m0_to_fp32(tl.load(ws_base + rows[:, None] * stride_wsn + ks[None, :], mask=ks[None, :] < K // 32,
-                              other=127))[:, :, None]  # [BLOCK_N, BLOCK_K // 32, 1]: one scale per 16 bytes
+    packed, sc = mxfp4_codes(w_base, ws_base, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_K)
+    sc = sc[:, :, None]  # [BLOCK_N, BLOCK_K // 32, 1]: one scale per 16 bytes
     low = tl.reshape(tl.reshape(decode_e2m1(packed & 0xF), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32, 16)) * sc,
                      (BLOCK_SIZE_N, BLOCK_SIZE_K // 2))
     high = tl.reshape(tl.reshape(decode_e2m1(packed >> 4), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32, 16)) * sc,

@@ -79,17 +79,25 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
     The tile is [BLOCK_N, BLOCK_K], the weight's own row-major orientation: a kernel computing tl.dot(a, w) with
     a [BLOCK_M, BLOCK_K] wants w as [BLOCK_K, BLOCK_N], so it calls tl.dot(a, mxfp4_tile(...).T).
     """
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index along the packed row
-    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
+    packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
     low = decode_e2m1(packed & 0xF)  # elements k0 + 2j
     high = decode_e2m1(packed >> 4)  # elements k0 + 2j + 1
     w = tl.interleave(low, high)  # [BLOCK_N, BLOCK_K], element 2j before 2j + 1
+    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 32, 32)) * sc[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(OUT_DTYPE)
+
+
+@triton.jit
+def mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K: tl.constexpr):
+    """The packed bytes [BLOCK_N, BLOCK_K // 2] (uint8, 0 past K) and the fp32 scales [BLOCK_N, BLOCK_K // 32] of
+    rows offs_n, K indices [k0, k0 + BLOCK_K): what every register decode starts from (operands as `mxfp4_tile`)."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte index along the packed row
+    packed = tl.load(w_ptr + offs_n[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2, other=0)
     ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)  # scale index along the row
     # Masked scales read as 127 (scale 1): the codes past K are 0 already, so the products there are exactly 0.
     sc = e8m0_to_fp32(tl.load(scale_ptr + offs_n[:, None] * stride_sn + ks[None, :], mask=ks[None, :] < K // 32,
-                              other=127))  # [BLOCK_N, BLOCK_K // 32]
-    w = tl.reshape(w, (BLOCK_N, BLOCK_K // 32, 32)) * sc[:, :, None]
-    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(OUT_DTYPE)
+                              other=127))
+    return packed, sc
 
 
 @triton.jit
