@@ -144,14 +144,19 @@ def test_a_cache_folder_that_is_a_file_is_one_line_before_any_work(command, tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("variable", "value", "choices"), [
+    ("TRITUNE_START_METHOD", "fork", "spawn, forkserver"),  # the driver holds a CUDA context: never plain fork
+    ("TRITUNE_TIMER_PARK", "long", "short, full"),
+])
 @pytest.mark.parametrize("command", ["gemm", "moe"])
-def test_a_bad_start_method_is_one_line_before_any_work(command, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("TRITUNE_START_METHOD", "fork")  # the driver holds a CUDA context: never plain fork
+def test_a_bad_start_method_is_one_line_before_any_work(command, variable, value, choices, tmp_path, monkeypatch,
+                                                        capsys):
+    monkeypatch.setenv(variable, value)
     out = tmp_path / "out"
     argv = {"gemm": [*GEMM, "-o", str(out)],
             "moe": ["moe", "-i", str(moe_input(tmp_path, ROW)), "-o", str(out / "t.csv")]}[command]
     assert run_cli([*argv, *ENGINE]) == 2
-    assert one_error_line(capsys) == "tritune: error: TRITUNE_START_METHOD='fork': use one of spawn, forkserver"
+    assert one_error_line(capsys) == f"tritune: error: {variable}={value!r}: use one of {choices}"
     assert not out.exists()
 
 
