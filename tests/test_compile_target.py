@@ -45,7 +45,7 @@ def test_compiling_for_answers_triton_and_the_sm_count_then_restores_both():
     with compiling_for(CompileTarget("cuda", 90, 32, 77)):
         assert driver.active.get_current_target() == GPUTarget("cuda", 90, 32)
         assert (driver.active.get_current_device(), driver.active.get_current_stream(0)) == (0, 0)
-        assert gk._num_sms(torch.device("cuda")) == 77  # the persistent GEMM's NUM_SMS, not a GPU query
+        assert gk.programs_per_wave(torch.device("cuda")) == 77  # the persistent GEMM's NUM_SMS, not a GPU query
     assert driver._active is before and process_sm_count() is None
 
 

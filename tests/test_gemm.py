@@ -138,7 +138,7 @@ def test_tail_split_splits_only_the_last_wave(kernel: str, dtype: torch.dtype, M
     answer as the reference, twice (the locks are back at zero), odd K with a short last split."""
     cfg = gk.GemmConfig(16, 32, 32, 8, 4, 2, NUM_KSPLIT=3, TAIL_SPLIT=True)
     tiles = -(-M // 16) * -(-N // 32)
-    sms = gk._num_sms(torch.device(DEVICE))  # the interpreter's 4; a GPU's SMs (these grids are under one wave)
+    sms = gk.programs_per_wave(torch.device(DEVICE))  # the interpreter's 4; a GPU's SMs (these grids: under one wave)
     whole = gk.tail_split_whole_tiles(tiles, sms)
     assert whole == tiles // sms * sms
     grids = []

@@ -198,6 +198,22 @@ def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_sh
             assert s1.BLOCK_SIZE_M == s2.BLOCK_SIZE_M  # one sort serves both stages
 
 
+def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_k_512():
+    """Stage 2 (K = the intermediate size) persistent, its weights through TMA, where the rule table reads the sorted
+    intermediate through TMA and K <= 512; never for MXFP4 (no TMA there) or fp8."""
+    def stage2(tokens, inter, quant="none"):
+        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 128, 8, quant)
+        check_plan(s1, s2, quant)
+        return s2
+
+    for tokens in (1024, 4096, 8192):  # m = 64, 256, 512 pairs per expert
+        s2 = stage2(tokens, 384)
+        assert (s2.PERSISTENT, s2.USE_TMA, s2.SORTED_INTER, s2.KSPLIT) == (1, 1, 2, 1)
+    assert stage2(4096, 512).PERSISTENT == 1 and stage2(4096, 768).PERSISTENT == 0  # K 768: measured even, not set
+    assert stage2(512, 384).PERSISTENT == 0  # m = 32: no sorted intermediate
+    assert stage2(4096, 384, "per_token").PERSISTENT == 0 and stage2(4096, 384, "per_1x32").PERSISTENT == 0
+
+
 def test_moe_rejects_bad_input():
     with pytest.raises(ValueError, match="quant"):
         moe_heuristic(16, 4096, 14336, 8, 2, "int8")

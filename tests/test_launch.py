@@ -492,6 +492,21 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
     assert isinstance(built["a_desc"], tuple) == through_tma
 
 
+@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128"])
+def test_compile_only_builds_the_persistent_stage_2_the_op_binds(monkeypatch, quant):
+    """MoeConfig.PERSISTENT: the persistent kernel takes the same arguments, and compile_only builds it, not the
+    one-tile-a-program kernel."""
+    from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
+
+    cfg = dataclasses.replace(S, USE_TMA=1, SORTED_INTER=2, PERSISTENT=1)
+    stage1 = dataclasses.replace(S, SORTED_INTER=2)
+    bound, compiled = _bound_and_compiled(monkeypatch, _moe_gemm_persistent_kernel, quant, (64, 32), stage1, cfg,
+                                          "stage2", cfg)
+    assert len(bound) == len(compiled) == 1
+    assert _specialization(compiled[0]) == _specialization(bound[0])
+    assert isinstance(_specialization(bound[0])["w_desc"], tuple)
+
+
 @pytest.mark.parametrize("quant", ["none", "per_1x128", "per_1x32"])
 @pytest.mark.parametrize("final_cast", [False, True], ids=["cast-launch", "cast-in-kernel"])
 def test_compile_only_builds_the_1_stage_specialization_the_op_binds(monkeypatch, quant, final_cast):

@@ -26,6 +26,7 @@ from tritune.kernels.fused_moe import (
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here
+from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 from tritune.knobs import interpreting
 
@@ -114,7 +115,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     part_rows = rows if stage1 else numel  # split-K partials: stage 1 in the intermediate's order, stage 2 by pair
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     w_row = k // 2 if q in MXFP4_QUANTS else k  # bytes (elements) of a weight row
-    _moe_gemm_kernel.warmup(
+    kernel_fn = _moe_gemm_persistent_kernel if cfg.PERSISTENT else _moe_gemm_kernel  # the same arguments
+    kernel_fn.warmup(
         a_dt, a_desc, f32, w_dt, w_desc, ws_dt, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
         *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, part_rows * n_w if split else 0, 0,

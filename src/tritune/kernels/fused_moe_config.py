@@ -26,7 +26,7 @@ SCALE_BLOCK = 128
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC", "GATHER_A")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
-OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC")
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT")
 
 
 def act_group(quant: str) -> int:
@@ -62,10 +62,12 @@ class MoeConfig:
     SWAP_AB: int = 0  # stage kernels: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
+    PERSISTENT: int = 0  # stage 2, every load through TMA: 1 = a persistent program walks tiles (fused_moe_persistent)
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
-              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA"}
+              "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA",
+              "PERSISTENT": "PS"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -115,6 +117,7 @@ class MoeConfig:
 # no 16-row tile of which one row is real. 16-bit activations with 16-bit or MXFP4 weights; no TMA, SWAP_AB or plan
 # levers (not built for it).
 FMA_QUANTS = ("none", "per_1x32")
+PERSISTENT_QUANTS = ("none", "per_token", "per_1x128")  # what the persistent stage 2 (fused_moe_persistent) runs
 FMA_MAX_BLOCK_M = 8
 
 
@@ -152,6 +155,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                                                                  or config.SORTED_INTER != 2)):
         raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
+    if config.PERSISTENT not in (0, 1) or (config.PERSISTENT and (
+            kernel != "stage2" or not config.USE_TMA or config.SORTED_INTER != 2 or config.KSPLIT != 1
+            or config.TOPK_ATOMIC or config.SWAP_AB or config.WARP_SPEC or quant not in PERSISTENT_QUANTS)):
+        raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 with every load through "
+                         f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no TOPK_ATOMIC, SWAP_AB or WARP_SPEC, quant "
+                         f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
     if config.SWAP_AB and quant in MXFP4_QUANTS:

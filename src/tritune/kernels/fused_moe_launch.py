@@ -37,6 +37,8 @@ from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_ker
 from tritune.kernels.fused_moe_config import check_compiles_here
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
+from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
+from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
 from tritune.kernels.quant import QuantLaunch
@@ -269,8 +271,15 @@ class MoeLaunch:
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk, bool(cfg.SWAP_AB),
             bool(cfg.WARP_SPEC))]
-        grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
-        self._bind(_moe_gemm_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+        tiles = num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N)
+        if cfg.PERSISTENT:  # same arguments; one program a SM walks the tiles (fused_moe_persistent)
+            if quant_on_load:
+                raise ValueError(f"{cfg.name(kernel, quant)}: PERSISTENT reads a ready fp8 intermediate, not one "
+                                 "quantized on load (FUSE_INTERMEDIATE_QUANT)")
+            fn, grid = _moe_gemm_persistent_kernel, (min(programs_per_wave(w_t.device), tiles), 1)
+        else:
+            fn, grid = _moe_gemm_kernel, (tiles, cfg.KSPLIT)
+        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
         bound = self.calls[-1][0]
         for nth, tma in enumerate(self.tma[first:]):  # this kernel's descriptor parameters, in signature order
             encode = partial(bound.encode, nth=nth)

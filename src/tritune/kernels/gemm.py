@@ -286,7 +286,9 @@ def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (a, b, out))
 
 
-def _num_sms(device: torch.device) -> int:
+def programs_per_wave(device: torch.device) -> int:
+    """How many programs a persistent kernel launches at most: one per SM (a compile process: the SMs it compiles
+    for), 4 in the interpreter."""
     if device.type != "cuda":
         return 4  # interpreter: a few programs exercise the persistent loop
     compiling_for = process_sm_count()  # a compile process has no GPU to ask
@@ -388,7 +390,7 @@ class GemmLaunch:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             self._blocks = ([bm, bk], [bn, bk], c_block(cfg))
-            num_sms = _num_sms(a.device)
+            num_sms = programs_per_wave(a.device)
             self._tail = (M, N, K, *scale_strides, quant, bm, bn, bk, cfg.GROUP_SIZE_M, num_sms, cfg.SCALE_PIPELINE,
                           *tma_options(cfg).values())
             self.main = BoundKernel(
@@ -405,7 +407,7 @@ class GemmLaunch:
         grid = (tiles, cfg.NUM_KSPLIT)
         dp = 0
         if cfg.TAIL_SPLIT:  # the full waves whole, the rest split: one dimension of programs
-            dp = tail_split_whole_tiles(tiles, _num_sms(a.device))
+            dp = tail_split_whole_tiles(tiles, programs_per_wave(a.device))
             grid = (dp + (tiles - dp) * cfg.NUM_KSPLIT, 1)
         self.scratch = Workspace(((torch.float32, cfg.NUM_KSPLIT * M * N),)) if self.split > 1 else None
         stride_c, stride_ck = (N, M * N) if self.split > 1 else (out.stride(0), 0)
@@ -536,7 +538,7 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
             desc(in_dtype, M, K, [bm, bk]), desc(in_dtype, N, K, [bn, bk]), desc(out_dtype, M, N, c_block(cfg)),
             scale_dtype, scale_dtype, M, N, K, s_a, s_b,
             QUANT=quant, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
-            NUM_SMS=_num_sms(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE, **tma_options(cfg),
+            NUM_SMS=programs_per_wave(torch.device("cuda")), SCALE_PIPELINE=cfg.SCALE_PIPELINE, **tma_options(cfg),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,),
         )
         return

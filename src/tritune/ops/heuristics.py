@@ -49,6 +49,9 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - weight tiles through TMA (USE_TMA) when m > 64 on Hopper with 16-byte weight rows (tuned: from m = 128);
 - bf16/fp16 from m = 64 on Hopper (intermediate rows 16-byte multiples): `SORTED_INTER` 2 on both stages (stage 1
   writes the intermediate in the sort's order, stage 2 reads it through TMA);
+- with it, stage 2 persistent (`PERSISTENT`, its weights through TMA too) when its K, the intermediate size, is at most
+  PERSISTENT_MAX_K = 512 (H100, E 128 top-8 I 384, whole op with warm L2: 0.92 / 0.97 / 0.96x at 1024 / 4096 / 8192
+  tokens; at I 768 and 1536 stage 2 is 0.99-1.02x, left to the tuner);
 - MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
@@ -74,6 +77,7 @@ __all__ = ["ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES", "gemm_heuristic", "moe_heu
 SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before split-K's second launch pays
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
+PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 
 # (M upper bound or None, main tiles largest first, fallback tiles). Block-scaled: BLOCK_N capped at 128, no
@@ -246,7 +250,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         # the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
         _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
                                   gated=gated, capability=capability, one_stage=False)
-        return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K)) for c in (s1, s2))
+        return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
+                        for c in (s1, s2))
     if quant not in fm.QUANT_TYPES:
         raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
@@ -287,6 +292,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         # The intermediate in the sort's order, read by stage 2 through TMA (measured on the H100: 0.94-0.99x the
         # plain plan at 13 of 15 bf16 points from m = 64, up to 1.04x at 2; fp8 mixed, left to the tuner).
         stage1, stage2 = replace(stage1, SORTED_INTER=2), replace(stage2, SORTED_INTER=2)
+        if inter_dim <= PERSISTENT_MAX_K and stage2.KSPLIT == 1 and not stage2.SWAP_AB:
+            stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
     return False, stage1, stage2
 
 

@@ -2,9 +2,9 @@
 
 Per row: every stage-1, stage-2 and 1-stage candidate is measured by GPU time (one engine run, so compiles and GPU
 work overlap across rows); the stage pair minimising us1 + us2 per BLOCK_SIZE_M, the fastest pair's variant with the
-sorted intermediate read through TMA (E2E_LEVER_VARIANT) and the best 1-stage are then re-timed end to end as the op
-the user calls (GPU time, eager calls and a CUDA-graph replay), and the one the objective prefers among those that
-pass the gate is written.
+sorted intermediate read through TMA (E2E_LEVER_VARIANT; also with stage 2 persistent, E2E_PERSISTENT_VARIANT) and
+the best 1-stage are then re-timed end to end as the op the user calls (GPU time, eager calls and a CUDA-graph
+replay), and the one the objective prefers among those that pass the gate is written.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from tritune.device import DeviceInfo, interpreter_cost_fault
-from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, MoeConfig, is_fma
+from tritune.kernels.fused_moe_config import FP8_QUANTS, MXFP4_QUANTS, MoeConfig, check_config, is_fma
 from tritune.store.atomic import atomic_write_text, check_writable, path_lock
 from tritune.store.fmoe_csv import merge_tuned, read_tuned, read_untuned, write_tuned
 from tritune.store.fmoe_rows import FmoeShape, FmoeTuned
@@ -227,6 +227,11 @@ def choose(stage1: ProblemResult, stage2: ProblemResult, one: ProblemResult | No
 # (1.04-1.12x slower from 2048 tokens: fp32 atomics into [T, D] cost more than the sum they replace).
 E2E_LEVER_VARIANT = True
 E2E_LEVER_UNDER_INTERPRETER = False  # a speed lever: not worth an interpreted re-time (tests switch it on)
+# With it, the same variant with stage 2 persistent (MoeConfig.PERSISTENT, weights through TMA too), where stage 2
+# can run so (16-bit or fp8 weights, one K split, no SWAP_AB). Measured on the H100 (RESULTS.md, 2026-11-26, the
+# rule table's tiles, warm L2): stage 2 0.80-0.91x the time at E 128 top-8 I 384 (1024-8192 tokens), 0.99-1.02x at
+# I 768 and 1536; a re-time per row, and only the whole op decides.
+E2E_PERSISTENT_VARIANT = True
 
 
 def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | None:
@@ -245,15 +250,32 @@ def lever_variant(plan: Plan, shape: FmoeShape, device: DeviceInfo) -> Plan | No
     return dataclasses.replace(first, SORTED_INTER=2), dataclasses.replace(second, SORTED_INTER=2)
 
 
+def persistent_variant(lever: Plan, shape: FmoeShape) -> Plan | None:
+    """The lever variant `lever` (SORTED_INTER 2) with stage 2 persistent (PERSISTENT 1, its weights through TMA),
+    or None where stage 2 cannot run so (fused_moe_config.check_config's conditions)."""
+    first, second = lever
+    persistent = dataclasses.replace(second, PERSISTENT=1, USE_TMA=1)
+    try:
+        check_config(persistent, "stage2", shape.quant)
+    except ValueError:
+        return None
+    return first, persistent
+
+
 def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
-    """`choices` and, last (so that a tie keeps the plain pair), the lever variant of the fastest stage pair, which
-    carries that pair's stage times (the stages were measured without the lever); unchanged when E2E_LEVER_VARIANT
-    is off, no stage pair passed or the lever does not apply."""
+    """`choices` and, last (so that a tie keeps the plain pair), the lever variants of the fastest stage pair (the
+    sorted intermediate; with E2E_PERSISTENT_VARIANT also that with stage 2 persistent), which carry that pair's
+    stage times (the stages were measured without the levers); unchanged when E2E_LEVER_VARIANT is off, no stage
+    pair passed or the lever does not apply."""
     pair = next((c for c in choices if not c.one_stage), None)
     variant = lever_variant(pair.plan, shape, device) if E2E_LEVER_VARIANT and pair is not None else None
     if variant is None:
         return choices
-    return [*choices, Choice(variant, pair.us1, pair.err1, pair.us2, pair.err2)]
+    variants = [variant]
+    persistent = persistent_variant(variant, shape) if E2E_PERSISTENT_VARIANT else None
+    if persistent is not None:
+        variants.append(persistent)
+    return [*choices, *(Choice(v, pair.us1, pair.err1, pair.us2, pair.err2) for v in variants)]
 
 
 def rule_plan_applies(device: DeviceInfo) -> bool:
