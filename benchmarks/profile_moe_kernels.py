@@ -111,6 +111,9 @@ def profile_point(spec: str, variants: list, args) -> dict:
                                            "kernels": kernel_times(fn, args.iters)}
         except Exception as exc:  # noqa: BLE001 - a variant the kernels refuse is a result
             point["contestants"][label] = {"configs": names, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    if quant not in ("none", "per_1x128"):  # vLLM's per-token fp8 MoE is not among the extracted peers
+        point["contestants"]["vllm"] = {"error": f"no {quant} peer: vllm_moe runs bf16 and 128x128 block fp8"}
+        return point
     try:
         if quant == "none":
             from vllm_moe import VllmMoe
@@ -131,7 +134,8 @@ def profile_point(spec: str, variants: list, args) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vendor-dir", default="peers_vllm")
-    ap.add_argument("--points", required=True, help="comma list of SHAPE:QUANT:TOKENS (QUANT none or per_1x128)")
+    ap.add_argument("--points", required=True, help="comma list of SHAPE:QUANT:TOKENS (QUANT none, per_token or "
+                    "per_1x128; vLLM beside none and per_1x128 only)")
     ap.add_argument("--variant", action="append", default=[], help="as bench_fused_moe_gen2 --variant (repeatable)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", type=pathlib.Path)
