@@ -47,6 +47,25 @@ def test_persistent_stage_2_equals_one_tile_a_program(dims: Dims, quant: str, do
     assert_close(got, fused_moe_reference(*x.args, **kw), quant)
 
 
+@pytest.mark.parametrize(("dims", "quant", "group"), [
+    pytest.param(Dims(tokens=9, topk=8, experts=8, model_dim=48, inter_dim=32), "none", 1, id="top8"),
+    pytest.param(Dims(tokens=21, experts=2, model_dim=96), "none", 4096, id="n-tile-major"),  # one group: N-major
+    pytest.param(Dims(tokens=17, experts=4, model_dim=48, inter_dim=32), "per_token", 4096, id="per_token"),
+])
+def test_persistent_stage_2_sums_the_top_k_slots_with_atomics(dims: Dims, quant: str, group: int) -> None:
+    """TOPK_ATOMIC: every slot's weighted row added into the fp32 [T, D] accumulator (the order varies: close, not
+    bit-equal); GROUP_SIZE_M past the block count walks the tiles N tile by N tile."""
+    x = make_moe(dims, quant, seed=23)
+    kw = x.kw("silu", False)
+    first = dataclasses.replace(FIRST, TOPK_ATOMIC=1, GROUP_SIZE_M=group)
+    ps = dataclasses.replace(PS, TOPK_ATOMIC=1, GROUP_SIZE_M=group)
+    assert ps.name("stage2").endswith("_SI2_TA1_PS1")
+    got = fm.fused_moe_2stage(*x.args, first, ps, **kw)
+    want = fm.fused_moe_2stage(*x.args, first, dataclasses.replace(ps, PERSISTENT=0), **kw)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    assert_close(got, fused_moe_reference(*x.args, **kw), quant)
+
+
 def test_the_name_shows_ps1_and_parses_back() -> None:
     assert PS.name("stage2").endswith("_TMA1_SI2_PS1") and "PS" not in PLAIN.name("stage2")
     assert MoeConfig.parse_name(PS.name("stage2", "per_token")) == ("stage2", PS)
@@ -57,7 +76,6 @@ def test_the_name_shows_ps1_and_parses_back() -> None:
     ("stage2", dataclasses.replace(PS, USE_TMA=0), "none"),
     ("stage2", dataclasses.replace(PS, SORTED_INTER=1), "none"),
     ("stage2", dataclasses.replace(PS, KSPLIT=2), "none"),
-    ("stage2", dataclasses.replace(PS, TOPK_ATOMIC=1), "none"),
     ("stage2", dataclasses.replace(PS, SWAP_AB=1), "none"),
     ("stage2", dataclasses.replace(PS, PERSISTENT=2), "none"),
 ])

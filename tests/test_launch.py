@@ -492,14 +492,14 @@ def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel
     assert isinstance(built["a_desc"], tuple) == through_tma
 
 
-@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128"])
-def test_compile_only_builds_the_persistent_stage_2_the_op_binds(monkeypatch, quant):
+@pytest.mark.parametrize(("quant", "topk_atomic"), [("none", 0), ("per_token", 0), ("per_1x128", 0), ("none", 1)])
+def test_compile_only_builds_the_persistent_stage_2_the_op_binds(monkeypatch, quant, topk_atomic):
     """MoeConfig.PERSISTENT: the persistent kernel takes the same arguments, and compile_only builds it, not the
-    one-tile-a-program kernel."""
+    one-tile-a-program kernel (with TOPK_ATOMIC: the fp32 accumulator and the top-k constexpr)."""
     from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 
-    cfg = dataclasses.replace(S, USE_TMA=1, SORTED_INTER=2, PERSISTENT=1)
-    stage1 = dataclasses.replace(S, SORTED_INTER=2)
+    cfg = dataclasses.replace(S, USE_TMA=1, SORTED_INTER=2, PERSISTENT=1, TOPK_ATOMIC=topk_atomic)
+    stage1 = dataclasses.replace(S, SORTED_INTER=2, TOPK_ATOMIC=topk_atomic)
     bound, compiled = _bound_and_compiled(monkeypatch, _moe_gemm_persistent_kernel, quant, (64, 32), stage1, cfg,
                                           "stage2", cfg)
     assert len(bound) == len(compiled) == 1

@@ -157,9 +157,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
     if config.PERSISTENT not in (0, 1) or (config.PERSISTENT and (
             kernel != "stage2" or not config.USE_TMA or config.SORTED_INTER != 2 or config.KSPLIT != 1
-            or config.TOPK_ATOMIC or config.SWAP_AB or config.WARP_SPEC or quant not in PERSISTENT_QUANTS)):
+            or config.SWAP_AB or config.WARP_SPEC or quant not in PERSISTENT_QUANTS)):
         raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 with every load through "
-                         f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no TOPK_ATOMIC, SWAP_AB or WARP_SPEC, quant "
+                         f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no SWAP_AB or WARP_SPEC, quant "
                          f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")

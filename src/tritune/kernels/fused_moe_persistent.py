@@ -9,7 +9,9 @@ so the next tile's TMA loads are issued while this tile's epilogue runs.
 
 What it runs: the sorted intermediate (SORTED_INTER 2) through its TMA descriptor, the weights through theirs
 (USE_TMA), bf16/fp16 or fp8 (per-token; per_1x128 with each K step's scales), one K split; each row goes back to its
-pair in the epilogue with its routing weight, as `_moe_gemm_kernel` stores it for the top-k sum. Same arguments as
+pair in the epilogue with its routing weight, as `_moe_gemm_kernel` stores it for the top-k sum (or, with
+TOPK_ATOMIC, adds into the fp32 [T, D] accumulator: with GROUP_SIZE_M at least the block count the tiles go N tile by
+N tile, so the accumulator columns being added into, T x BLOCK_N x 4 bytes, can stay in L2). Same arguments as
 `_moe_gemm_kernel` (the launch binds either), the options it does not run pinned by static asserts; the grid is
 (min(SMs, tiles),).
 """
@@ -35,7 +37,7 @@ def _moe_gemm_persistent_kernel(
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column
     of N tiles; each program takes every tl.num_programs(0)-th tile."""
-    tl.static_assert(not GATED and ACT == 2 and KSPLIT == 1 and USE_TMA and A_SORTED == 2 and ATOMIC_TOPK == 0)
+    tl.static_assert(not GATED and ACT == 2 and KSPLIT == 1 and USE_TMA and A_SORTED == 2)
     tl.static_assert(not SWAP_AB and not WARP_SPEC and not A_QUANT_ON_LOAD and AMAX_OUT == 0 and not OUT_SORTED)
     tl.static_assert(QUANT <= 2)  # 16-bit, fp8 per_token, fp8 per_1x128 (BLOCK_SIZE_K dividing 128)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -73,5 +75,10 @@ def _moe_gemm_persistent_kernel(
             acc = acc * a_s[:, None] * w_s[None, :]
         if MUL_WEIGHT:
             acc = acc * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
-        ptrs = out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_n < N)[None, :])
+        mask = row_ok[:, None] & (offs_n < N)[None, :]
+        if ATOMIC_TOPK != 0:  # TOPK_ATOMIC: weight x row added into the fp32 [T, N] accumulator, row token = pair // k
+            tokens = (pairs // ATOMIC_TOPK).to(tl.int64)
+            tl.atomic_add(out_ptr + tokens[:, None] * stride_om + offs_n[None, :], acc, mask=mask, sem="relaxed")
+        else:
+            tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=mask)
