@@ -147,6 +147,7 @@ def test_a_cache_folder_that_is_a_file_is_one_line_before_any_work(command, tmp_
 @pytest.mark.parametrize(("variable", "value", "choices"), [
     ("TRITUNE_START_METHOD", "fork", "spawn, forkserver"),  # the driver holds a CUDA context: never plain fork
     ("TRITUNE_TIMER_PARK", "long", "short, full"),
+    ("TRITUNE_MXFP4_DECODE", "ptx", "ops, asm"),
 ])
 @pytest.mark.parametrize("command", ["gemm", "moe"])
 def test_a_bad_start_method_is_one_line_before_any_work(command, variable, value, choices, tmp_path, monkeypatch,

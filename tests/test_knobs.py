@@ -7,7 +7,7 @@ import pytest
 from tritune import knobs
 
 ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
-       knobs.START_METHOD, knobs.TIMER_PARK)
+       knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE)
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,16 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.online_tune() is False
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
     assert knobs.start_method() == "forkserver"  # Linux has it
+
+
+def test_mxfp4_decode_values(monkeypatch):
+    monkeypatch.delenv(knobs.MXFP4_DECODE, raising=False)
+    assert knobs.mxfp4_decode() == "ops"  # the Triton-ops decode until the PTX one is measured
+    monkeypatch.setenv(knobs.MXFP4_DECODE, "ASM")
+    assert knobs.mxfp4_decode() == "asm"
+    monkeypatch.setenv(knobs.MXFP4_DECODE, "ptx")
+    with pytest.raises(ValueError, match=r"^TRITUNE_MXFP4_DECODE='ptx': use one of ops, asm$"):
+        knobs.mxfp4_decode()
 
 
 def test_timer_park_values(monkeypatch):

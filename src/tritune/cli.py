@@ -444,11 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "configs":
         return _configs(args)
     try:  # how the tuner starts its processes and parks the GPU: a bad value is one line now, not mid-tune
-        from tritune.knobs import start_method, timer_park
+        from tritune.knobs import mxfp4_decode, start_method, timer_park
         from tritune.tuning.processes import start_server_early
 
         start_method()
         timer_park()
+        mxfp4_decode()
         if not on_ray:  # the fork server's imports overlap the device query and reading the rows
             start_server_early()
     except ValueError as exc:

@@ -23,6 +23,7 @@ ONLINE_TUNE = "TRITUNE_ONLINE_TUNE"
 ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
 START_METHOD = "TRITUNE_START_METHOD"
 TIMER_PARK = "TRITUNE_TIMER_PARK"
+MXFP4_DECODE = "TRITUNE_MXFP4_DECODE"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -153,6 +154,17 @@ def timer_park() -> str:
     return _one_of(TIMER_PARK, TIMER_PARKS, "short")
 
 
+MXFP4_DECODES = ("ops", "asm")
+
+
+def mxfp4_decode() -> str:
+    """TRITUNE_MXFP4_DECODE: how the GPU kernels turn MXFP4 weight bytes into bf16. "ops" (default): Triton integer
+    and fp32 ops, about 13 a weight. "asm": packed PTX, two weights a 32-bit register, about 4 a weight
+    (kernels/mxfp4.py); read once, when the kernels are imported. Not yet measured on a GPU. The interpreter always
+    runs "ops". Anything else is a ValueError."""
+    return _one_of(MXFP4_DECODE, MXFP4_DECODES, "ops")
+
+
 def _one_of(name: str, choices: tuple[str, ...], default: str) -> str:
     """The variable's value, lower-cased, which must be one of `choices` (ValueError naming it otherwise); `default`
     when unset."""
@@ -200,6 +212,8 @@ KNOBS: tuple[Knob, ...] = (
                                      "(default; forked from one process that imported torch and Triton) or spawn."),
     Knob(TIMER_PARK, timer_park, "How long the GPU timers park the GPU while the host queues: short (default; "
                                  "each call checked, else timed again) or full (a sleep covering the whole queue)."),
+    Knob(MXFP4_DECODE, mxfp4_decode, "How GPU kernels decode MXFP4 weights to bf16: ops (default; Triton ops) or "
+                                     "asm (packed PTX, two weights a register; unmeasured)."),
 )
 
 
