@@ -36,7 +36,10 @@ def _moe_gemm_persistent_kernel(
     WARP_SPEC: tl.constexpr = False,
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column
-    of N tiles; each program takes every tl.num_programs(0)-th tile."""
+    of N tiles; each program takes every tl.num_programs(0)-th tile.
+
+    Grid: (min(SMs, gemm_blocks · ⌈N/BLOCK_N⌉),) (`gemm.programs_per_wave`).
+    """
     tl.static_assert(not GATED and ACT == 2 and KSPLIT == 1 and USE_TMA and A_SORTED == 2)
     tl.static_assert(not SWAP_AB and not WARP_SPEC and not A_QUANT_ON_LOAD and AMAX_OUT == 0 and not OUT_SORTED)
     tl.static_assert(QUANT <= 2)  # 16-bit, fp8 per_token, fp8 per_1x128 (BLOCK_SIZE_K dividing 128)
