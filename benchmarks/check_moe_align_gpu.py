@@ -30,18 +30,10 @@ SCAN_CASES = [(tokens, 128, 8) for tokens in (1024, 2048, 4096, 8192)] + [(4096,
 
 def sort_kernel_us(ids: torch.Tensor, bm: int, experts: int, iters: int = 20) -> float:
     """GPU µs per sort call: the sum of its kernels' times under torch.profiler (after 3 warm-up calls)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from profile_moe_kernels import device_events  # benchmarks/, beside this script
 
-    for _ in range(3):
-        moe_align_block_size(ids, bm, experts)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            moe_align_block_size(ids, bm, experts)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.name != "[memory]"]
-    return sum(e.time_range.elapsed_us() for e in kernels) / iters
+    events = device_events(lambda: moe_align_block_size(ids, bm, experts), iters)
+    return sum(e.time_range.elapsed_us() for e in events) / iters
 
 
 def self_scan_ab() -> int:

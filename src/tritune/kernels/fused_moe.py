@@ -55,8 +55,12 @@ FP8_TL = tl.constexpr(tl.float8e4nv)  # the e4m3 type in kernels (FP8 is torch's
 
 @triton.jit
 def _pid_mn(num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    return _tile_mn(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
+
+
+@triton.jit
+def _tile_mn(pid, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
     # Grouped ordering: GROUP_SIZE_M row-blocks (mostly of one expert) share weight columns while hot in L2.
-    pid = tl.program_id(0)
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
     group_id = pid // num_pid_in_group
     first_pid_m = group_id * GROUP_SIZE_M

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tritune.kernels.fused_moe import _scaled_dot, _tile_mn
+
 
 @triton.jit
 def _moe_gemm_persistent_kernel(
@@ -47,13 +49,8 @@ def _moe_gemm_persistent_kernel(
     blocks = tl.minimum(tl.cdiv(tl.load(num_post_ptr), BLOCK_SIZE_M), num_pid_m)
     num_tiles = blocks * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
     for tile_id in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
-        group_id = tile_id // num_pid_in_group
-        first_pid_m = group_id * GROUP_SIZE_M
-        group_size_m = tl.minimum(blocks - first_pid_m, GROUP_SIZE_M)
-        pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
-        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        pid_m, pid_n = _tile_mn(tile_id, blocks, num_pid_n, GROUP_SIZE_M)
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         row0 = (pid_m * BLOCK_SIZE_M).to(tl.int32)
         w_row = (expert * N + pid_n * BLOCK_SIZE_N).to(tl.int32)
@@ -61,15 +58,13 @@ def _moe_gemm_persistent_kernel(
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for ki in range(k_tiles):
-            a = a_desc.load([row0, ki * BLOCK_SIZE_K])
-            w = w_desc.load([w_row, ki * BLOCK_SIZE_K])
-            if QUANT == 2:  # per_1x128: each K step scaled by its 1x128 activation and 128x128 weight scales
-                ks = (ki * BLOCK_SIZE_K) // 128
-                a_s = tl.load(a_scale_ptr + rows * stride_asm + ks)
-                w_s = tl.load(w_scale_ptr + expert * stride_wse + (offs_n % N // 128) * stride_wsn + ks)
-                acc += tl.dot(a, w.T) * (a_s[:, None] * w_s[None, :])
-            else:
-                acc = tl.dot(a, w.T, acc)
+            k = ki * BLOCK_SIZE_K
+            a = a_desc.load([row0, k])
+            a_s = rows  # per_1x128 only: this K step's 1x128 activation scales (the weights' inside _scaled_dot)
+            if QUANT == 2:
+                a_s = tl.load(a_scale_ptr + rows * stride_asm + k // 128)
+            acc = _scaled_dot(a, a_s, w_desc.load([w_row, k]).T, w_scale_ptr + expert * stride_wse, offs_n % N, k,
+                              stride_wsn, acc, QUANT, False)
         pairs = tl.load(sorted_ids_ptr + rows)
         row_ok = pairs < numel
         if QUANT == 1:  # per-token: the sorted row's activation scale times the weight row's
