@@ -200,7 +200,7 @@ def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_sh
 
 def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_k_512():
     """Stage 2 (K = the intermediate size) persistent, its weights through TMA, where the rule table reads the sorted
-    intermediate through TMA and K <= 512; never for MXFP4 (no TMA there) or fp8."""
+    intermediate through TMA and K <= 512, fp8 per_token and per_1x128 included; never for MXFP4 (no TMA there)."""
     def stage2(tokens, inter, quant="none"):
         _, s1, s2 = moe_heuristic(tokens, 4096, inter, 128, 8, quant)
         check_plan(s1, s2, quant)
@@ -211,7 +211,12 @@ def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_k_512():
         assert (s2.PERSISTENT, s2.USE_TMA, s2.SORTED_INTER, s2.KSPLIT) == (1, 1, 2, 1)
     assert stage2(4096, 512).PERSISTENT == 1 and stage2(4096, 768).PERSISTENT == 0  # K 768: measured even, not set
     assert stage2(512, 384).PERSISTENT == 0  # m = 32: no sorted intermediate
-    assert stage2(4096, 384, "per_token").PERSISTENT == 0 and stage2(4096, 384, "per_1x32").PERSISTENT == 0
+    for quant in ("per_token", "per_1x128"):
+        for tokens in (1024, 8192):
+            s2 = stage2(tokens, 384, quant)
+            assert (s2.PERSISTENT, s2.USE_TMA, s2.SORTED_INTER, s2.KSPLIT) == (1, 1, 2, 1), (quant, tokens)
+        assert stage2(4096, 768, quant).PERSISTENT == 0 and stage2(512, 384, quant).PERSISTENT == 0
+    assert stage2(4096, 384, "per_1x32").PERSISTENT == 0
 
 
 def test_moe_rejects_bad_input():
@@ -229,6 +234,8 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
 
     assert levers(256) == (2, 2)  # m = 64
     assert levers(252) == (0, 0)  # m = 63
-    assert levers(1024, quant="per_1x128") == (0, 0) and levers(1024, quant="per_token") == (0, 0)  # fp8: tuner's call
+    # fp8: only together with the persistent stage 2 (K <= 512), never alone
+    assert levers(1024, quant="per_1x128") == (0, 0) and levers(1024, quant="per_token") == (0, 0)
+    assert levers(1024, inter=512, quant="per_token") == (2, 2) and levers(1024, inter=512, quant="per_1x128") == (2, 2)
     assert levers(1024, capability=(8, 0)) == (0, 0)  # no TMA
     assert levers(1024, inter=14340) == (0, 0)  # rows of 28680 bytes: not a 16-byte multiple, no descriptor

@@ -52,6 +52,8 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - with it, stage 2 persistent (`PERSISTENT`, its weights through TMA too) when its K, the intermediate size, is at most
   PERSISTENT_MAX_K = 512 (H100, E 128 top-8 I 384, whole op with warm L2: 0.92 / 0.97 / 0.96x at 1024 / 4096 / 8192
   tokens; at I 768 and 1536 stage 2 is 0.99-1.02x, left to the tuner);
+- fp8 per_token and per_1x128 take both together under the same conditions, never the sorted intermediate alone
+  (H100, E 128 top-8 I 384, whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024);
 - MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
@@ -67,6 +69,7 @@ from dataclasses import replace
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.fused_moe_config import PERSISTENT_QUANTS
 from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
 from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
 from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
@@ -288,11 +291,15 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     common = dict(quant=quant, mean=mean, active=active, elt=elt, sm_count=sm_count, max_shared=max_shared)
     stage1 = _moe_stage(bm, *s1, n=inter_dim, k=model_dim, halves=halves, tma=tma, **common)
     stage2 = _moe_stage(bm, *s2, n=model_dim, k=inter_dim, halves=1, tma=tma, **common)
-    if quant == "none" and m >= 64 and capability[0] >= 9 and (inter_dim * elt) % 16 == 0:
+    sorted_ok = m >= 64 and capability[0] >= 9 and (inter_dim * elt) % 16 == 0
+    persistent_ok = inter_dim <= PERSISTENT_MAX_K and stage2.KSPLIT == 1 and not stage2.SWAP_AB
+    if sorted_ok and (quant == "none" or (quant in PERSISTENT_QUANTS and persistent_ok)):
         # The intermediate in the sort's order, read by stage 2 through TMA (measured on the H100: 0.94-0.99x the
-        # plain plan at 13 of 15 bf16 points from m = 64, up to 1.04x at 2; fp8 mixed, left to the tuner).
+        # plain plan at 13 of 15 bf16 points from m = 64, up to 1.04x at 2). fp8 takes it only with the persistent
+        # stage 2: alone it measured mixed, with it 0.94x the plain plan at E 128 top-8 I 384 (per_token 1024-8192
+        # tokens; per_1x128 4096 and 8192, 1.01x at 1024).
         stage1, stage2 = replace(stage1, SORTED_INTER=2), replace(stage2, SORTED_INTER=2)
-        if inter_dim <= PERSISTENT_MAX_K and stage2.KSPLIT == 1 and not stage2.SWAP_AB:
+        if persistent_ok:
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
     return False, stage1, stage2
 
