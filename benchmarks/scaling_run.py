@@ -256,10 +256,11 @@ def gpu_figures(text: str, gpus: int) -> dict:
 
 
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
-            compile_workers: int | None = None, start_method: str = "forkserver") -> dict:
-    """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core) and `start_method`
-    (TRITUNE_START_METHOD) name the run too."""
+            compile_workers: int | None = None, start_method: str = "forkserver", compile_lead: int = 0) -> dict:
+    """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core), `compile_lead` (its
+    --compile-lead, default off) and `start_method` (TRITUNE_START_METHOD) name the run too."""
     name = (f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
+            + (f"-lead{compile_lead}" if compile_lead else "")
             + ("" if start_method == "forkserver" else f"-{start_method}"))
     out = out_root / name
     if out.exists():
@@ -271,6 +272,8 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     cmd = [sys.executable, "-m", "tritune.cli", *COMMANDS[kind](out), "--no-progress", "--executor", executor]
     if compile_workers:
         cmd += ["--compile-workers", str(compile_workers)]
+    if compile_lead:
+        cmd += ["--compile-lead", str(compile_lead)]
     t0 = time.perf_counter()
     with CpuSampler() as cpu, GpuSampler(gpus) as gpu:
         try:
@@ -284,7 +287,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "compile_workers": compile_workers,
-            "start_method": start_method,
+            "compile_lead": compile_lead, "start_method": start_method,
             "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out), "pass_wall_s": with_residual(pass_walls(stdout), wall),
@@ -294,15 +297,16 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
 
 def compare(runs: list[dict], spread: float) -> list[dict]:
     """Efficiency and winner agreement of each run against the 1-GPU local run of its kind and setting (compile
-    workers, start method), or, where there is none, the default 1-GPU run of its kind (named in `baseline`)."""
+    workers, compile lead, start method), or, where there is none, the default 1-GPU run of its kind (named in
+    `baseline`)."""
     def setting(r: dict) -> tuple:
-        return r["kind"], r.get("compile_workers"), r.get("start_method", "spawn")
+        return r["kind"], r.get("compile_workers"), r.get("compile_lead", 0), r.get("start_method", "spawn")
 
     base = {setting(r): r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
     rows = []
     for r in runs:
-        ref = (base.get(setting(r)) or base.get((r["kind"], None, r.get("start_method", "spawn")))
-               or base.get((r["kind"], None, "forkserver")) or base.get((r["kind"], None, "spawn")))
+        ref = (base.get(setting(r)) or base.get((r["kind"], None, 0, r.get("start_method", "spawn")))
+               or base.get((r["kind"], None, 0, "forkserver")) or base.get((r["kind"], None, 0, "spawn")))
         row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
                "baseline": ref["name"] if ref else None,
                "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
@@ -352,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per run")
     ap.add_argument("--compile-workers", type=int, help="the CLI's --compile-workers for every run (default: every "
                     "core); runs compare with the 1-GPU run of the same setting")
+    ap.add_argument("--compile-lead", type=int, default=0, help="the CLI's --compile-lead for every run (default 0: "
+                    "off); runs compare with the 1-GPU run of the same setting")
     ap.add_argument("--start-method", choices=("spawn", "forkserver"), default="forkserver",
                     help="TRITUNE_START_METHOD for every run (how compile processes and GPU workers start)")
     args = ap.parse_args(argv)
@@ -361,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.kinds.split(","):
         for executor in args.executors.split(","):
             for gpus in map(int, args.gpus.split(",")):
-                run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers, args.start_method)
+                run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers, args.start_method,
+                              args.compile_lead)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
                       f"idle {run['idle_s_per_gpu']} cpu {run['cpu']} gpu {run['gpu']}", flush=True)

@@ -175,6 +175,37 @@ def test_a_tuning_command_starts_the_fork_server_first_and_a_query_does_not(tmp_
     assert started == [True]
 
 
+@pytest.mark.parametrize("torch_has_cuda", [True, False])
+def test_where_the_driver_reports_a_gpu_the_fork_server_starts_before_torch_is_imported(tmp_path, monkeypatch,
+                                                                                         torch_has_cuda):
+    """The driver's answer (libcuda, no torch) lets the server start before the CLI's own torch import; a torch
+    that then finds no GPU (a CPU build) leaves the early server unused: children are spawned."""
+    from tritune import cli, knobs
+    from tritune.tuning import processes
+
+    order = []
+    monkeypatch.setenv(knobs.START_METHOD, "forkserver")  # restored after: main sets it to spawn in one case
+    monkeypatch.setattr(processes, "start_server_early", lambda: order.append("server"))
+    monkeypatch.setattr(cli, "_driver_reports_a_gpu", lambda: True)
+    monkeypatch.setattr(cli, "_use_interpreter_without_gpu", lambda: order.append("torch") or not torch_has_cuda)
+    missing = tmp_path / "missing.csv"
+    assert run_cli(["moe", "-i", str(missing), "-o", str(tmp_path / "t.csv"), *ENGINE]) == 2
+    assert order == ["server", "torch"]
+    assert knobs.start_method() == ("forkserver" if torch_has_cuda else "spawn")
+
+
+def test_without_a_driver_gpu_the_fork_server_starts_after_the_interpreter_is_decided(tmp_path, monkeypatch):
+    from tritune import cli
+    from tritune.tuning import processes
+
+    order = []
+    monkeypatch.setattr(processes, "start_server_early", lambda: order.append("server"))
+    monkeypatch.setattr(cli, "_driver_reports_a_gpu", lambda: False)
+    monkeypatch.setattr(cli, "_use_interpreter_without_gpu", lambda: order.append("torch") or True)
+    assert run_cli(["moe", "-i", str(tmp_path / "missing.csv"), "-o", str(tmp_path / "t.csv"), *ENGINE]) == 2
+    assert order == ["torch", "server"]
+
+
 # ---- 3. inputs without rows -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("command", "content", "why"), [

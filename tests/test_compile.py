@@ -27,6 +27,9 @@ def _children_can_import(monkeypatch):
     paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    # Spawned, not forked from the fork server: a server started here would keep TRITON_INTERPRET unset for every
+    # later test of this process (tuning/processes.py), which then compiles for a GPU that is not there.
+    monkeypatch.setenv("TRITUNE_START_METHOD", "spawn")
 
 
 @pytest.mark.parametrize(
@@ -149,3 +152,34 @@ def test_compile_processes_run_at_the_lowest_priority():
     code = "import os; from tritune.tuning.compile import lower_compile_priority as low; low(); print(os.nice(0))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert COMPILE_NICENESS == 19 and int(out) == 19
+
+
+def _until(condition, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_set_limit_caps_the_compiles_running_at_once_and_a_raise_takes_effect_at_once():
+    pool = CompilePool(ScriptedAdd(), max_workers=3)
+    pool.set_limit(0)  # clamped to 1
+    serial = [pool.submit(P, Config.of(mode="ok", sleep=0.1, i=i)) for i in range(4)]
+    assert all(f.result(timeout=60).status is Status.OK for f in serial)
+    assert pool.peak_in_flight == 1
+    # Raised while one long compile runs and two wait: the two start now, not when the first ends.
+    slow = [pool.submit(P, Config.of(mode="ok", sleep=3.0, i=10 + i)) for i in range(3)]
+    assert _until(lambda: pool.peak_in_flight == 1 and pool._events.empty())
+    time.sleep(0.2)  # the dispatcher is now waiting for an event with two jobs held back
+    pool.set_limit(99)  # clamped to the pool's 3
+    assert _until(lambda: pool.peak_in_flight == 3, seconds=2.5)  # before the first 3-second compile can end
+    assert all(f.result(timeout=60).status is Status.OK for f in slow)
+    pool.shutdown()
+
+
+def test_set_limit_is_nothing_inline():
+    pool = CompilePool(ScriptedAdd(), max_workers=1)
+    pool.set_limit(1)
+    assert pool._thread is None and pool.submit(P, Config.of(mode="ok")).result().status is Status.OK

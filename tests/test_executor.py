@@ -98,6 +98,8 @@ def test_two_workers_share_one_problem_per_candidate(tmp_path):
     assert len(idle) == 2 and all(x >= 0 for x in idle)
     first, last = (float(x) for x in line.split("; ready ")[1].removesuffix("s after the start").split("-"))
     assert 0 <= first <= last < 60  # when the workers became ready (wait_ready allowed 60 s)
+    started = [float(x) for x in line.split("; started ")[1].split("s;")[0].split("-")]
+    assert 0 <= started[0] <= started[1] <= first  # each process started (the fork server ready) before it was ready
     assert ex.summary_lines() == [line]  # frozen at close
     assert {m.extra["worker"] for m in results} == {0, 1}  # balanced per candidate, not per problem
     lines = log.read_text().splitlines()

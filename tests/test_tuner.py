@@ -291,3 +291,39 @@ def test_early_stop_cuts_slow_candidates_short_and_keeps_the_winner(tmp_path):
                               bench=dataclasses.replace(bench, early_stop_factor=0))
     (r2,), summary2 = tune(op, [OpProblem()], DEVICE, off)
     assert summary2.early_stopped == 0 and r2.best.config["name"] == "A"
+
+
+def test_compile_lead_runs_the_pool_as_fast_as_the_gpus_consume(tmp_path):
+    """compile_lead N: nothing compiled waiting -> the whole pool; waiting in proportion -> fewer processes; N a GPU
+    worker or more -> one; off (0) -> the pool is never touched."""
+    from types import SimpleNamespace
+
+    from tritune.tuning.tuner import _Pipeline
+
+    limits = []
+    pool = SimpleNamespace(slots=64, set_limit=limits.append)
+    pipe = SimpleNamespace(settings=TuneSettings(tmp_path / "j", compile_lead=8), pool=pool,
+                           executor=SimpleNamespace(slots=4))
+    for queued in (0, 8, 16, 31, 32, 100):
+        _Pipeline._govern_compiles(pipe, queued)
+    assert limits == [64, 48, 32, 2, 1, 1]
+    pipe.settings = TuneSettings(tmp_path / "j")
+    _Pipeline._govern_compiles(pipe, 0)
+    assert limits == [64, 48, 32, 2, 1, 1]  # off: no call
+    with pytest.raises(ValueError, match="compile_lead must be an integer >= 0"):
+        TuneSettings(tmp_path / "j", compile_lead=-1)
+
+
+def test_a_governed_lent_pool_is_back_at_full_size_after_the_pass(tmp_path):
+    limits = []
+
+    class RecordingPool(CompilePool):
+        def set_limit(self, limit):
+            limits.append(limit)
+            super().set_limit(limit)
+
+    pool = RecordingPool(OP, max_workers=1)
+    settings_ = dataclasses.replace(op_settings(tmp_path / "j.sqlite", Objective.EAGER), compile_lead=2)
+    (r,), _ = tune(OP, [OpProblem()], DEVICE, settings_, pool=pool)
+    assert r.best is not None and limits and limits[-1] is None
+    pool.shutdown()

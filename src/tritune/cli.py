@@ -36,6 +36,19 @@ def _use_interpreter_without_gpu() -> bool:
     return True
 
 
+def _driver_reports_a_gpu() -> bool:
+    """Whether the CUDA driver reports a device, asked of libcuda without importing torch (which takes 1-3 s): False
+    without a driver or a device. torch may still find none (a CPU build); `main` handles that case."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
 def _positive_int(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
@@ -77,6 +90,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds per candidate before it is killed")
     p.add_argument("--mp", type=_positive_int, default=None, help="GPU workers (default: every visible GPU)")
     p.add_argument("--compile-workers", type=_positive_int, default=None, help="compile processes (default: all)")
+    p.add_argument("--compile-lead", type=_non_negative_int, default=0, metavar="N",
+                   help="compile only as fast as the GPUs consume: with N compiled candidates waiting per GPU worker, "
+                        "one compile at a time, fewer waiting, proportionally more (default 0: every compile process "
+                        "whenever there is work)")
     p.add_argument("--strategy", default="exhaustive", choices=("exhaustive", "random", "neighbourhood"))
     p.add_argument("--budget", type=_positive_int, default=None, help="candidates per problem (default: all)")
     p.add_argument("--seed", type=int, default=0)
@@ -201,6 +218,7 @@ def _settings(args: argparse.Namespace, out_dir: Path, device):
         ray=RaySettings(args.ray_address, args.ray_resource) if args.executor == "ray" else None,
         journal_path=out_dir / f"journal-{device.slug}.sqlite", bench=bench,
         num_gpus=args.mp or max(1, gpu_count()), compile_workers=args.compile_workers,
+        compile_lead=args.compile_lead,
         strategy=args.strategy, budget=args.budget, progress=not args.no_progress,
         finalists=args.finalists, objective=Objective(args.objective),
     )
@@ -434,7 +452,27 @@ def main(argv: list[str] | None = None) -> int:
         return run_aot(args)
     # On a Ray cluster the nodes decide (no CUDA there: the interpreter); the driver's own GPU does not matter.
     on_ray = getattr(args, "executor", "local") == "ray"
+    tuning = args.command not in ("device", "configs")
+    from tritune.knobs import START_METHOD, mxfp4_decode, start_method, timer_park
+    from tritune.tuning.processes import start_server_early
+
+    if tuning:
+        try:  # how the tuner starts its processes and parks the GPU: a bad value is one line now, not mid-tune
+            start_method()
+            timer_park()
+            mxfp4_decode()
+        except ValueError as exc:
+            return _fail(str(exc))
+    # Where the driver reports a GPU, the fork server starts before this process imports torch (1-3 s), so its own
+    # imports overlap those too, not only the device query and reading the rows (issue 17's fixed cost).
+    early = tuning and not on_ray and start_method() == "forkserver" and _driver_reports_a_gpu()
+    if early:
+        start_server_early()
     interpreted = False if on_ray else _use_interpreter_without_gpu()
+    if early and interpreted:
+        # A GPU this torch cannot use (a CPU build): the server's Triton was set up for a GPU, so children are spawned
+        # instead and decide as this process did.
+        os.environ[START_METHOD] = "spawn"
     if args.command == "device":
         from tritune.device import current_device
 
@@ -443,17 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "configs":
         return _configs(args)
-    try:  # how the tuner starts its processes and parks the GPU: a bad value is one line now, not mid-tune
-        from tritune.knobs import mxfp4_decode, start_method, timer_park
-        from tritune.tuning.processes import start_server_early
-
-        start_method()
-        timer_park()
-        mxfp4_decode()
-        if not on_ray:  # the fork server's imports overlap the device query and reading the rows
-            start_server_early()
-    except ValueError as exc:
-        return _fail(str(exc))
+    if not on_ray and not early:  # the fork server's imports overlap the device query and reading the rows
+        start_server_early()
     try:
         return _on_ray_cluster(args) if on_ray else _tune(args, interpreted)
     except KeyboardInterrupt:

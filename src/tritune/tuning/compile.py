@@ -108,11 +108,25 @@ class CompilePool:
         self._pool: ProcessPoolExecutor | None = None  # touched only by the dispatcher thread
         self._closed = False
         self._lock = threading.Lock()
+        self._limit = self._max_workers  # compiles allowed at once now (set_limit); the dispatcher's to read
+        self.peak_in_flight = 0  # the most compiles that ran at once
 
     @property
     def slots(self) -> int:
         """Compiles that run at once (0 when compiling inline)."""
         return 0 if self.inline else self._max_workers
+
+    def set_limit(self, limit: int | None) -> None:
+        """Run at most `limit` compiles at once from now on (1 .. the pool's size; None: the pool's size). Compiles
+        already running finish; queued ones wait. A caller that knows how far compiles are ahead of their consumers
+        lowers it (every compile process at once slows the whole machine: the same binaries cost 1.7x the CPU-seconds
+        with 64 processes as with 24 on a 64-core host, and the GPU workers' host work slowed with them)."""
+        limit = self._max_workers if limit is None else max(1, min(int(limit), self._max_workers))
+        if self.inline or limit == self._limit:
+            return
+        self._limit = limit
+        if self._thread is not None:
+            self._events.put(("limit",))  # wakes the dispatcher to start what a higher limit allows
 
     def submit(self, problem: Any, config: Config) -> Future[CompileOutcome]:
         """Queue one compile; the future always completes with a CompileOutcome (or is cancelled)."""
@@ -184,7 +198,7 @@ class CompilePool:
             # In flight is capped so a broken pool only takes down what it was running; while blame is being
             # assigned (retry non-empty or a struck job running) jobs run one at a time.
             isolating = bool(retry) or any(job.strikes for job, _ in in_flight.values())
-            while (retry or backlog) and len(in_flight) < (1 if isolating else self._max_workers):
+            while (retry or backlog) and len(in_flight) < (1 if isolating else self._limit):
                 job = retry.popleft() if retry else backlog.popleft()
                 if job.outer.cancelled():
                     _cancel(job.outer)  # notify waiters: wait()/as_completed() ignore a merely CANCELLED future
@@ -198,6 +212,7 @@ class CompilePool:
                     continue
                 job.handed_at = time.perf_counter()
                 in_flight[inner] = (job, self._pool)
+                self.peak_in_flight = max(self.peak_in_flight, len(in_flight))
                 inner.add_done_callback(lambda f: self._events.put(("done", f)))
                 isolating = isolating or bool(job.strikes)
 
@@ -206,6 +221,8 @@ class CompilePool:
             event = self._events.get()
             if event[0] == "job":
                 backlog.append(event[1])
+            elif event[0] == "limit":
+                continue  # the loop's head starts what the new limit allows
             elif event[0] == "prestart":
                 self._ensure_pool()
                 try:

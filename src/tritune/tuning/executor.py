@@ -88,7 +88,13 @@ class LocalExecutor:
         self._ended: float | None = None
         self._cutoffs: dict[str, float] = {}  # problem key -> early-stop cutoff (set_cutoff), applied at hand-out
         self._closed = False
-        self._workers = [self._spawn(slot, device) for slot, device in enumerate(slots)]
+        # Seconds after the start at which each worker process was started: with the fork server, the first waits
+        # for the server's own imports (issue 17's fixed cost, reported apart from the workers' CUDA start-up).
+        self._started_after: list[float] = []
+        self._workers = []
+        for slot, device in enumerate(slots):
+            self._workers.append(self._spawn(slot, device))
+            self._started_after.append(time.monotonic() - self._began)
 
     def submit(self, task: Task) -> None:
         """Queue one candidate; never blocks."""
@@ -176,6 +182,8 @@ class LocalExecutor:
                 f"candidates per GPU {', '.join(str(st.done) for st in self._stats)}; "
                 f"idle s per GPU {', '.join(f'{s:.1f}' for s in idle) or '-'} "
                 f"({100 * sum(idle) / span if span > 0 else 0:.0f}% of the time since ready)"
+                + (f"; started {self._started_after[0]:.1f}-{self._started_after[-1]:.1f}s"
+                   if self._started_after else "")
                 + (f"; ready {min(up):.1f}-{max(up):.1f}s after the start" if up else "")]
 
     def __enter__(self) -> LocalExecutor:

@@ -1,13 +1,14 @@
 """The multiprocessing context the tuner's compile pool and GPU workers start from (TRITUNE_START_METHOD).
 
-"forkserver" (the default) forks them from one server process that imported torch and Triton once, so each starts
-in milliseconds; the CLI starts that server before its own device query and file reading (`start_server_early`), so
-the server's imports overlap them. "spawn" starts a fresh interpreter per process that imports torch and Triton
-itself, 2-4 s each and all at once at the start of a tune: on 4 H200s the first candidate reached a GPU 9.7 s after
-the tune began with spawn and 3.5 s with the server (which took 3.8 s to start before it), and the 4-GPU MoE tune
-took 106.2 s against 109.2 s (issue 17). The server never initialises CUDA (it imports torch, not a CUDA tensor), so
-a forked GPU worker makes its own context as a spawned one does. Fork itself is never used: the driver holds a CUDA
-context.
+"forkserver" (the default) forks them from one server process that imported torch and Triton once, so each starts in
+milliseconds; the CLI starts that server (`start_server_early`) before it imports torch where the CUDA driver
+reports a GPU (asked through libcuda), else once it has decided on the interpreter, before its device query and file
+reading, so the server's imports overlap them. "spawn" starts a fresh interpreter per process that imports torch and
+Triton itself, 2-4 s each and all at once at the start of a tune: on 4 H200s the first candidate reached a GPU 9.7 s
+after the tune began with spawn and 3.5 s with the server (which took 3.8 s to start before it), and the 4-GPU MoE
+tune took 106.2 s against 109.2 s (issue 17). The server never initialises CUDA (it imports torch, not a CUDA
+tensor), so a forked GPU worker makes its own context as a spawned one does. Fork itself is never used: the driver
+holds a CUDA context.
 
 A forked child inherits the server's environment, fixed when the server started, not the parent's now: every child
 entry point adopts the parent's environment (`parent_env` / `adopt_env`), so a knob set after the server started
