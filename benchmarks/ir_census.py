@@ -44,11 +44,34 @@ SHAPES_EXTRA = {"gpt-oss-120b": (2880, 2880, 128, 4)}
 
 
 def census(asm: dict) -> dict:
-    """The counts of COUNTS in a compiled kernel's `asm` ({"ttgir": ..., "ptx": ...}) and its wgmma wait depths in
-    program order."""
+    """The counts of COUNTS in a compiled kernel's `asm` ({"ttgir": ..., "ptx": ..., "cubin": ...}), its wgmma wait
+    depths in program order, and its registers a thread and spilled bytes (from the cubin, where there is one)."""
     row = {name: len(re.findall(pattern, asm[ir])) for name, (ir, pattern) in COUNTS.items()}
     row["wgmma waits"] = [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", asm["ptx"])]
+    row["regs"], row["spill bytes"] = resource_usage(asm.get("cubin"))
     return row
+
+
+def resource_usage(cubin: bytes | None) -> tuple[int | None, int | None]:
+    """(registers a thread, local-memory bytes) of a cubin, read by the cuobjdump Triton ships; (None, None) without
+    one. A kernel at 255 registers runs at most two 128-thread programs an SM."""
+    if not cubin:
+        return None, None
+    import subprocess
+
+    import triton
+
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                  timeout=60).stdout
+        except OSError:
+            return None, None
+    regs, local = re.search(r"REG:(\d+)", text), re.search(r"LOCAL:(\d+)", text)
+    return (int(regs.group(1)) if regs else None), (int(local.group(1)) if local else None)
 
 
 def start_compiling_for(arch: int, sm_count: int, cache: str | None) -> None:
@@ -177,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                     (args.out / f"{stem}.{ir}").write_text(asm[ir])
     if args.scaled_dots:
         rows += [(f"toy: {label}", row) for label, row in scaled_dots().items()]
-    keys = [*COUNTS, "wgmma waits"]
+    keys = ["regs", "spill bytes", *COUNTS, "wgmma waits"]
     print("| kernel | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for label, row in rows:

@@ -25,6 +25,7 @@ def test_census_counts_and_waits_from_canned_asm():
     row = ir_census.census(asm)
     assert row["wgmma"] == 2 and row["wgmma waits"] == [2, 0]
     assert (row["convert_layout"], row["local_alloc"], row["cvt"], row["st.shared"], row["mma.sync"]) == (2, 1, 1, 1, 0)
+    assert (row["regs"], row["spill bytes"]) == (None, None)  # no cubin, no resource usage
 
 
 def test_compiles_for_sm90_without_a_gpu_and_reads_the_k_step_forms(tmp_path):
@@ -40,5 +41,7 @@ def test_compiles_for_sm90_without_a_gpu_and_reads_the_k_step_forms(tmp_path):
     assert waits["toy: rescale after each dot"] == "[0, 0]"  # each rescaled MMA retires before the next
     assert waits["toy: chained accumulator"].startswith("[") and waits["toy: chained accumulator"] != "[0, 0]"
     (stage1,) = [label for label in rows if label.startswith("e128-top8-i384:per_token:4096 stage1 ")]
-    assert "moe_stage1_per_token" in stage1 and int(rows[stage1].split(" | ")[1]) > 0  # it ran on wgmma
+    cells = rows[stage1].split(" | ")
+    assert "moe_stage1_per_token" in stage1 and 0 < int(cells[1]) <= 255 and int(cells[2]) >= 0  # regs, spills
+    assert int(cells[3]) > 0  # wgmma
     assert (tmp_path / "e128-top8-i384_per_token_4096_stage1.ptx").read_text().count("wgmma.mma_async") > 0
