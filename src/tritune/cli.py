@@ -330,7 +330,9 @@ def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
     from tritune.tuners.example import example_settings
     from tritune.tuners.fused_moe import build_tunable, plan_rows, result_table, summary_lines, tune_fmoe
 
+    asked = time.perf_counter()  # the split of the time before the tune: imports, device query, rows
     device = _device(args)
+    answered = time.perf_counter()
     if device.interpreter:
         print(f"No GPU found: running through Triton's interpreter ({INTERPRETER_LABEL}).", flush=True)
     try:
@@ -341,12 +343,14 @@ def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
     settings = _settings(args, req.output.parent, device)
     settings = example_settings(settings, device.interpreter) if example else settings
     before = time.perf_counter() - _STARTED
+    split = (asked - _STARTED, answered - asked, before - (answered - _STARTED))
     report = tune_fmoe(req, device, settings, tunable, plan)
     print("\n".join(result_table(report)))
     print("\n".join(summary_lines(report)))
     if report.summaries and not example:  # the fixed cost a multi-GPU run does not divide (issue 17); the example
         # command ran its GEMM part first, which this would count
-        print(f"  before the tune: {before:.1f}s (imports, device, reading and checking the rows)")
+        print(f"  before the tune: {before:.1f}s (imports, device, reading and checking the rows: "
+              f"{split[0]:.1f} / {split[1]:.1f} / {split[2]:.1f}s)")
     if report.written:
         print(f"wrote {len(report.written)} row(s) to {req.output}")
     if req.profile_file is not None and report.results:
