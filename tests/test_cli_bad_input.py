@@ -186,7 +186,7 @@ def test_where_the_driver_reports_a_gpu_the_fork_server_starts_before_torch_is_i
     order = []
     monkeypatch.setenv(knobs.START_METHOD, "forkserver")  # restored after: main sets it to spawn in one case
     monkeypatch.setattr(processes, "start_server_early", lambda: order.append("server"))
-    monkeypatch.setattr(cli, "_driver_reports_a_gpu", lambda: True)
+    monkeypatch.setattr(processes, "driver_reports_a_gpu", lambda: True)
     monkeypatch.setattr(cli, "_use_interpreter_without_gpu", lambda: order.append("torch") or not torch_has_cuda)
     missing = tmp_path / "missing.csv"
     assert run_cli(["moe", "-i", str(missing), "-o", str(tmp_path / "t.csv"), *ENGINE]) == 2
@@ -200,7 +200,7 @@ def test_without_a_driver_gpu_the_fork_server_starts_after_the_interpreter_is_de
 
     order = []
     monkeypatch.setattr(processes, "start_server_early", lambda: order.append("server"))
-    monkeypatch.setattr(cli, "_driver_reports_a_gpu", lambda: False)
+    monkeypatch.setattr(processes, "driver_reports_a_gpu", lambda: False)
     monkeypatch.setattr(cli, "_use_interpreter_without_gpu", lambda: order.append("torch") or True)
     assert run_cli(["moe", "-i", str(tmp_path / "missing.csv"), "-o", str(tmp_path / "t.csv"), *ENGINE]) == 2
     assert order == ["torch", "server"]

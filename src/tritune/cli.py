@@ -36,19 +36,6 @@ def _use_interpreter_without_gpu() -> bool:
     return True
 
 
-def _driver_reports_a_gpu() -> bool:
-    """Whether the CUDA driver reports a device, asked of libcuda without importing torch (which takes 1-3 s): False
-    without a driver or a device. torch may still find none (a CPU build); `main` handles that case."""
-    import ctypes
-
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    count = ctypes.c_int(0)
-    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-
-
 def _positive_int(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
@@ -457,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     # On a Ray cluster the nodes decide (no CUDA there: the interpreter); the driver's own GPU does not matter.
     on_ray = getattr(args, "executor", "local") == "ray"
     tuning = args.command not in ("device", "configs")
-    from tritune.knobs import START_METHOD, mxfp4_decode, start_method, timer_park
-    from tritune.tuning.processes import start_server_early
+    from tritune.knobs import mxfp4_decode, start_method, timer_park
+    from tritune.tuning import processes
 
     if tuning:
         try:  # how the tuner starts its processes and parks the GPU: a bad value is one line now, not mid-tune
@@ -467,16 +454,11 @@ def main(argv: list[str] | None = None) -> int:
             mxfp4_decode()
         except ValueError as exc:
             return _fail(str(exc))
-    # Where the driver reports a GPU, the fork server starts before this process imports torch (1-3 s), so its own
-    # imports overlap those too, not only the device query and reading the rows (issue 17's fixed cost).
-    early = tuning and not on_ray and start_method() == "forkserver" and _driver_reports_a_gpu()
-    if early:
-        start_server_early()
+    # The fork server's imports overlap this process's own torch import where the driver reports a GPU (issue 17's
+    # fixed cost), else the device query and reading the rows (below).
+    early = tuning and not on_ray and processes.start_server_before_torch()
     interpreted = False if on_ray else _use_interpreter_without_gpu()
-    if early and interpreted:
-        # A GPU this torch cannot use (a CPU build): the server's Triton was set up for a GPU, so children are spawned
-        # instead and decide as this process did.
-        os.environ[START_METHOD] = "spawn"
+    processes.spawn_if_server_is_stale(early, interpreted)
     if args.command == "device":
         from tritune.device import current_device
 
@@ -485,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "configs":
         return _configs(args)
-    if not on_ray and not early:  # the fork server's imports overlap the device query and reading the rows
-        start_server_early()
+    if not on_ray and not early:
+        processes.start_server_early()
     try:
         return _on_ray_cluster(args) if on_ray else _tune(args, interpreted)
     except KeyboardInterrupt:

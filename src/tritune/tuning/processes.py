@@ -23,7 +23,7 @@ import multiprocessing
 import os
 from multiprocessing.context import BaseContext
 
-from tritune.knobs import start_method
+from tritune.knobs import START_METHOD, start_method
 
 # What the fork server imports before it forks anything: what every compile process and worker imports first (torch
 # and Triton), and tritune's worker and tunables, whose kernel modules every child would otherwise import itself
@@ -52,6 +52,36 @@ def start_server_early() -> None:
 
     process_context()  # the preload list, before the server starts
     forkserver.ensure_running()
+
+
+def start_server_before_torch() -> bool:
+    """Start the fork server now, before this process imports torch (1-3 s), where that can be decided without
+    torch: the start method is forkserver and the CUDA driver reports a GPU, so this process will not turn on
+    Triton's interpreter either, unless its torch cannot use the GPU (`spawn_if_server_is_stale`). True if started."""
+    if start_method() != "forkserver" or not driver_reports_a_gpu():
+        return False
+    start_server_early()
+    return True
+
+
+def spawn_if_server_is_stale(server_started: bool, interpreting: bool) -> None:
+    """A server started before torch for a GPU that this torch then cannot use (a CPU build, so the interpreter is
+    on): its Triton was set up without the interpreter, so children are spawned instead, deciding as this process
+    did."""
+    if server_started and interpreting:
+        os.environ[START_METHOD] = "spawn"
+
+
+def driver_reports_a_gpu() -> bool:
+    """Whether the CUDA driver reports a device, asked of libcuda without torch: False without a driver or device."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
 def parent_env() -> dict[str, str]:
