@@ -96,7 +96,7 @@ def compile_point(spec: str, stage: str, variant: str, sm_count: int) -> tuple[s
     if shape not in shapes or not tokens.isdigit() or int(tokens) < 1:
         raise ValueError(f"--point {spec!r}: expected SHAPE:QUANT:TOKENS, SHAPE one of {sorted(shapes)}")
     d, inter, experts, topk = shapes[shape]
-    one_stage, s1, s2 = moe_heuristic(int(tokens), d, inter, experts, topk, quant, sm_count, one_stage=False)
+    _, s1, s2 = moe_heuristic(int(tokens), d, inter, experts, topk, quant, sm_count, one_stage=False)
     f1, f2, notes = parse_variant(variant, {f.name for f in dataclasses.fields(fm.MoeConfig)})
     for note in notes:
         print(note, file=sys.stderr)

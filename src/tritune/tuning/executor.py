@@ -60,6 +60,8 @@ class _SlotStats:
 
     done: int = 0  # results recorded (failures included)
     busy_s: float = 0.0  # time a candidate was handed out and not yet answered
+    started_at: float | None = None  # the slot's first worker process started (with the fork server, the first
+    # waits for the server's own imports: issue 17's fixed cost, apart from the workers' CUDA start-up)
     ready_at: float | None = None  # the slot's first worker ready
 
 
@@ -88,13 +90,7 @@ class LocalExecutor:
         self._ended: float | None = None
         self._cutoffs: dict[str, float] = {}  # problem key -> early-stop cutoff (set_cutoff), applied at hand-out
         self._closed = False
-        # Seconds after the start at which each worker process was started: with the fork server, the first waits
-        # for the server's own imports (issue 17's fixed cost, reported apart from the workers' CUDA start-up).
-        self._started_after: list[float] = []
-        self._workers = []
-        for slot, device in enumerate(slots):
-            self._workers.append(self._spawn(slot, device))
-            self._started_after.append(time.monotonic() - self._began)
+        self._workers = [self._spawn(slot, device) for slot, device in enumerate(slots)]
 
     def submit(self, task: Task) -> None:
         """Queue one candidate; never blocks."""
@@ -177,13 +173,13 @@ class LocalExecutor:
         span = sum(now - st.ready_at for st in ready)
         devices = ", ".join(str(w.device) for w in self._workers if w.device is not None) or "cpu"
         up = [st.ready_at - self._began for st in ready]  # worker start-up: part of a run's fixed cost (issue 17)
+        started = [st.started_at - self._began for st in self._stats if st.started_at is not None]
         return [f"local: {len(self._workers)} worker(s) on device(s) {devices}; "
                 f"{sum(st.done for st in self._stats)} measurement(s) in {now - self._began:.1f}s; "
                 f"candidates per GPU {', '.join(str(st.done) for st in self._stats)}; "
                 f"idle s per GPU {', '.join(f'{s:.1f}' for s in idle) or '-'} "
                 f"({100 * sum(idle) / span if span > 0 else 0:.0f}% of the time since ready)"
-                + (f"; started {self._started_after[0]:.1f}-{self._started_after[-1]:.1f}s"
-                   if self._started_after else "")
+                + (f"; started {min(started):.1f}-{max(started):.1f}s" if started else "")
                 + (f"; ready {min(up):.1f}-{max(up):.1f}s after the start" if up else "")]
 
     def __enter__(self) -> LocalExecutor:
@@ -204,7 +200,10 @@ class LocalExecutor:
         )
         proc.start()
         child_conn.close()  # so the parent sees EOF as soon as the worker dies
-        return _Worker(slot, device, proc, parent_conn, spawned_at=time.monotonic())
+        spawned_at = time.monotonic()
+        if self._stats[slot].started_at is None:
+            self._stats[slot].started_at = spawned_at
+        return _Worker(slot, device, proc, parent_conn, spawned_at=spawned_at)
 
     def _replace(self, w: _Worker, grace_s: float = 0.0) -> None:
         _stop(w, grace_s)
