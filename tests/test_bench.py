@@ -230,3 +230,26 @@ def test_short_and_full_parks_agree_and_a_host_bound_call_takes_the_full_one(mon
     timing = time_kernel(host_bound, iters=10, warmup=1)
     assert bench.PARK_TOTALS["retimed"] == retimed0 + 1
     assert timing.median_us < 1000.0  # the add's GPU time, not the host's 2 ms
+
+
+def test_a_host_job_runs_once_while_the_timed_calls_are_queued() -> None:
+    """bench.while_gpu_busy: the job runs after the last timed call is queued and before the host synchronizes, once;
+    None drops a job not yet run."""
+    from tritune.tuning import bench
+
+    order: list[str] = []
+    event, _ = _scripted(None)
+    fn = Counter()
+    bench.while_gpu_busy(lambda: order.append(f"job after {fn.calls} calls"))
+    bench._queued_event_times(fn, 3, None, 0.001, checked=True, event=event, sleep=lambda s: None,
+                              synchronize=lambda: order.append("sync"))
+    event, _ = _scripted(None)
+    bench._queued_event_times(fn, 3, None, 0.001, checked=True, event=event, sleep=lambda s: None,
+                              synchronize=lambda: order.append("sync"))
+    assert order == ["job after 3 calls", "sync", "sync"]
+    bench.while_gpu_busy(lambda: order.append("dropped"))
+    bench.while_gpu_busy(None)
+    event, _ = _scripted(None)
+    bench._queued_event_times(fn, 1, None, 0.001, checked=True, event=event, sleep=lambda s: None,
+                              synchronize=lambda: None)
+    assert "dropped" not in order

@@ -130,8 +130,9 @@ def test_a_passing_measurement_says_where_the_worker_spent_its_time():
     with LocalExecutor(ScriptedAdd(), num_workers=1, settings=FAST, devices=DEVICES) as ex:
         results = run_all(ex, tasks_for(["slow", "slow", "wrong"]))
     first, second, wrong = results
-    # where the GPU timer parks the GPU (on a GPU), "time" comes with its park and queue seconds
-    timer_keys = {"timer_parked", "timer_queued"} if torch.cuda.is_available() else set()
+    # where the GPU timer parks the GPU (on a GPU), "time" comes with its park and queue seconds, and with the load of
+    # the successor the task named (TRITUNE_WORKER_PRELOAD, on by default), run while the GPU ran the timed calls
+    timer_keys = {"timer_parked", "timer_queued", "preload"} if torch.cuda.is_available() else set()
     assert set(first.extra["phase_ms"]) == {"inputs", "bind", "run", "rerun", "check", "time"} | timer_keys
     # "slow" sleeps 20 ms a call: two checked runs, then the timer's warm-up and timed calls
     assert first.extra["phase_ms"]["run"] >= 20 and first.extra["phase_ms"]["rerun"] >= 20  # one checked run each
@@ -260,3 +261,61 @@ def test_a_measurement_reports_the_timers_park_and_queue_seconds(monkeypatch):
     assert parked.ok and parked.extra["phase_ms"]["timer_parked"] == pytest.approx(3.0)
     assert parked.extra["phase_ms"]["timer_queued"] == pytest.approx(1.0)
     assert plain.ok and "timer_parked" not in plain.extra["phase_ms"]
+
+
+def test_a_worker_loads_its_likely_next_candidate_while_the_gpu_times(monkeypatch):
+    """The task's likely successor is compiled (Triton's cache read) once, at the timer's wait on the GPU, its seconds
+    reported as "preload"; a failing load does not fail the candidate; a job no timer reached is dropped."""
+    import dataclasses
+
+    import fake_tunables
+
+    from tritune.tuning import worker
+
+    timers = dataclasses.replace(FAST.timers, gpu=fake_tunables.host_job_gpu_time)
+    runner = worker._Runner(ScriptedAdd(), torch.device("cpu"), dataclasses.replace(FAST, timers=timers))
+    fake_tunables.COMPILE_PIDS.clear()
+    m = runner.run(Task(0, P1, Config.of(mode="good"), likely_next=(P1, Config.of(mode="good", i=1))), lambda: None)
+    assert m.ok and fake_tunables.COMPILE_PIDS == [os.getpid()] and m.extra["phase_ms"]["preload"] >= 0
+    broken = runner.run(Task(1, P1, Config.of(mode="good"), likely_next=(P1, Config.of(mode="value_error"))),
+                        lambda: None)
+    assert broken.ok and len(fake_tunables.COMPILE_PIDS) == 2  # the load raised; the candidate still passed
+    wrong = runner.run(Task(2, P1, Config.of(mode="wrong"), likely_next=(P1, Config.of(mode="good"))), lambda: None)
+    plain = runner.run(Task(3, P1, Config.of(mode="good")), lambda: None)
+    assert wrong.status is Status.WRONG_ANSWER and plain.ok and "preload" not in plain.extra["phase_ms"]
+    assert len(fake_tunables.COMPILE_PIDS) == 2  # the wrong answer's job was dropped, not run by the next timing
+
+
+@pytest.mark.parametrize("preload", ["1", "0"])
+def test_each_task_names_the_candidate_its_worker_gets_next(tmp_path, monkeypatch, preload):
+    """One worker, four queued candidates of a problem: each but the last names its successor, which the worker
+    loads while timing (TRITUNE_WORKER_PRELOAD=0: none named, none loaded)."""
+    import dataclasses
+
+    import fake_tunables
+
+    monkeypatch.setenv("TRITUNE_WORKER_PRELOAD", preload)
+    log = tmp_path / "compile.log"
+    settings = dataclasses.replace(FAST, timers=dataclasses.replace(FAST.timers, gpu=fake_tunables.host_job_gpu_time))
+    with LocalExecutor(ScriptedAdd(compile_log=str(log)), num_workers=1, settings=settings, devices=DEVICES) as ex:
+        ex.wait_ready(60)
+        results = run_all(ex, tasks_for(["good"] * 4))
+    assert all(m.ok for m in results)
+    loaded = log.read_text().split() if log.exists() else []
+    assert loaded == (["1", "2", "3"] if preload == "1" else [])
+
+
+def test_the_likely_next_task_skips_those_other_busy_workers_on_the_problem_take_first():
+    from collections import deque
+    from types import SimpleNamespace
+
+    ex = LocalExecutor.__new__(LocalExecutor)
+    me = SimpleNamespace(task=None, problem_key=None)
+    busy = [SimpleNamespace(task=object(), problem_key=P1.key()) for _ in range(2)]
+    idle_elsewhere = SimpleNamespace(task=None, problem_key=P1.key())
+    ex._workers = [me, *busy, idle_elsewhere, SimpleNamespace(task=object(), problem_key=P2.key())]
+    queue = deque(tasks_for(["good"] * 4))
+    assert ex._likely_next(queue, P1.key(), me) == (P1, queue[2].config)  # two busy workers take 0 and 1 first
+    assert ex._likely_next(deque(list(queue)[:2]), P1.key(), me) is None  # too short: they take both
+    ex._workers = [me]
+    assert ex._likely_next(queue, P1.key(), me) == (P1, queue[0].config)

@@ -7,7 +7,7 @@ import pytest
 from tritune import knobs
 
 ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
-       knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE)
+       knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE, knobs.WORKER_PRELOAD)
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,7 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.online_tune() is False
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
     assert knobs.start_method() == "forkserver"  # Linux has it
+    assert knobs.worker_preload() is True
 
 
 def test_mxfp4_decode_values(monkeypatch):
@@ -135,6 +136,12 @@ def test_online_tune_values(text, on, monkeypatch):
     assert knobs.online_tune() is on
 
 
+@pytest.mark.parametrize(("text", "on"), [("0", False), ("off", False), ("YES", True)])
+def test_worker_preload_values(text, on, monkeypatch):
+    monkeypatch.setenv(knobs.WORKER_PRELOAD, text)
+    assert knobs.worker_preload() is on
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("2.5", 2.5), ("30", 30.0), ("1e-1", 0.1)])
 def test_online_budget_values(text, seconds, monkeypatch):
     monkeypatch.setenv(knobs.ONLINE_BUDGET, text)
@@ -144,6 +151,7 @@ def test_online_budget_values(text, seconds, monkeypatch):
 @pytest.mark.parametrize(("name", "text", "read"), [
     (knobs.ONLINE_TUNE, "maybe", knobs.online_tune),  # not a boolean
     (knobs.ONLINE_TUNE, "2", knobs.online_tune),  # a number that is not 0 or 1
+    (knobs.WORKER_PRELOAD, "sometimes", knobs.worker_preload),
     (knobs.ONLINE_BUDGET, "0", knobs.online_budget),  # zero seconds
     (knobs.ONLINE_BUDGET, "-3", knobs.online_budget),  # negative
     (knobs.ONLINE_BUDGET, "inf", knobs.online_budget),  # never ends

@@ -110,6 +110,10 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
         ("1-stage fp8 per_1x128", (8, 1024, 512, 8, 2, "per_1x128"),
          MoeChoice(True, MoeConfig(16, 64, 128, 1, 4, 3, BLOCK_SIZE_D=128), None, "")),
         ("op (selected kernels) bf16 Mixtral-like 16 tok", (16, 4096, 1792, 8, 2, "none"), None),
+        # the rule table's sorted intermediate with the persistent stage 2 (m >= 64, K <= 512), bf16 and both fp8s
+        ("op (selected kernels) bf16 E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "none"), None),
+        ("op (selected kernels) fp8 per_token E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "per_token"), None),
+        ("op (selected kernels) fp8 per_1x128 E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "per_1x128"), None),
     ]
     for name, dims, choice in moe:
         def make(dims=dims, choice=choice):

@@ -24,6 +24,7 @@ ONLINE_BUDGET = "TRITUNE_ONLINE_BUDGET"
 START_METHOD = "TRITUNE_START_METHOD"
 TIMER_PARK = "TRITUNE_TIMER_PARK"
 MXFP4_DECODE = "TRITUNE_MXFP4_DECODE"
+WORKER_PRELOAD = "TRITUNE_WORKER_PRELOAD"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -103,11 +104,26 @@ def online_tune() -> bool:
 
     Accepts 1/0, true/false, yes/no, on/off (any case); anything else is a ValueError naming the variable.
     """
-    value = _raw(ONLINE_TUNE)
+    return _bool(ONLINE_TUNE, False)
+
+
+def worker_preload() -> bool:
+    """TRITUNE_WORKER_PRELOAD: whether a GPU worker loads the binary of the candidate it will likely measure next
+    while the GPU runs the current one's timed calls (the executor names that candidate with each task), so its
+    first checked run no longer waits on Triton's cache. Default on; "0" turns it off (the A/B of issue 17).
+
+    Accepts 1/0, true/false, yes/no, on/off (any case); anything else is a ValueError naming the variable.
+    """
+    return _bool(WORKER_PRELOAD, True)
+
+
+def _bool(name: str, default: bool) -> bool:
+    """The boolean variable `name`, `default` when unset; a ValueError naming it when it is not a boolean."""
+    value = _raw(name)
     if value is None:
-        return False
+        return default
     if value.lower() not in _BOOLS:
-        raise ValueError(f"{ONLINE_TUNE}={value!r} is not a boolean; use 1 or 0 (true/false, yes/no, on/off)")
+        raise ValueError(f"{name}={value!r} is not a boolean; use 1 or 0 (true/false, yes/no, on/off)")
     return _BOOLS[value.lower()]
 
 
@@ -215,6 +231,8 @@ KNOBS: tuple[Knob, ...] = (
                                  "each call checked, else timed again) or full (a sleep covering the whole queue)."),
     Knob(MXFP4_DECODE, mxfp4_decode, "How GPU kernels decode MXFP4 weights to bf16: ops (default; Triton ops) or "
                                      "asm (packed PTX, two weights a register; measured no faster)."),
+    Knob(WORKER_PRELOAD, worker_preload, "1 (default): a GPU worker loads its likely next candidate's binary while "
+                                         "the GPU times the current one. 0: each binary loads on its first run."),
 )
 
 

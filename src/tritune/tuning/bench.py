@@ -28,6 +28,9 @@ _FLUSH_BUFFERS: dict[tuple[int, int], torch.Tensor] = {}
 # it, summed: a worker reports each candidate's share, so a tuning run shows whether a busier host lengthens the
 # timing loops (the sleep is sized from one call's host cost) or the GPU does (issue 17).
 PARK_TOTALS = {"parked": 0.0, "queued": 0.0, "retimed": 0}  # retimed: short parks the GPU caught up with
+# Host work to do once while the GPU runs a timing's queued calls, where the host would otherwise wait on the GPU
+# (a worker's preload of its likely next candidate: while_gpu_busy).
+_WHILE_GPU_BUSY: list[Callable[[], None]] = []
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,17 @@ def merged(first: Timing, second: Timing) -> Timing:
     if not first.samples or not second.samples or first.method != second.method:
         return second
     return _of_samples(first.samples + second.samples, second.method)
+
+
+def while_gpu_busy(job: Callable[[], None] | None) -> None:
+    """Run `job` once, at the next point where a GPU timing has its calls queued and the host would wait for them;
+    None drops a job not yet run. The timings are events on the GPU, so host work there does not change them."""
+    _WHILE_GPU_BUSY[:] = [job] if job is not None else []
+
+
+def _run_host_job() -> None:
+    if _WHILE_GPU_BUSY:
+        _WHILE_GPU_BUSY.pop()()
 
 
 def _flush_buffer(l2_bytes: int) -> torch.Tensor:
@@ -149,6 +163,7 @@ def _queued_event_times(fn: Callable[[], None], iters: int, flush: torch.Tensor 
             break
     PARK_TOTALS["queued"] += time.perf_counter() - t0
     PARK_TOTALS["parked"] += park_s
+    _run_host_job()
     synchronize()
     if not ahead:
         return None

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
+from tritune.knobs import worker_preload
 from tritune.tuning.affinity import next_problem
 from tritune.tuning.errors import is_sticky
 from tritune.tuning.processes import parent_env, process_context
-from tritune.tuning.types import BenchSettings, Measurement, Status, Task
+from tritune.tuning.types import BenchSettings, Config, Measurement, Status, Task
 from tritune.tuning.worker import worker_main
 
 _SETUP_TIMEOUT_FACTOR = 10  # until "started": the first task of a problem also builds inputs and reference
@@ -90,6 +91,7 @@ class LocalExecutor:
         self._ended: float | None = None
         self._cutoffs: dict[str, float] = {}  # problem key -> early-stop cutoff (set_cutoff), applied at hand-out
         self._closed = False
+        self._preload = worker_preload()  # name each task's likely successor (TRITUNE_WORKER_PRELOAD)
         self._workers = [self._spawn(slot, device) for slot, device in enumerate(slots)]
 
     def submit(self, task: Task) -> None:
@@ -217,6 +219,8 @@ class LocalExecutor:
             key = next_problem(self._queues, w.problem_key, (o.problem_key for o in self._workers if o is not w))
             queue = self._queues[key]
             task = queue.popleft().tightened(self._cutoffs)
+            if self._preload:
+                task = dataclasses.replace(task, likely_next=self._likely_next(queue, key, w))
             try:
                 w.conn.send(task)
             except OSError:  # died while idle: the task goes back, the worker is replaced
@@ -228,6 +232,15 @@ class LocalExecutor:
             self._queued -= 1
             w.task, w.task_key, w.problem_key = task, key, key
             w.handed_at, w.started_at = time.monotonic(), None
+
+    def _likely_next(self, queue: deque[Task], key: str, w: _Worker) -> tuple[Any, Config] | None:
+        """(problem, config) of the task `w` will likely get next: in its problem's queue, the one after those the
+        other busy workers on that problem take first; None when the queue is that short."""
+        ahead = sum(o is not w and o.task is not None and o.problem_key == key for o in self._workers)
+        if len(queue) <= ahead:
+            return None
+        nxt = queue[ahead]
+        return nxt.problem, nxt.config
 
     def _drain(self, w: _Worker, results: list[Measurement]) -> None:
         while True:

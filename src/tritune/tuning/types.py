@@ -131,6 +131,9 @@ class Task:
     config: Config
     finalist: bool = False  # re-time as the op runs (eager and graph) instead of the first pass's GPU time
     cutoff_us: float = math.inf  # first pass: stop timing early above this (BenchSettings.early_stop_factor)
+    # (problem, config) the executor expects to hand the same worker next: its binary is loaded while the GPU times
+    # this one (TRITUNE_WORKER_PRELOAD). A hint only: another worker may take it, and nothing is measured from it.
+    likely_next: tuple[Any, Config] | None = None
 
     def tightened(self, cutoffs: dict[str, float]) -> Task:
         """This task with its problem's current cutoff where that is lower (executors apply it when they hand the
