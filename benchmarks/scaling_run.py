@@ -61,6 +61,9 @@ _PASSES_LINE = re.compile(r"passes: stage search ([\d.]+)s, end-to-end re-time (
 _OUTSIDE_LINE = re.compile(r"outside the passes: starting workers and pool ([\d.]+)s, closing them ([\d.]+)s, "
                            r"writing ([\d.]+)s")
 _BEFORE_LINE = re.compile(r"before the tune: ([\d.]+)s")
+# Its split, where the CLI prints five parts (since 2026-11-26's ninth session).
+_BEFORE_SPLIT = re.compile(r"before the tune: [\d.]+s \([^:]*: ([\d.]+) / ([\d.]+) / ([\d.]+) / ([\d.]+) / ([\d.]+)s\)")
+_BEFORE_PARTS = ("before_driver_s", "before_torch_s", "before_imports_s", "before_device_s", "before_rows_s")
 
 
 _ACCOUNTED = ("before_tune_s", "start_s", "search_s", "retime_s", "close_s", "write_s")
@@ -86,6 +89,8 @@ def pass_walls(stdout: str) -> dict[str, float]:
         walls.update(zip(("start_s", "close_s", "write_s"), map(float, outside.groups()), strict=True))
     if before := _BEFORE_LINE.search(stdout):
         walls["before_tune_s"] = float(before.group(1))
+    if split := _BEFORE_SPLIT.search(stdout):
+        walls.update(zip(_BEFORE_PARTS, map(float, split.groups()), strict=True))
     return walls
 
 

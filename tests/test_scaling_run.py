@@ -44,6 +44,12 @@ def test_pass_walls_read_from_the_moe_summary():
                                         "retime_first_task_s": 0.8, "start_s": 0.4, "close_s": 2.1, "write_s": 0.3,
                                         "before_tune_s": 3.5}
     assert scaling.pass_walls("wrote 3 shape file(s)") == {}  # the GEMM tuner has one pass
+    split = text.replace("(imports, device, reading and checking the rows)",
+                         "(driver query and fork server, torch, tritune's imports, device, reading and checking the "
+                         "rows: 0.9 / 1.6 / 0.7 / 0.1 / 0.2s)")
+    assert {k: v for k, v in scaling.pass_walls(split).items() if k.startswith("before_")} == {
+        "before_tune_s": 3.5, "before_driver_s": 0.9, "before_torch_s": 1.6, "before_imports_s": 0.7,
+        "before_device_s": 0.1, "before_rows_s": 0.2}
     walls = scaling.pass_walls(text)
     assert scaling.with_residual(walls, 115.0)["residual_s"] == round(115.0 - (3.5 + 0.4 + 102.9 + 4.0 + 2.1 + 0.3), 2)
     assert scaling.with_residual({"search_s": 1.0}, 5.0) == {"search_s": 1.0}  # not every part printed: none
