@@ -47,7 +47,7 @@ def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_
 
 
 def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int, sweep: bool = False,
-          fma: bool = False) -> dict:
+          fma: bool = False, sweep_warps: tuple[int, ...] = ()) -> dict:
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -99,6 +99,12 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
             for label, ds in (("", False), (" dot_scaled", True)):
                 contestants[f"mxfp4{label} sweep {i}"] = (fm.MXFP4, ds, dataclasses.replace(mx(c1), **fields),
                                                           dataclasses.replace(mx(c2), **fields), q1, q2, s1, s2)
+    if sweep_warps and tokens <= SWEEP_TOKENS and device == "cuda":
+        for w in sweep_warps:  # the dot_scaled path's tiles at these warp counts (the tuner prunes 8 on small tiles)
+            for i, fields in enumerate(SWEEP):
+                contestants[f"mxfp4 dot_scaled w{w} sweep {i}"] = (
+                    fm.MXFP4, True, dataclasses.replace(mx(c1), num_warps=w, **fields),
+                    dataclasses.replace(mx(c2), num_warps=w, **fields), q1, q2, s1, s2)
     pairs_per_expert = math.ceil(tokens * topk / e)
     if fma and pairs_per_expert <= 8:
         bm = 1 << (pairs_per_expert - 1).bit_length()  # the power of two holding them
@@ -119,12 +125,24 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
     return row
 
 
+def _warp_counts(text: str) -> tuple[int, ...]:
+    """--sweep-warps: a comma list of 4, 8 or 16."""
+    parts = text.split(",")
+    if not all(p in ("4", "8", "16") for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of warp counts, each 4, 8 or 16")
+    return tuple(int(p) for p in parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path, required=True)
     ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (no GPU)")
     ap.add_argument("--tokens", default=None, help="comma list (default: 1..4096, or 3,9 with --tiny)")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--sweep-warps", type=_warp_counts, default=(),
+                    help="comma list of num_warps: the dot_scaled path's 12 sweep tiles at each, up to "
+                         f"{SWEEP_TOKENS} tokens (issue 16: its K step is about 6x bf16's instructions; does a second "
+                         "set of warps hide it?)")
     ap.add_argument("--sweep", action="store_true",
                     help=f"also 12 MXFP4 tile configs per path up to {SWEEP_TOKENS} tokens")
     ap.add_argument("--fma", action="store_true", help="also the stage kernels' multiply-add path (BLOCK_SIZE_M under "
@@ -141,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
     rows = []
     for t in tokens:
-        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep, args.fma))
+        rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep, args.fma,
+                          args.sweep_warps))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "padded_grid": args.padded_grid, "rows": rows},
                                        indent=1))
     print("| tokens | floor MXFP4 µs | bf16 stages µs | bf16 multiply-add best µs | MXFP4 decode µs | "

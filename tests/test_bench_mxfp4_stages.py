@@ -6,6 +6,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_mxfp4_stages", ROOT / "benchmarks" / "bench_mxfp4_stages.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -38,3 +40,11 @@ def test_tiny_point_with_the_multiply_add_path(tmp_path):
     assert all(row[f"{name}_rel_l2"] < 1e-2 and row[f"{name}_us"] > 0 for name in fma)
     assert row["mxfp4 fma 0_configs"][0].startswith("moe_stage1_per_1x32_silu_BM2_")  # 6 pairs over 4 experts
     assert row["bf16_fma_best_us"] > 0
+
+
+def test_sweep_warps_takes_a_comma_list_of_warp_counts(capsys):
+    assert bench._warp_counts("4,8") == (4, 8)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--tiny", "--out", "unused.json", "--sweep-warps", "8,3"])
+    assert exit_.value.code == 2
+    assert "--sweep-warps: '8,3': a comma list of warp counts, each 4, 8 or 16" in capsys.readouterr().err
