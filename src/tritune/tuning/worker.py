@@ -135,7 +135,7 @@ class _Runner:
         inputs and reference, 0 when kept from the last candidate; bind: the launcher; run: the first checked run up to
         its sync, which loads the binary; rerun: the checked run after timing; check: comparing their outputs with
         the reference; time: the timer): what sets a tuning run's pace besides the GPU time itself. On 4 H200s the
-        checked runs took 26-42% more seconds than on 1 GPU while the comparisons took the same (issue 17). Two
+        checked runs took 26-42% more seconds than on 1 GPU while the comparisons took the same (issue 17). Three
         figures inside "time" come with them: timer_parked (the sleeps the GPU timers asked for) and timer_queued
         (the host's time queueing the timed calls behind them), and preload (loading `task.likely_next`'s binary
         while the GPU ran the timed calls); extra["short_park_retimed"] counts timings repeated behind the full
