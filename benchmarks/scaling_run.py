@@ -10,6 +10,10 @@ the winner's time within --spread of the 1-GPU winner's).
 
     python benchmarks/scaling_run.py --out $OUT/scaling --kinds moe,gemm --executors local --gpus 1,2,4
     python benchmarks/scaling_run.py --out $OUT/scaling --kinds moe --executors ray --gpus 2,4 --merge earlier.json
+    python benchmarks/scaling_run.py --out $OUT/b --kinds moe --gpus 4,1 --tag b --merge $OUT/a/scaling.json  # a repeat
+
+Runs with a --tag compare with the 1-GPU run of the same tag (pairs run back to back on one machine), and the table
+ends with each n-GPU setting's efficiencies over its tags: their spread is the run-to-run noise of the efficiency.
 
 Writes {out}/scaling.json (every run) and {out}/{run}/stdout.log; prints a table last.
 """
@@ -261,12 +265,14 @@ def gpu_figures(text: str, gpus: int) -> dict:
 
 
 def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: float,
-            compile_workers: int | None = None, start_method: str = "forkserver", compile_lead: int = 0) -> dict:
+            compile_workers: int | None = None, start_method: str = "forkserver", compile_lead: int = 0,
+            tag: str = "") -> dict:
     """One CLI run; `compile_workers` (the CLI's --compile-workers, default every core), `compile_lead` (its
-    --compile-lead, default off) and `start_method` (TRITUNE_START_METHOD) name the run too."""
+    --compile-lead, default off), `start_method` (TRITUNE_START_METHOD) and `tag` (a repeat's label) name the run
+    too."""
     name = (f"{kind}-{executor}-{gpus}gpu" + (f"-cw{compile_workers}" if compile_workers else "")
             + (f"-lead{compile_lead}" if compile_lead else "")
-            + ("" if start_method == "forkserver" else f"-{start_method}"))
+            + ("" if start_method == "forkserver" else f"-{start_method}") + (f"-{tag}" if tag else ""))
     out = out_root / name
     if out.exists():
         shutil.rmtree(out)
@@ -292,7 +298,7 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
     (out / "stdout.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     winners = moe_winners(out) if kind == "moe" else gemm_winners(out)
     return {"name": name, "kind": kind, "executor": executor, "gpus": gpus, "compile_workers": compile_workers,
-            "compile_lead": compile_lead, "start_method": start_method,
+            "compile_lead": compile_lead, "start_method": start_method, "tag": tag,
             "rc": rc,
             "wall_s": round(wall, 2), "command": " ".join(cmd[1:]), **executor_figures(stdout),
             "worker_phase_s": phase_seconds(out), "pass_wall_s": with_residual(pass_walls(stdout), wall),
@@ -302,16 +308,18 @@ def run_one(kind: str, executor: str, gpus: int, out_root: Path, timeout_s: floa
 
 def compare(runs: list[dict], spread: float) -> list[dict]:
     """Efficiency and winner agreement of each run against the 1-GPU local run of its kind and setting (compile
-    workers, compile lead, start method), or, where there is none, the default 1-GPU run of its kind (named in
-    `baseline`)."""
+    workers, compile lead, start method, tag), or, where there is none, the same without the tag, or the default
+    1-GPU run of its kind (named in `baseline`)."""
     def setting(r: dict) -> tuple:
-        return r["kind"], r.get("compile_workers"), r.get("compile_lead", 0), r.get("start_method", "spawn")
+        return (r["kind"], r.get("compile_workers"), r.get("compile_lead", 0), r.get("start_method", "spawn"),
+                r.get("tag", ""))
 
     base = {setting(r): r for r in runs if r["executor"] == "local" and r["gpus"] == 1 and r["rc"] == 0}
     rows = []
     for r in runs:
-        ref = (base.get(setting(r)) or base.get((r["kind"], None, 0, r.get("start_method", "spawn")))
-               or base.get((r["kind"], None, 0, "forkserver")) or base.get((r["kind"], None, 0, "spawn")))
+        kind, method = r["kind"], r.get("start_method", "spawn")
+        ref = (base.get(setting(r)) or base.get((*setting(r)[:4], "")) or base.get((kind, None, 0, method, ""))
+               or base.get((kind, None, 0, "forkserver", "")) or base.get((kind, None, 0, "spawn", "")))
         row = {"name": r["name"], "rc": r["rc"], "wall_s": r["wall_s"], "gpus": r["gpus"],
                "baseline": ref["name"] if ref else None,
                "candidates_per_gpu": r["candidates_per_gpu"], "idle_s_per_gpu": r["idle_s_per_gpu"]}
@@ -339,6 +347,21 @@ def compare(runs: list[dict], spread: float) -> list[dict]:
     return rows
 
 
+def efficiency_spread(runs: list[dict], rows: list[dict]) -> dict[str, dict]:
+    """Per n-GPU setting (the run's name without its tag), the efficiencies of its tagged and untagged repeats: each
+    against its own 1-GPU run, with their range."""
+    by_name = {r["name"]: r for r in runs}
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        run = by_name[row["name"]]
+        if run["gpus"] == 1 or "efficiency" not in row:
+            continue
+        tag = run.get("tag", "")
+        groups.setdefault(row["name"].removesuffix(f"-{tag}") if tag else row["name"], []).append(row["efficiency"])
+    return {name: {"efficiencies": effs, "min": min(effs), "max": max(effs), "mean": round(sum(effs) / len(effs), 3)}
+            for name, effs in groups.items() if len(effs) > 1}
+
+
 def warm_up() -> float:
     """Seconds of one untimed start of what every run starts (Python, torch, Triton, tritune's CLI, every GPU): the
     first run on a fresh machine otherwise reads them from a cold disk cache (6.7 s before the tune against 3.4 s
@@ -363,9 +386,13 @@ def main(argv: list[str] | None = None) -> int:
                     "core); runs compare with the 1-GPU run of the same setting")
     ap.add_argument("--compile-lead", type=int, default=0, help="the CLI's --compile-lead for every run (default 0: "
                     "off); runs compare with the 1-GPU run of the same setting")
+    ap.add_argument("--tag", default="", help="a label for these runs (a repeat): they compare with the 1-GPU run "
+                    "of the same tag; letters, digits and - only")
     ap.add_argument("--start-method", choices=("spawn", "forkserver"), default="forkserver",
                     help="TRITUNE_START_METHOD for every run (how compile processes and GPU workers start)")
     args = ap.parse_args(argv)
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9-]+", args.tag):
+        ap.error(f"--tag {args.tag!r}: use letters, digits and - only (it becomes part of each run's folder name)")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [run for path in args.merge for run in json.loads(path.read_text())["runs"]]
     print(f"warm-up (imports and CUDA start-up, untimed): {warm_up():.1f}s", flush=True)
@@ -373,14 +400,19 @@ def main(argv: list[str] | None = None) -> int:
         for executor in args.executors.split(","):
             for gpus in map(int, args.gpus.split(",")):
                 run = run_one(kind, executor, gpus, args.out, args.timeout, args.compile_workers, args.start_method,
-                              args.compile_lead)
+                              args.compile_lead, args.tag)
                 runs = [r for r in runs if r["name"] != run["name"]] + [run]
                 print(f"{run['name']}: rc {run['rc']} wall {run['wall_s']:.1f}s per GPU {run['candidates_per_gpu']} "
                       f"idle {run['idle_s_per_gpu']} cpu {run['cpu']} gpu {run['gpu']}", flush=True)
                 rows = compare(runs, args.spread)
-                (args.out / "scaling.json").write_text(json.dumps({"runs": runs, "table": rows}, indent=1))
-    for row in compare(runs, args.spread):
+                (args.out / "scaling.json").write_text(json.dumps(
+                    {"runs": runs, "table": rows, "spread": efficiency_spread(runs, rows)}, indent=1))
+    rows = compare(runs, args.spread)
+    for row in rows:
         print(json.dumps(row))
+    for name, spread in efficiency_spread(runs, rows).items():
+        print(f"{name}: efficiency {spread['min']}-{spread['max']} over {len(spread['efficiencies'])} repeats "
+              f"(mean {spread['mean']})")
     return 0
 
 

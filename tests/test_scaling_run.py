@@ -7,6 +7,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("scaling_run", ROOT / "benchmarks" / "scaling_run.py")
 scaling = importlib.util.module_from_spec(_spec)
@@ -150,3 +152,22 @@ def test_a_setting_compares_with_its_own_1gpu_run_else_the_default_one():
     assert rows["g4"]["baseline"] == "g1" and rows["g4"]["efficiency"] == round(100 / 120, 3)
     assert rows["g4-cw24"]["baseline"] == "g1" and rows["g4-cw24"]["efficiency"] == 1.0  # no 1-GPU cw24 run
     assert rows["g4-fs"]["baseline"] == "g1-fs" and rows["g4-fs"]["efficiency"] == 0.9
+
+
+def test_tagged_repeats_pair_with_their_own_1_gpu_run_and_report_the_spread(tmp_path, capsys):
+    run = scaling.run_one("gemm", "local", 1, tmp_path, timeout_s=0.01, tag="b")
+    assert run["name"] == "gemm-local-1gpu-b" and run["tag"] == "b"
+    runs = [{**_run("g-1gpu", 1, 300.0, {}), "tag": ""}, {**_run("g-4gpu", 4, 100.0, {}), "tag": ""},
+            {**_run("g-1gpu-b", 1, 320.0, {}), "tag": "b"}, {**_run("g-4gpu-b", 4, 94.0, {}), "tag": "b"},
+            {**_run("g-2gpu-c", 2, 160.0, {}), "tag": "c"}]  # no 1-GPU run tagged c: the untagged one
+    rows = scaling.compare(runs, spread=0.05)
+    by = {r["name"]: r for r in rows}
+    assert by["g-4gpu"]["efficiency"] == 0.75 and by["g-4gpu"]["baseline"] == "g-1gpu"
+    assert by["g-4gpu-b"]["efficiency"] == round(320 / 376, 3) and by["g-4gpu-b"]["baseline"] == "g-1gpu-b"
+    assert by["g-2gpu-c"]["baseline"] == "g-1gpu"
+    spread = scaling.efficiency_spread(runs, rows)
+    assert set(spread) == {"g-4gpu"}  # the 2-GPU setting ran once: no spread
+    assert spread["g-4gpu"]["efficiencies"] == [0.75, round(320 / 376, 3)] and spread["g-4gpu"]["min"] == 0.75
+    with pytest.raises(SystemExit) as exit_:
+        scaling.main(["--out", str(tmp_path / "x"), "--tag", "a b"])
+    assert exit_.value.code == 2 and "--tag 'a b': use letters, digits and - only" in capsys.readouterr().err
