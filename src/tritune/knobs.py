@@ -165,8 +165,9 @@ TIMER_PARKS = ("short", "full")
 def timer_park() -> str:
     """TRITUNE_TIMER_PARK: how long the GPU timers park the GPU while the host queues the timed calls. "short"
     (default): a head start of about two calls, every call then checked to have been queued whole before the GPU
-    reached it, else timed again with the full park. "full": a sleep covering the whole queue, as before
-    2026-11-26. Anything else is a ValueError."""
+    reached it; the calls from the first that was not are queued again behind a park twice as long (three parks at
+    most, then the full park). "full": a sleep covering the whole queue, as before 2026-11-26. Anything else is a
+    ValueError."""
     return _one_of(TIMER_PARK, TIMER_PARKS, "short")
 
 

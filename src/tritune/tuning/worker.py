@@ -138,8 +138,8 @@ class _Runner:
         checked runs took 26-42% more seconds than on 1 GPU while the comparisons took the same (issue 17). Three
         figures inside "time" come with them: timer_parked (the sleeps the GPU timers asked for) and timer_queued
         (the host's time queueing the timed calls behind them), and preload (loading `task.likely_next`'s binary
-        while the GPU ran the timed calls); extra["short_park_retimed"] counts timings repeated behind the full
-        park."""
+        while the GPU ran the timed calls); extra["short_park_retimed"] counts the short parks the GPU caught up
+        with (the calls left were queued again behind a longer park)."""
         problem, config = task.problem, task.config
         key = _safe_key(problem)
         self.phases = {}
