@@ -68,6 +68,7 @@ _BEFORE_LINE = re.compile(r"before the tune: ([\d.]+)s")
 # Its split, where the CLI prints five parts (since 2026-11-26's ninth session).
 _BEFORE_SPLIT = re.compile(r"before the tune: [\d.]+s \([^:]*: ([\d.]+) / ([\d.]+) / ([\d.]+) / ([\d.]+) / ([\d.]+)s\)")
 _BEFORE_PARTS = ("before_driver_s", "before_torch_s", "before_imports_s", "before_device_s", "before_rows_s")
+_DONE_LINE = re.compile(r"  done ([\d.]+)s after the command started")
 
 
 _ACCOUNTED = ("before_tune_s", "start_s", "search_s", "retime_s", "close_s", "write_s")
@@ -75,7 +76,11 @@ _ACCOUNTED = ("before_tune_s", "start_s", "search_s", "retime_s", "close_s", "wr
 
 def with_residual(walls: dict[str, float], wall_s: float) -> dict[str, float]:
     """`walls` plus residual_s: the run's wall time outside every part the tuner prints (the interpreter's start, the
-    process's exit, the output), where it printed them all; 1.4-1.6 s on 4 H200s (issue 17's fixed cost)."""
+    process's exit, the output), where it printed them all; 1.4-1.6 s on 4 H200s (issue 17's fixed cost). With the
+    command's "done" line, exit_s too: the wall after it (the interpreter's exit, and its start before the CLI
+    module)."""
+    if "done_s" in walls:  # the interpreter's start and exit, around what the command timed itself
+        walls = {**walls, "exit_s": round(wall_s - walls["done_s"], 2)}
     if not all(name in walls for name in _ACCOUNTED):
         return walls
     return {**walls, "residual_s": round(wall_s - sum(walls[name] for name in _ACCOUNTED), 2)}
@@ -95,6 +100,8 @@ def pass_walls(stdout: str) -> dict[str, float]:
         walls["before_tune_s"] = float(before.group(1))
     if split := _BEFORE_SPLIT.search(stdout):
         walls.update(zip(_BEFORE_PARTS, map(float, split.groups()), strict=True))
+    if done := _DONE_LINE.search(stdout):
+        walls["done_s"] = float(done.group(1))
     return walls
 
 

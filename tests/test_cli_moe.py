@@ -122,6 +122,8 @@ def test_run_writes_tuned_row_and_profile_keeping_other_devices_rows(tmp_path, c
                       r"device, reading and checking the rows: (\d+\.\d) / (\d+\.\d) / (\d+\.\d) / (\d+\.\d) / "
                       r"(\d+\.\d)s\)\n", summary)
     assert split and abs(float(split[1]) - sum(float(split[i]) for i in range(2, 7))) <= 0.25  # the parts add up
+    done = re.search(r"\n  done (\d+\.\d)s after the command started \(the interpreter's exit follows\)\n", summary)
+    assert done and float(done[1]) >= float(split[1])
     # One set of workers for the stage search and the re-time: one executor line, counting both passes.
     assert summary.count("\n  local: 1 worker(s)") == 1
     assert len(pools) == 1  # ... and one compile pool

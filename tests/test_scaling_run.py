@@ -52,6 +52,8 @@ def test_pass_walls_read_from_the_moe_summary():
     assert {k: v for k, v in scaling.pass_walls(split).items() if k.startswith("before_")} == {
         "before_tune_s": 3.5, "before_driver_s": 0.9, "before_torch_s": 1.6, "before_imports_s": 0.7,
         "before_device_s": 0.1, "before_rows_s": 0.2}
+    done = scaling.pass_walls(split + "  done 113.1s after the command started (the interpreter's exit follows)\n")
+    assert done["done_s"] == 113.1 and scaling.with_residual(done, 115.0)["exit_s"] == 1.9
     walls = scaling.pass_walls(text)
     assert scaling.with_residual(walls, 115.0)["residual_s"] == round(115.0 - (3.5 + 0.4 + 102.9 + 4.0 + 2.1 + 0.3), 2)
     assert scaling.with_residual({"search_s": 1.0}, 5.0) == {"search_s": 1.0}  # not every part printed: none

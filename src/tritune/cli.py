@@ -342,6 +342,9 @@ def _run_moe(req, args: argparse.Namespace, example: bool = False) -> int:
         # command ran its GEMM part first, which this would count
         print(f"  before the tune: {before:.1f}s (driver query and fork server, torch, tritune's imports, device, "
               f"reading and checking the rows: {' / '.join(f'{x:.1f}' for x in split)}s)")
+        # Against the process's wall time, what the interpreter's start and exit take (4 H200s: 1.3-2.1 s unprinted).
+        done = time.perf_counter() - _STARTED
+        print(f"  done {done:.1f}s after the command started (the interpreter's exit follows)")
     if report.written:
         print(f"wrote {len(report.written)} row(s) to {req.output}")
     if req.profile_file is not None and report.results:
