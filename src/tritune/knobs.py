@@ -229,7 +229,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(START_METHOD, start_method, "How the tuner starts compile processes and GPU workers: forkserver "
                                      "(default; forked from one process that imported torch and Triton) or spawn."),
     Knob(TIMER_PARK, timer_park, "How long the GPU timers park the GPU while the host queues: short (default; "
-                                 "each call checked, else timed again) or full (a sleep covering the whole queue)."),
+                                 "each call checked; from the first the GPU caught up with, queued again behind a "
+                                 "longer park) or full (a sleep covering the whole queue)."),
     Knob(MXFP4_DECODE, mxfp4_decode, "How GPU kernels decode MXFP4 weights to bf16: ops (default; Triton ops) or "
                                      "asm (packed PTX, two weights a register; measured no faster)."),
     Knob(WORKER_PRELOAD, worker_preload, "1 (default): a GPU worker loads its likely next candidate's binary while "

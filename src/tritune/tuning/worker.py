@@ -66,7 +66,6 @@ class _Runner:
         self._kept: dict[str, _ProblemState] = {}  # recent problems' states, least recently used first
         self._largest_state = 0  # bytes of the largest problem state built so far (what a new one may need)
         self.phases: dict[str, float] = {}  # the current candidate's milliseconds per phase (see `run`)
-        self._preload_s = 0.0  # seconds spent loading likely next candidates' binaries, summed (see `_preload`)
         self._mark = time.perf_counter()
         self._check_output = check_output
         self._prepare_reference = prepare_reference
@@ -152,7 +151,6 @@ class _Runner:
             return Measurement(key, config, classify_exception(exc), message="making inputs: " + short_message(exc))
         self._phase("inputs")
         started()
-        preload0 = self._preload_s
         while_gpu_busy(functools.partial(self._preload, *task.likely_next) if task.likely_next else None)
         try:
             if task.finalist:
@@ -171,8 +169,6 @@ class _Runner:
         if PARK_TOTALS["parked"] > parked0:
             phases["timer_parked"] = round(1e3 * (PARK_TOTALS["parked"] - parked0), 3)
             phases["timer_queued"] = round(1e3 * (PARK_TOTALS["queued"] - queued0), 3)
-        if self._preload_s > preload0:
-            phases["preload"] = round(1e3 * (self._preload_s - preload0), 3)
         if PARK_TOTALS["retimed"] > retimed0:  # timings whose short park the GPU caught up with
             extra["short_park_retimed"] = PARK_TOTALS["retimed"] - retimed0
         return dataclasses.replace(measurement, extra=extra)
@@ -187,8 +183,8 @@ class _Runner:
             self.tunable.compile(problem, config)
         except Exception:
             pass
-        finally:
-            self._preload_s += time.perf_counter() - t0
+        finally:  # a figure inside "time", where the timer ran it
+            self.phases["preload"] = self.phases.get("preload", 0.0) + (time.perf_counter() - t0) * 1e3
 
     def _phase(self, name: str) -> None:
         """Add the time since the last phase ended (since `run` began, for the first) to phase `name`."""
