@@ -161,6 +161,18 @@ def test_a_bad_start_method_is_one_line_before_any_work(command, variable, value
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["gemm", "moe"])
+def test_a_bad_worker_preload_is_one_line_before_any_work(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITUNE_WORKER_PRELOAD", "sometimes")
+    out = tmp_path / "out"
+    argv = {"gemm": [*GEMM, "-o", str(out)],
+            "moe": ["moe", "-i", str(moe_input(tmp_path, ROW)), "-o", str(out / "t.csv")]}[command]
+    assert run_cli([*argv, *ENGINE]) == 2
+    assert one_error_line(capsys) == ("tritune: error: TRITUNE_WORKER_PRELOAD='sometimes' is not a boolean; use 1 or 0 "
+                                      "(true/false, yes/no, on/off)")
+    assert not out.exists()
+
+
 def test_a_tuning_command_starts_the_fork_server_first_and_a_query_does_not(tmp_path, monkeypatch):
     """The fork server's imports overlap the CLI's own work: a tuning verb starts it before anything else (here the
     run then stops at a bad input); `configs` starts nothing."""

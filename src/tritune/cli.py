@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     # On a Ray cluster the nodes decide (no CUDA there: the interpreter); the driver's own GPU does not matter.
     on_ray = getattr(args, "executor", "local") == "ray"
     tuning = args.command not in ("device", "configs")
-    from tritune.knobs import mxfp4_decode, start_method, timer_park
+    from tritune.knobs import mxfp4_decode, start_method, timer_park, worker_preload
     from tritune.tuning import processes
 
     if tuning:
@@ -459,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             start_method()
             timer_park()
             mxfp4_decode()
+            worker_preload()
         except ValueError as exc:
             return _fail(str(exc))
     # The fork server's imports overlap this process's own torch import where the driver reports a GPU (issue 17's
