@@ -267,3 +267,31 @@ def test_bad_strings_raise(kwargs, match, monkeypatch):
         fused_moe(hidden, w1, w2, weights, ids, **kwargs)
     with pytest.raises(ValueError, match="quant 'int8'"):
         heuristic_moe_choice(T, D, INTER, E, TOPK, "int8")
+
+
+def test_a_cached_plan_keeps_no_call_tensor_alive(use_rows):
+    """The op caches its bound plans; they must not hold the call's tensors. A TMA plan kept its weights through the
+    descriptor it was bound with, and the tuner, which builds fresh weights for each end-to-end candidate, ran one
+    H100 out of memory re-timing Mixtral rows (2.7 GB a candidate, issue 17)."""
+    import gc
+    import weakref
+
+    use_rows([])
+    tma = dataclasses.replace(SMALL, USE_TMA=1)
+    model_dim = 48  # fp16 rows of 96 / 48 bytes: TMA-able
+
+    def call() -> list[weakref.ref]:
+        g = torch.Generator().manual_seed(5)
+        hidden = torch.randn(T, model_dim, generator=g).half().to(DEV)
+        w1 = (torch.randn(E, 2 * INTER, model_dim, generator=g) / 8).half().to(DEV)
+        w2 = (torch.randn(E, model_dim, INTER, generator=g) / 6).half().to(DEV)
+        weights, ids = sample_routing(T, E, TOPK, seed=5, device=DEV)
+        out = fused_moe(hidden, w1, w2, weights, ids, choice=op.MoeChoice(False, tma, tma, "test"))
+        assert rel_l2(out, fused_moe_reference(hidden, w1, w2, weights, ids)) < 1e-2
+        return [weakref.ref(t) for t in (hidden, w1, w2, weights, ids)]
+
+    plans = len(op._PLANS)
+    refs = call()
+    gc.collect()
+    assert len(op._PLANS) == plans + 1  # the plan is cached...
+    assert [r() is None for r in refs] == [True] * 5  # ...and every tensor of the call is gone

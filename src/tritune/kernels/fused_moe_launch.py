@@ -99,13 +99,17 @@ class _Pieces:
 @dataclass
 class _Tma:
     """One TMA operand of the plan: where its base comes from per call (("t", call tensor) or ("p", workspace
-    piece)), its 2-D view and block, the descriptor the binding compiled with, and (GPU) its argument cache."""
+    piece)), its 2-D view and block, the descriptor the binding compiled with, and (GPU) its argument cache.
+
+    `example` is dropped (None) once the plan is bound: over a call tensor it holds that tensor, a weight, and the op
+    keeps its plans. The tuner builds fresh weights for each end-to-end candidate, and each one's plan kept them:
+    2.7 GB a Mixtral candidate, until one H100 ran out of memory re-timing the MoE file's rows (issue 17)."""
 
     source: tuple[str, object]
     shape: tuple[int, int]
     dtype: torch.dtype
     block: list[int]
-    example: TensorDescriptor
+    example: TensorDescriptor | None
     cache: DescriptorCache | None = None
     width: int = 1  # launch arguments one descriptor takes
 
@@ -216,6 +220,8 @@ class MoeLaunch:
         """Per launch, its C launch and one C-level getter of its pointers out of the call's flat list: the call's
         tensors (or addresses), then the workspace pieces, then the launch arguments of the TMA descriptors in
         self.tma's order."""
+        for tma in self.tma:
+            tma.example = None  # bound: keep no call tensor alive (see _Tma)
         n_t, n_p = len(_TENSORS), len(pieces.items)
         offset = {0: 0, 1: n_t}
         desc_at, at = {}, n_t + n_p
