@@ -164,8 +164,9 @@ def test_moe_one_stage_only_for_a_handful_of_pairs():
 def _moe_shape(tokens, dims, quant, dtype="bf16"):
     d, i, e, k = dims
     q = "fp8" if quant != "none" else dtype
+    qa, qw = (dtype, "fp4x2") if quant == "per_1x32" else (q, q)  # MXFP4: 16-bit activations, packed fp4 weights
     return FmoeShape(token=tokens, model_dim=d, inter_dim=i, expert=e, topk=k, act_type="silu", dtype=dtype,
-                     q_dtype_a=q, q_dtype_w=q, q_type=quant, use_g1u1=True, doweight_stage1=False)
+                     q_dtype_a=qa, q_dtype_w=qw, q_type=quant, use_g1u1=True, doweight_stage1=False)
 
 
 MOE_DIMS = [(64, 32, 4, 2),  # test-sized: tiles clipped to the dimensions
@@ -175,7 +176,7 @@ MOE_DIMS = [(64, 32, 4, 2),  # test-sized: tiles clipped to the dimensions
 TOKENS = (1, 2, 3, 4, 7, 16, 33, 100, 256, 1000, 4096, 16384)
 
 
-@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128"])
+@pytest.mark.parametrize("quant", ["none", "per_token", "per_1x128", "per_1x32"])
 @pytest.mark.parametrize("max_shared", [232448, 166912])  # H100; A100-sized shared memory
 def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_shared):
     dev = device(max_shared=max_shared)
@@ -239,3 +240,23 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
     assert levers(1024, inter=512, quant="per_token") == (2, 2) and levers(1024, inter=512, quant="per_1x128") == (2, 2)
     assert levers(1024, capability=(8, 0)) == (0, 0)  # no TMA
     assert levers(1024, inter=14340) == (0, 0)  # rows of 28680 bytes: not a 16-byte multiple, no descriptor
+
+
+def test_mxfp4_takes_the_64_by_128_weight_tile_on_16_row_blocks_from_16_pairs():
+    """MXFP4 on 16-row blocks: BN 64, BK 128, 3 stages on both stages from MXFP4_WIDE_PAIRS routed pairs (H100,
+    gpt-oss-120b at 16 tokens: 595 us against 849 for the bf16 tiles); under it, and from 64-row blocks, the bf16
+    tiles without TMA."""
+    def plan(tokens, dims=(2880, 2880, 128, 4)):
+        run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32")
+        assert not run_1stage
+        check_plan(s1, s2, "per_1x32")
+        return (*tile(s1), s1.num_stages), (*tile(s2), s2.num_stages)
+
+    assert plan(1) == ((16, 32, 256, 4), (16, 64, 256, 4))  # 4 pairs: the bf16 tiles (measured best there)
+    for tokens in (4, 16, 64):
+        assert plan(tokens) == ((16, 64, 128, 3), (16, 64, 128, 3)), tokens
+    assert plan(1024)[0][0] == 64 and plan(1024) == tuple(
+        (*tile(c), c.num_stages) for c in moe_heuristic(1024, 2880, 2880, 128, 4, "none", one_stage=False)[1:])
+    assert plan(16, (48, 40, 4, 2)) == ((16, 64, 64, 3), (16, 64, 64, 3))  # clipped to the dimensions (K 48, 40)
+    _, a8, _ = moe_heuristic(16, 2880, 2880, 128, 4, "per_1x32_a8")  # fp8 activations: not measured, bf16 tiles
+    assert tile(a8) == (16, 32, 256)

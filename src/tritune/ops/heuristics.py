@@ -55,6 +55,8 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - fp8 per_token and per_1x128 take both together under the same conditions, never the sorted intermediate alone
   (H100, E 128 top-8 I 384, whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024);
 - MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
+  with 16-bit activations on 16-row blocks from MXFP4_WIDE_PAIRS (16) routed pairs, BN 64, BK 128 and 3 stages on
+  both stages instead (H100, gpt-oss-120b, 16 tokens: the stage pair 595 µs against 849 with the bf16 tiles);
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -81,6 +83,11 @@ SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before spli
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
+# MXFP4 on 16-row blocks takes the 64 x 128 weight tile, 3 stages, on both stages from this many routed pairs. H100,
+# gpt-oss-120b: 595 us for the stage pair at 16 tokens (64 pairs) against 849 with the bf16 tiles (32 / 64 x 256,
+# 4 stages); the earlier decode path had the same best tile at 64, 256 and 1024 pairs, and the bf16 tile at 4. The
+# boundary between 4 and 64 pairs is not measured, nor is MXFP4 with fp8 activations (it keeps the bf16 tiles).
+MXFP4_WIDE_PAIRS = 16
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 
 # (M upper bound or None, main tiles largest first, fallback tiles). Block-scaled: BLOCK_N capped at 128, no
@@ -253,8 +260,13 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         # the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
         _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
                                   gated=gated, capability=capability, one_stage=False)
+        wide = quant == fm.MXFP4 and s1.BLOCK_SIZE_M == 16 and tokens * topk >= MXFP4_WIDE_PAIRS
+        stages = ((s1, inter_dim, model_dim), (s2, model_dim, inter_dim))  # (config, N, K) of each stage
         return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
-                        for c in (s1, s2))
+                        if not wide else
+                        replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, num_stages=3,
+                                BLOCK_SIZE_N=max(16, min(64, _p2(n))), BLOCK_SIZE_K=max(32, min(128, _p2(k))))
+                        for c, n, k in stages)
     if quant not in fm.QUANT_TYPES:
         raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
