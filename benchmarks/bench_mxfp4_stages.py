@@ -4,7 +4,8 @@ Measures the MXFP4 GEMM paths issue 16 asks about: stage 1 + stage 2 (`moe_stage
 the sort itself is not timed) with MXFP4 weights against the same stages with bf16 weights, on gpt-oss-120b's MoE
 shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule table's bf16 choice for all (MXFP4 without
 TMA, BLOCK_K >= 32). MXFP4 three ways: the weight tile decoded in registers, the same through tl.dot_scaled, and fp8
-per-token activations through tl.dot_scaled (per_1x32_a8); with --sweep also 12 tile configs per 16-bit path at
+per-token activations through tl.dot_scaled (per_1x32_a8); also "mxfp4 rule", the rule table's own MXFP4 tiles (what
+the op runs untuned, `heuristics.MXFP4_WIDE_PAIRS`); with --sweep also 12 tile configs per 16-bit path at
 <= 256 tokens (what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales
 1/32 byte per weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
 
@@ -90,9 +91,12 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
         return rel, time_kernel(call, iters=iters, warmup=min(3, iters)).median_us
 
     mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
+    # The op's own MXFP4 choice (its rule table's MXFP4 entries), through the path the op takes by default.
+    _, r1, r2 = moe_heuristic(max(tokens, 2 * 8 // topk + 1), d, inter, e, topk, fm.MXFP4)
     contestants = {"bf16": ("none", False, c1, c2, b1, b2, None, None),
                    "mxfp4": (fm.MXFP4, False, mx(c1), mx(c2), q1, q2, s1, s2),
                    "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2),
+                   "mxfp4 rule": (fm.MXFP4, fm.MXFP4_DOT_SCALED, r1, r2, q1, q2, s1, s2),
                    "mxfp4 a8": (fm.MXFP4_A8, True, mx(c1), mx(c2), q1, q2, s1, s2)}
     if sweep and tokens <= SWEEP_TOKENS and device == "cuda":
         for i, fields in enumerate(SWEEP):
@@ -164,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps({"dims": dims, "device": device, "padded_grid": args.padded_grid, "rows": rows},
                                        indent=1))
     print("| tokens | floor MXFP4 µs | bf16 stages µs | bf16 multiply-add best µs | MXFP4 decode µs | "
-          "MXFP4 dot_scaled µs | MXFP4 fp8 A µs | MXFP4 best µs | best / floor | bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "MXFP4 dot_scaled µs | MXFP4 rule table µs | MXFP4 fp8 A µs | MXFP4 best µs | best / floor | "
+          "bf16 / MXFP4 best |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
               f"{r['bf16_fma_best_us']:.1f} | {r.get('mxfp4_us', math.nan):.1f} | "
-              f"{r.get('mxfp4 dot_scaled_us', math.nan):.1f} | "
+              f"{r.get('mxfp4 dot_scaled_us', math.nan):.1f} | {r.get('mxfp4 rule_us', math.nan):.1f} | "
               f"{r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
               f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
     return 0

@@ -27,7 +27,7 @@ def test_tiny_point_runs_and_checks_both_contestants(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["bf16_rel_l2"] < 1e-2 and row["mxfp4_rel_l2"] < 1e-2
     assert row["mxfp4_configs"][0].startswith("moe_stage1_per_1x32_") and row["mxfp4_us"] > 0
-    for name in ("mxfp4 dot_scaled", "mxfp4 a8"):  # the other MXFP4 contestants: checked too
+    for name in ("mxfp4 dot_scaled", "mxfp4 rule", "mxfp4 a8"):  # the other MXFP4 contestants: checked too
         assert row[f"{name}_rel_l2"] < 1e-2 and row[f"{name}_us"] > 0
 
 
