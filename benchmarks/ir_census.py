@@ -87,7 +87,6 @@ def compile_point(spec: str, stage: str, variant: str, sm_count: int) -> tuple[s
     from bench_fused_moe_gen2 import SHAPES, parse_variant
 
     from tritune.kernels import fused_moe as fm
-    from tritune.kernels import fused_moe_persistent as fp
     from tritune.kernels.fused_moe_compile import MoeDims, compile_only
     from tritune.ops.heuristics import moe_heuristic
 
@@ -101,15 +100,8 @@ def compile_point(spec: str, stage: str, variant: str, sm_count: int) -> tuple[s
     for note in notes:
         print(note, file=sys.stderr)
     config = dataclasses.replace(s1, **f1) if stage == "stage1" else dataclasses.replace(s2, **f2)
-    kernel = fp._moe_gemm_persistent_kernel if config.PERSISTENT else fm._moe_gemm_kernel
-    compiled = []
-    warmup = kernel.warmup
-    kernel.warmup = lambda *a, **kw: compiled.append(warmup(*a, **kw)) or compiled[-1]
-    try:
-        compile_only(stage, MoeDims(int(tokens), topk, experts, d, inter, quant=quant), config)
-    finally:
-        kernel.warmup = warmup
-    return config.name(stage, quant), compiled[-1].asm
+    compiled = compile_only(stage, MoeDims(int(tokens), topk, experts, d, inter, quant=quant), config)
+    return config.name(stage, quant), compiled.asm
 
 
 def scaled_dots() -> dict[str, dict]:

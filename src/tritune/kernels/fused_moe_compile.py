@@ -7,6 +7,7 @@ lands in Triton's cache under the key the real launch computes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -51,14 +52,15 @@ class MoeDims:
         return self.tokens * self.topk
 
 
-def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
+def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
     """Compile the GEMM kernel `kernel` ("stage1", "stage2", "1stage") would launch, with no GPU and no launch.
 
     Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
     binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
     left to the first real launch: they are few and shared by every config). A config with the plan-level options
     (SORTED_INTER, TOPK_ATOMIC) compiles the variant `MoeLaunch` binds for it; the fp8 intermediate quantized inside
-    the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch.
+    the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch. Returns the binary
+    (Triton's CompiledKernel: its `asm` is what benchmarks/ir_census.py counts).
     """
     from triton.runtime.jit import MockTensor
 
@@ -77,7 +79,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
         s2 = _mock_scale_strides(q, dims.experts, d, inter)
         d_row, i_row = (d // 2, inter // 2) if q in MXFP4_QUANTS else (d, inter)  # weight row lengths as stored
         final_cast = fused_moe_1stage.FINAL_CAST_IN_KERNEL  # the output and its counts, else two dummy pointers
-        _moe_1stage_kernel.warmup(
+        return _moe_1stage_kernel.warmup(
             a_dt, f32, w_dt, ws_dt, w_dt, ws_dt, f32, i32, i32, i32, f32, dims.dtype if final_cast else f32, f32,
             numel, inter, d, num_pid_m,
             d, triton.cdiv(d, SCALE_BLOCK) if q == "per_1x128" else 0,
@@ -87,7 +89,6 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
             BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
             WIDE_FP16=dims.dtype == torch.float16, FINAL_CAST=final_cast, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, grid=(1,))
-        return
     # The plan-level options, as MoeLaunch passes them: a sorted intermediate has moe_align.sorted_rows rows; stage 2
     # adds into the fp32 [T, D] accumulator unless it writes `out` itself (top-1 without split-K).
     rows = sorted_rows(numel, dims.experts, cfg.BLOCK_SIZE_M) if cfg.SORTED_INTER else numel
@@ -116,7 +117,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> None:
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     w_row = k // 2 if q in MXFP4_QUANTS else k  # bytes (elements) of a weight row
     kernel_fn = _moe_gemm_persistent_kernel if cfg.PERSISTENT else _moe_gemm_kernel  # the same arguments
-    kernel_fn.warmup(
+    return kernel_fn.warmup(
         a_dt, a_desc, f32, w_dt, w_desc, ws_dt, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
         *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, part_rows * n_w if split else 0, 0,

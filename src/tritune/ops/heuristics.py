@@ -260,13 +260,13 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         # the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
         _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
                                   gated=gated, capability=capability, one_stage=False)
-        wide = quant == fm.MXFP4 and s1.BLOCK_SIZE_M == 16 and tokens * topk >= MXFP4_WIDE_PAIRS
-        stages = ((s1, inter_dim, model_dim), (s2, model_dim, inter_dim))  # (config, N, K) of each stage
-        return False, *(replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
-                        if not wide else
-                        replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, num_stages=3,
-                                BLOCK_SIZE_N=max(16, min(64, _p2(n))), BLOCK_SIZE_K=max(32, min(128, _p2(k))))
-                        for c, n, k in stages)
+        s1, s2 = (replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
+                  for c in (s1, s2))
+        if quant == fm.MXFP4 and s1.BLOCK_SIZE_M == 16 and tokens * topk >= MXFP4_WIDE_PAIRS:
+            s1, s2 = (replace(c, num_stages=3, BLOCK_SIZE_N=max(16, min(64, _p2(n))),
+                              BLOCK_SIZE_K=max(32, min(128, _p2(k))))
+                      for c, n, k in ((s1, inter_dim, model_dim), (s2, model_dim, inter_dim)))  # (config, N, K)
+        return False, s1, s2
     if quant not in fm.QUANT_TYPES:
         raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
