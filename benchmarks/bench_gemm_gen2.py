@@ -119,6 +119,10 @@ def run_point(kernel: str, n: int, k: int, m: int, iters: int) -> dict:
         ref = (a8.float() * sa8.repeat_interleave(128, 1)[:, :k]) @ \
             (b8.float() * sb8.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).T
     row = {"kernel": kernel, "M": m, "N": n, "K": k, "flops": 2.0 * m * n * k}
+    from tritune.ops.gemm import select_config
+
+    # where the op's config came from: "heuristic", or a tuned file (TRITUNE_CONFIG_DIR) and its M bucket
+    row["op_config"], row["op_source"] = (str(x) for x in select_config(kernel, m, n, k, a.device))
 
     def measure(name: str, fn) -> None:
         try:

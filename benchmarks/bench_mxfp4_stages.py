@@ -92,7 +92,7 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
 
     mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
     # The op's own MXFP4 choice (its rule table's MXFP4 entries), through the path the op takes by default.
-    _, r1, r2 = moe_heuristic(max(tokens, 2 * 8 // topk + 1), d, inter, e, topk, fm.MXFP4)
+    _, r1, r2 = moe_heuristic(tokens, d, inter, e, topk, fm.MXFP4, one_stage=False)
     contestants = {"bf16": ("none", False, c1, c2, b1, b2, None, None),
                    "mxfp4": (fm.MXFP4, False, mx(c1), mx(c2), q1, q2, s1, s2),
                    "mxfp4 dot_scaled": (fm.MXFP4, True, mx(c1), mx(c2), q1, q2, s1, s2),

@@ -55,6 +55,9 @@ ONE_RULE_EACH = [
     ("BLOCK_SIZE_K x NUM_KSPLIT > K", GemmProblem("bf16", 32, 256, 200),
      _config(BLOCK_SIZE_M=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, NUM_KSPLIT=2)),  # 256 > 200
     ("split-K on a grid that already fills the GPU", BIG, _config(NUM_KSPLIT=2)),  # 256 tiles >= 132 SMs
+    # 64 x 256 tiles, 16 in the last wave: TAIL_SPLIT by 8 is allowed, but 8 x 8192 x 32768 partials are not
+    ("split-K partials past the kernels' 32-bit offsets", GemmProblem("bf16", 8192, 32768, 4096),
+     _config(NUM_KSPLIT=8, TAIL_SPLIT=True)),
     ("TAIL_SPLIT needs split-K on the pointer kernel", TAIL, _config(TAIL_SPLIT=True)),
     ("TAIL_SPLIT only where the last wave is under half full and its splits fit in it", BIG,
      _config(NUM_KSPLIT=2, TAIL_SPLIT=True)),  # 256 tiles: 124 in the last wave of 132
@@ -66,7 +69,8 @@ ONE_RULE_EACH = [
     (".cg loads only for M <= 32 (weight streaming)", BIG, _config(cache_modifier=".cg")),
     ("BLOCK_SIZE_K 256 only on tiles with BLOCK_SIZE_M <= 32", GemmProblem("a8w8", 64, 4096, 4096),
      _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4)),  # fp8, so the tiles fit
-    ("BLOCK_SIZE_K 64 only on tiles of at least 128x128", BIG, _config(BLOCK_SIZE_M=64, num_warps=4)),
+    ("BLOCK_SIZE_K 64 only on tiles of at least 64x128", BIG,
+     _config(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4)),
     ("TMA: needs Hopper, 16-byte rows, no split-K", GemmProblem("bf16", 512, 8192, 4100),
      _config(PERSISTENT_TMA=True)),  # 4100 bf16 = 8200-byte rows
     ("TMA: needs Hopper, 16-byte rows, no split-K", GemmProblem("bf16", 512, 8196, 4096),

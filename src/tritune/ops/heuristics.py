@@ -15,19 +15,24 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
 | ≤ 512 | 128×128, 64×128, 64×64           | same                       | 64 on 128×128 bf16, else 128        |
 | > 512 | 128×256, 128×128, 128×64         | 128×128, 128×64            | 64 on ≥ 128×128 bf16, else 128      |
 
-- waves: the first tile whose grid ⌈M/BM⌉·⌈N/BN⌉ covers ≥ 0.7 of the SMs with its waves ≥ 0.7 full (136 tiles
+- bf16/fp16 past M = 64: the tile (main or fallback) whose grid costs least: waves × tile area / the tile's speed
+  (`TILE_SPEED`, as tuned on the H100);
+- otherwise, waves: the first tile whose grid ⌈M/BM⌉·⌈N/BN⌉ covers ≥ 0.7 of the SMs with its waves ≥ 0.7 full (136 tiles
   on 132 SMs is two waves, one nearly empty: the next tile is taken); past the main tiles, a fallback only while
   the grid is under a third of the SMs (N=2112 at M=1: 16×32, 66 programs, as vLLM ships; N=4096: 16×64 and
   split-K, as tuned); else the last tile. Block-scaled tiles keep BLOCK_N ≤ 128 (one B scale per tile), skip
   128-row tiles up to M=256 and 32-row main tiles (tuned: 64×128 won there);
-- 8 warps on tiles of at least 128×128, else 4; GROUP_SIZE_M 8 when there is more than one row of tiles;
+- 8 warps on tiles of at least 128×128 (bf16/fp16: larger than 128×128), else 4; GROUP_SIZE_M 8 when there is more
+  than one row of tiles;
 - split-K only when the grid is under half the SMs AND K is long: each tile streams ≥ 640 KiB of B (below that
   the second launch, ~3 µs on the GPU and ~5 µs on the host, costs more than the idle SMs give back); then the
   largest of 2, 4, 8 keeping the grid within 2× the SMs and ≥ 4 K steps per split (tuned at N=4096: split 4 at
   K=14336 for M ≤ 64; at K=4096 split-K won by less than a launch);
-- persistent TMA from M ≥ 1024 (block-scaled) / 2048 (others) on Hopper with 16-byte rows; no split-K with it;
+- persistent TMA from M ≥ 1024 (block-scaled, bf16/fp16) / 2048 (a8w8) on Hopper with 16-byte rows; no split-K with it;
   block-scaled with K ≥ `WS_MIN_K` (7168) warp-specialised on Triton ≥ 3.5;
-- 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles), fewer when the A and B stages (plus
+- bf16/fp16 past M = 64: up to 7 stages (`DEEP_STAGES`; 128×128×64 at M 256-1024 ran 1.10-1.41× faster with 6-7
+  than with 4); otherwise 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles); fewer when the
+  A and B stages (plus
   the TMA epilogue tile) exceed `max_shared` — BLOCK_K halves first if fewer than 3 would fit — and never more
   than 2 + the K steps; BLOCK_K ≤ next_pow2(K), but not under 128 on tiles under 128×128 (the tuner's rule) unless
   block-scaled.
@@ -55,8 +60,8 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - fp8 per_token and per_1x128 take both together under the same conditions, never the sorted intermediate alone
   (H100, E 128 top-8 I 384, whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024);
 - MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
-  with 16-bit activations on 16-row blocks from MXFP4_WIDE_PAIRS (16) routed pairs, BN 64, BK 128 and 3 stages on
-  both stages instead (H100, gpt-oss-120b, 16 tokens: the stage pair 595 µs against 849 with the bf16 tiles);
+  with 16-bit activations on 16-row blocks from MXFP4_WIDE_PAIRS (4) routed pairs, BN 64, BK 128 and 3 stages on
+  both stages instead (H100, gpt-oss-120b, 1-64 tokens: the stage pair 0.68-0.92× the time of the bf16 tiles);
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -84,11 +89,18 @@ WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
 # MXFP4 on 16-row blocks takes the 64 x 128 weight tile, 3 stages, on both stages from this many routed pairs. H100,
-# gpt-oss-120b: 595 us for the stage pair at 16 tokens (64 pairs) against 849 with the bf16 tiles (32 / 64 x 256,
-# 4 stages); the earlier decode path had the same best tile at 64, 256 and 1024 pairs, and the bf16 tile at 4. The
-# boundary between 4 and 64 pairs is not measured, nor is MXFP4 with fp8 activations (it keeps the bf16 tiles).
-MXFP4_WIDE_PAIRS = 16
+# gpt-oss-120b, stage pair through tl.dot_scaled (2026-11-27): 104.7 / 254.0 / 594.6 / 1252.7 us at 4 / 16 / 64 / 256
+# pairs against 114.2 / 319.8 / 847.5 / 1842.6 with the bf16 tiles (32 / 64 x 256, 4 stages), and within 1.6% of the
+# best of the 12-tile sweep at each. Fewer than 4 pairs, and MXFP4 with fp8 activations (it keeps the bf16 tiles), are
+# not measured.
+MXFP4_WIDE_PAIRS = 4
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
+# bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
+# (N, K), M 256-8192, 2026-11-27: 128x128 at 6 stages ran about 0.93 of 128x256, 64-row and 64-column tiles 0.65-0.85).
+# The tile taken is the one whose waves cost least (`_wave_cost`): at M 1024, N 6144, 384 tiles of 128x128 (2.9
+# waves) beat 192 of 128x256 (1.45 waves, the second half empty): 74.9 against 93.2 us.
+TILE_SPEED = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.93, (64, 256): 0.85, (128, 64): 0.7, (64, 128): 0.7,
+              (64, 64): 0.65}
 
 # (M upper bound or None, main tiles largest first, fallback tiles). Block-scaled: BLOCK_N capped at 128, no
 # 128-row tile up to M=256 (tuned: 64x128 beat 128x128 there) and no 32-row main tile past M=32 (its BLOCK_K 128
@@ -102,6 +114,9 @@ _GEMM_TILES = (
     (None, ((128, 256), (128, 128), (128, 64)), ()),
 )
 SMALL_STAGE_BYTES = 8 * 1024  # a pipeline stage this small gets a fifth stage (vLLM's small-M block-fp8 configs)
+# bf16/fp16 GEMM past 64 rows: as many stages as fit, up to 7 (H100, six held-out (N, K) at M 256 and 1024: 128x128x64
+# ran 1.10-1.41x faster with 6-7 stages than with 4, e.g. 33.9 against 41.9 us at M 256, N 6144, K 4096)
+DEEP_STAGES, DEEP_STAGES_MIN_M = 7, 64
 
 
 def _p2(n: int) -> int:
@@ -132,6 +147,13 @@ def _fills(grid: int, sm_count: int) -> bool:
     return grid >= FILL * sm_count and grid >= FILL * waves * sm_count
 
 
+def _wave_cost(tile: tuple[int, int], M: int, N: int, sm_count: int) -> float:
+    """The time of a bf16 grid of `tile`, in units of one 128×256 tile at full speed: waves × tile area / the
+    tile's measured speed (`TILE_SPEED`)."""
+    bm, bn = tile
+    return _cdiv(_cdiv(M, bm) * _cdiv(N, bn), sm_count) * bm * bn / TILE_SPEED.get(tile, 0.5) / (128 * 256)
+
+
 def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
     """The first main tile of M's row whose grid fills the SMs (`_fills`); past the last main tile, fallbacks
     only while the grid is under a third of the SMs; else the last tile tried."""
@@ -142,6 +164,8 @@ def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
                  if (M > 256 or bm < 128) and (M <= 32 or fb or bm > 32)]
     n_cap = max(16, _p2(N))
     tiles = list({(bm, min(bn, n_cap)): fb for (bm, bn), fb in tiles}.items())
+    if kernel == "bf16" and M > DEEP_STAGES_MIN_M:
+        return min((t for t, _ in tiles), key=lambda t: _wave_cost(t, M, N, sm_count))  # first of equals
     for i, ((bm, bn), _) in enumerate(tiles):
         grid = _cdiv(M, bm) * _cdiv(N, bn)
         if i + 1 == len(tiles) or _fills(grid, sm_count) or (tiles[i + 1][1] and grid * 3 >= sm_count):
@@ -190,12 +214,18 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     bk = max(min(bk, max(16, _p2(K))), min_bk)
     pm, pn = _cdiv(M, bm), _cdiv(N, bn)
     aligned = (K * elt) % 16 == 0 and (N * 2) % 16 == 0
-    tma = capability[0] >= 9 and aligned and bm >= 64 and M >= (1024 if block_scaled else 2048)
+    # Persistent TMA from M 1024 for block-scaled and for bf16/fp16 (tuned, H100: 128x128 through TMA on 4 warps ran
+    # 0.80-0.91x the pointer kernel's time at M 1024 on 4 of 6 held-out (N, K), 128x256 the same either way), else 2048.
+    tma_from = 1024 if block_scaled or elt == 2 else 2048
+    tma = capability[0] >= 9 and aligned and bm >= 64 and M >= tma_from
     split = 1 if tma else _split(pm * pn, bn * K * elt, K, bk, sm_count)
     epilogue = bm * bn * 2 if tma else 0
 
     def stages_of(block_k: int) -> int:
-        most = 5 if (bm + bn) * block_k * elt <= SMALL_STAGE_BYTES else 4
+        if elt == 2 and M > DEEP_STAGES_MIN_M:
+            most = DEEP_STAGES
+        else:
+            most = 5 if (bm + bn) * block_k * elt <= SMALL_STAGE_BYTES else 4
         return _fit_stages(most, lambda s: (bm + bn) * block_k * elt * s + epilogue, max_shared,
                            _cdiv(K, block_k * split))
 
@@ -204,7 +234,8 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
     ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
-                      num_warps=8 if big else 4, num_stages=stages, NUM_KSPLIT=split,
+                      num_warps=8 if big and not (elt == 2 and bm * bn <= 128 * 128) else 4,
+                      num_stages=stages, NUM_KSPLIT=split,
                       cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma, WARP_SPECIALIZE=ws)
 
 
