@@ -114,9 +114,10 @@ _GEMM_TILES = (
     (None, ((128, 256), (128, 128), (128, 64)), ()),
 )
 SMALL_STAGE_BYTES = 8 * 1024  # a pipeline stage this small gets a fifth stage (vLLM's small-M block-fp8 configs)
-# bf16/fp16 GEMM past 64 rows: as many stages as fit, up to 7 (H100, six held-out (N, K) at M 256 and 1024: 128x128x64
-# ran 1.10-1.41x faster with 6-7 stages than with 4, e.g. 33.9 against 41.9 us at M 256, N 6144, K 4096)
-DEEP_STAGES, DEEP_STAGES_MIN_M = 7, 64
+# bf16/fp16 GEMM past LARGE_M rows: the wave-cost tile (`TILE_SPEED`), 4 warps on 128x128, and as many stages as fit,
+# up to DEEP_STAGES (H100, six held-out (N, K) at M 256 and 1024: 128x128x64 ran 1.10-1.41x faster with 6-7 stages
+# than with 4, e.g. 33.9 against 41.9 us at M 256, N 6144, K 4096)
+DEEP_STAGES, LARGE_M = 7, 64
 
 
 def _p2(n: int) -> int:
@@ -155,8 +156,9 @@ def _wave_cost(tile: tuple[int, int], M: int, N: int, sm_count: int) -> float:
 
 
 def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
-    """The first main tile of M's row whose grid fills the SMs (`_fills`); past the last main tile, fallbacks
-    only while the grid is under a third of the SMs; else the last tile tried."""
+    """bf16/fp16 past LARGE_M rows: the tile of M's row (main or fallback) whose waves cost least (`_wave_cost`).
+    Otherwise the first main tile whose grid fills the SMs (`_fills`); past the last main tile, fallbacks only while
+    the grid is under a third of the SMs; else the last tile tried."""
     _, main, fallback = next(row for row in _GEMM_TILES if row[0] is None or M <= row[0])
     tiles = [(t, i >= len(main)) for i, t in enumerate(main + fallback)]
     if kernel == "a8w8_blockscale":  # BLOCK_N <= 128 keeps one B scale per tile (a scalar in the K loop)
@@ -164,7 +166,7 @@ def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
                  if (M > 256 or bm < 128) and (M <= 32 or fb or bm > 32)]
     n_cap = max(16, _p2(N))
     tiles = list({(bm, min(bn, n_cap)): fb for (bm, bn), fb in tiles}.items())
-    if kernel == "bf16" and M > DEEP_STAGES_MIN_M:
+    if kernel == "bf16" and M > LARGE_M:
         return min((t for t, _ in tiles), key=lambda t: _wave_cost(t, M, N, sm_count))  # first of equals
     for i, ((bm, bn), _) in enumerate(tiles):
         grid = _cdiv(M, bm) * _cdiv(N, bn)
@@ -222,7 +224,7 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     epilogue = bm * bn * 2 if tma else 0
 
     def stages_of(block_k: int) -> int:
-        if elt == 2 and M > DEEP_STAGES_MIN_M:
+        if elt == 2 and M > LARGE_M:
             most = DEEP_STAGES
         else:
             most = 5 if (bm + bn) * block_k * elt <= SMALL_STAGE_BYTES else 4
@@ -234,7 +236,7 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
     ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
-                      num_warps=8 if big and not (elt == 2 and bm * bn <= 128 * 128) else 4,
+                      num_warps=8 if big and not (elt == 2 and M > LARGE_M and bm * bn <= 128 * 128) else 4,
                       num_stages=stages, NUM_KSPLIT=split,
                       cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma, WARP_SPECIALIZE=ws)
 
