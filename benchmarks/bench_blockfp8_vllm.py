@@ -18,11 +18,13 @@ import argparse
 import datetime
 import importlib.util
 import json
-import math
 import pathlib
 import sys
 
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_gemm_gen2 import bf16_operands, fp8_operands, geomean  # noqa: E402
 
 SHAPES = ((1536, 7168), (24576, 7168), (1536, 1536))  # (N, K) vLLM ships H100 configs for (DeepSeek-V3's)
 MS = (256, 1024, 2048, 4096, 8192)
@@ -39,29 +41,15 @@ def vendor_file(vendor_dir: pathlib.Path, n: int, k: int) -> pathlib.Path:
                                          "block_shape=[128,128].json")
 
 
-def geomean(values: list[float]) -> float:
-    values = [v for v in values if v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
-
-
 def run_point(kernel, n: int, k: int, m: int, vllm_cfg: dict, iters: int) -> dict:
     import triton
 
-    from tritune.kernels.quant import quantize_blocks, quantize_rows
     from tritune.ops import gemm_a8w8_blockscale
     from tritune.ops.gemm import select_config
     from tritune.tuning.bench import time_kernel
 
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
-    a = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-    b = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
-    qa, sa = quantize_rows(a)
-    qb, sb = quantize_rows(b)
-    a8, sa8 = quantize_blocks(a.float(), 1)
-    b8, sb8 = quantize_blocks(b.float(), 128)
-    ref_rows = (qa.float() * sa[:, None]) @ (qb.float() * sb[:, None]).T
-    ref_blocks = (a8.float() * sa8.repeat_interleave(128, 1)[:, :k]) @ \
-        (b8.float() * sb8.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).T
+    f8 = fp8_operands(*bf16_operands(m, n, k))
+    a8, sa8, b8, sb8 = f8.a8, f8.sa8, f8.b8, f8.sb8
     c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     grid = (triton.cdiv(m, vllm_cfg["BLOCK_SIZE_M"]) * triton.cdiv(n, vllm_cfg["BLOCK_SIZE_N"]),)
 
@@ -72,12 +60,11 @@ def run_point(kernel, n: int, k: int, m: int, vllm_cfg: dict, iters: int) -> dic
         return c
 
     contestants = {
-        "scaled_mm": (lambda: torch._scaled_mm(qa, qb.T, scale_a=sa[:, None], scale_b=sb[None, :],
-                                               out_dtype=torch.bfloat16), ref_rows),
-        "vllm": (vllm, ref_blocks),
-        "tritune": (lambda: gemm_a8w8_blockscale(a8, b8, sa8, sb8), ref_blocks),
+        "scaled_mm": (f8.scaled_mm, f8.ref_rows),
+        "vllm": (vllm, f8.ref_blocks),
+        "tritune": (lambda: gemm_a8w8_blockscale(a8, b8, sa8, sb8), f8.ref_blocks),
     }
-    cfg, source = select_config("a8w8_blockscale", m, n, k, a.device)
+    cfg, source = select_config("a8w8_blockscale", m, n, k, a8.device)
     row = {"N": n, "K": k, "M": m, "flops": 2.0 * m * n * k, "vllm_config": vllm_cfg, "tritune_config": str(cfg),
            "tritune_source": source}
     for name, (fn, ref) in contestants.items():

@@ -87,37 +87,73 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
-def run_point(kernel: str, n: int, k: int, m: int, iters: int) -> dict:
-    """Every contestant at one (M, N, K): rel error against cuBLAS, then median µs (errors recorded, not raised)."""
-    from tritune.kernels.quant import quantize_blocks, quantize_rows
-    from tritune.ops import gemm, gemm_a8w8_blockscale
-    from tritune.tuning.bench import time_kernel
-
+def bf16_operands(m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded A [M, K] and B [N, K] on the GPU, bf16, B scaled so C stays near unit size."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
     a = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
     b = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
+    return a, b
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Operands:
+    """The fp8 values of A and B two ways: with row-wise scales (`_scaled_mm`'s) and with 1×128 / 128×128 block scales
+    (the block-scaled kernels'), each with the fp32 product of the values it holds: fp8 rounding alone is ~3.7% off
+    the bf16 product, so each contestant is checked against its own."""
+
+    qa: torch.Tensor
+    sa: torch.Tensor
+    qb: torch.Tensor
+    sb: torch.Tensor
+    a8: torch.Tensor
+    sa8: torch.Tensor
+    b8: torch.Tensor
+    sb8: torch.Tensor
+    ref_rows: torch.Tensor
+    ref_blocks: torch.Tensor
+
+    def scaled_mm(self) -> torch.Tensor:
+        """cuBLAS on the row-wise operands."""
+        return torch._scaled_mm(self.qa, self.qb.T, scale_a=self.sa[:, None], scale_b=self.sb[None, :],
+                                out_dtype=torch.bfloat16)
+
+
+def fp8_operands(a: torch.Tensor, b: torch.Tensor) -> Fp8Operands:
+    from tritune.kernels.quant import quantize_blocks, quantize_rows
+
+    k, n = a.shape[1], b.shape[0]
+    qa, sa = quantize_rows(a)
+    qb, sb = quantize_rows(b)
+    a8, sa8 = quantize_blocks(a.float(), 1)
+    b8, sb8 = quantize_blocks(b.float(), 128)
+    ref_rows = (qa.float() * sa[:, None]) @ (qb.float() * sb[:, None]).T
+    ref_blocks = (a8.float() * sa8.repeat_interleave(128, 1)[:, :k]) @ \
+        (b8.float() * sb8.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).T
+    return Fp8Operands(qa, sa, qb, sb, a8, sa8, b8, sb8, ref_rows, ref_blocks)
+
+
+def run_point(kernel: str, n: int, k: int, m: int, iters: int) -> dict:
+    """Every contestant at one (M, N, K): rel error against cuBLAS, then median µs (errors recorded, not raised)."""
+    from tritune.ops import gemm, gemm_a8w8_blockscale
+    from tritune.tuning.bench import time_kernel
+
+    a, b = bf16_operands(m, n, k)
     if kernel == "bf16":
         def peer():
             return a @ b.T
 
         def ours(cfg=None):
             return gemm(a, b, config=cfg)
-    else:  # the same fp8 values for both: row-wise scales for cuBLAS, 1x128 / 128x128 for ours
-        qa, sa = quantize_rows(a)
-        qb, sb = quantize_rows(b)
-        a8, sa8 = quantize_blocks(a.float(), 1)
-        b8, sb8 = quantize_blocks(b.float(), 128)
 
-        def peer():
-            return torch._scaled_mm(qa, qb.T, scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
+        ref = peer_ref = a.float() @ b.float().T
+    else:  # the same fp8 values for both: row-wise scales for cuBLAS, 1x128 / 128x128 for ours
+        f8 = fp8_operands(a, b)
+        peer = f8.scaled_mm
 
         def ours(cfg=None):
-            return gemm_a8w8_blockscale(a8, b8, sa8, sb8, config=cfg)
-    ref = peer_ref = a.float() @ b.float().T
-    if kernel != "bf16":  # each against the product of the fp8 values it was given (fp8 rounding alone is ~3.7%)
-        peer_ref = (qa.float() * sa[:, None]) @ (qb.float() * sb[:, None]).T
-        ref = (a8.float() * sa8.repeat_interleave(128, 1)[:, :k]) @ \
-            (b8.float() * sb8.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).T
+            return gemm_a8w8_blockscale(f8.a8, f8.b8, f8.sa8, f8.sb8, config=cfg)
+
+        ref, peer_ref = f8.ref_blocks, f8.ref_rows
     row = {"kernel": kernel, "M": m, "N": n, "K": k, "flops": 2.0 * m * n * k}
     from tritune.ops.gemm import select_config
 

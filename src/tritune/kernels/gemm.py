@@ -308,6 +308,11 @@ def k_per_split(K: int, cfg: GemmConfig) -> int:
     return triton.cdiv(per, cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
 
 
+def offsets_fit(*element_counts: int) -> bool:
+    """Whether tensors of these element counts fit the kernels' 32-bit offsets (A, B, C or the split-K partials)."""
+    return max(element_counts) < 2**31
+
+
 def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
              b_scale: torch.Tensor | None, cfg: GemmConfig) -> None:
     """Reject shapes, dtypes and configs the kernels cannot take, with a message naming the problem."""
@@ -327,7 +332,7 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"TAIL_SPLIT splits the last wave's tiles of the pointer kernel: it needs NUM_KSPLIT >= 2 "
                          f"and PERSISTENT_TMA off, got NUM_KSPLIT={cfg.NUM_KSPLIT} "
                          f"PERSISTENT_TMA={cfg.PERSISTENT_TMA}")
-    if max(M * K, N * K, M * N * cfg.NUM_KSPLIT) >= 2**31:
+    if not offsets_fit(M * K, N * K, M * N * cfg.NUM_KSPLIT):
         raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("A and B must be contiguous along K (stride 1 in the last dimension)")

@@ -155,10 +155,10 @@ def _wave_cost(tile: tuple[int, int], M: int, N: int, sm_count: int) -> float:
     return _cdiv(_cdiv(M, bm) * _cdiv(N, bn), sm_count) * bm * bn / TILE_SPEED.get(tile, 0.5) / (128 * 256)
 
 
-def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
-    """bf16/fp16 past LARGE_M rows: the tile of M's row (main or fallback) whose waves cost least (`_wave_cost`).
-    Otherwise the first main tile whose grid fills the SMs (`_fills`); past the last main tile, fallbacks only while
-    the grid is under a third of the SMs; else the last tile tried."""
+def _gemm_tile(kernel: str, M: int, N: int, sm_count: int, by_wave_cost: bool) -> tuple[int, int]:
+    """`by_wave_cost` (bf16/fp16 past LARGE_M rows): the tile of M's row (main or fallback) whose waves cost least
+    (`_wave_cost`). Otherwise the first main tile whose grid fills the SMs (`_fills`); past the last main tile,
+    fallbacks only while the grid is under a third of the SMs; else the last tile tried."""
     _, main, fallback = next(row for row in _GEMM_TILES if row[0] is None or M <= row[0])
     tiles = [(t, i >= len(main)) for i, t in enumerate(main + fallback)]
     if kernel == "a8w8_blockscale":  # BLOCK_N <= 128 keeps one B scale per tile (a scalar in the K loop)
@@ -166,7 +166,7 @@ def _gemm_tile(kernel: str, M: int, N: int, sm_count: int) -> tuple[int, int]:
                  if (M > 256 or bm < 128) and (M <= 32 or fb or bm > 32)]
     n_cap = max(16, _p2(N))
     tiles = list({(bm, min(bn, n_cap)): fb for (bm, bn), fb in tiles}.items())
-    if kernel == "bf16" and M > LARGE_M:
+    if by_wave_cost:
         return min((t for t, _ in tiles), key=lambda t: _wave_cost(t, M, N, sm_count))  # first of equals
     for i, ((bm, bn), _) in enumerate(tiles):
         grid = _cdiv(M, bm) * _cdiv(N, bn)
@@ -203,7 +203,8 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
         raise ValueError(f"M, N, K must be >= 1, got M={M} N={N} K={K}")
     block_scaled = kernel == "a8w8_blockscale"
     elt = 1 if kernel in cm.FP8_KERNELS else 2
-    bm, bn = _gemm_tile(kernel, M, N, sm_count)
+    large_bf16 = elt == 2 and M > LARGE_M  # the held-out tune's rules: wave-cost tile, deep stages, 4 warps on 128x128
+    bm, bn = _gemm_tile(kernel, M, N, sm_count, large_bf16)
     big = bm >= 128 and bn >= 128
     if block_scaled:
         bk = SCALE_BLOCK
@@ -224,7 +225,7 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     epilogue = bm * bn * 2 if tma else 0
 
     def stages_of(block_k: int) -> int:
-        if elt == 2 and M > LARGE_M:
+        if large_bf16:
             most = DEEP_STAGES
         else:
             most = 5 if (bm + bn) * block_k * elt <= SMALL_STAGE_BYTES else 4
@@ -236,7 +237,7 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
     ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
-                      num_warps=8 if big and not (elt == 2 and M > LARGE_M and bm * bn <= 128 * 128) else 4,
+                      num_warps=8 if big and not (large_bf16 and bm * bn <= 128 * 128) else 4,
                       num_stages=stages, NUM_KSPLIT=split,
                       cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma, WARP_SPECIALIZE=ws)
 

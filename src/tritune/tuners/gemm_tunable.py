@@ -124,7 +124,7 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("split-K on a grid that already fills the GPU",
                    lambda c: c["NUM_KSPLIT"] == 1 or tiles(c) < dev.sm_count or c["TAIL_SPLIT"]),
         Constraint("split-K partials past the kernels' 32-bit offsets",  # gemm.validate's limit, pruned ahead
-                   lambda c: p.M * p.N * c["NUM_KSPLIT"] < 2**31),
+                   lambda c: gk.offsets_fit(p.M * p.N * c["NUM_KSPLIT"])),
         Constraint("TAIL_SPLIT needs split-K on the pointer kernel",
                    lambda c: not c["TAIL_SPLIT"] or (c["NUM_KSPLIT"] >= 2 and not c["PERSISTENT_TMA"])),
         # Issue 15's wave-quantization lever: only a last wave under half full is worth splitting (a 128x128 grid of
