@@ -16,8 +16,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from tritune.kernels.grouped_gemm import group_by_expert, grouped_gemm_dw, grouped_gemm_dx, grouped_gemm_forward
+from tritune.kernels.grouped_gemm import (
+    _dw_tile,
+    group_by_expert,
+    grouped_gemm_dw,
+    grouped_gemm_dx,
+    grouped_gemm_forward,
+)
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
 from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dw_reference,
@@ -34,6 +42,8 @@ SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16)
 
 # (relative L2 error bound, assert_close atol, rtol) per operand dtype, against the float64 truth
 TOL = {torch.float16: (2e-3, 2e-2, 2e-2), torch.float32: (1e-4, 1e-4, 1e-4)}
+if DEVICE == "cuda":  # on the GPU tl.dot multiplies fp32 operands as TF32 (10-bit mantissa), as torch allows
+    TOL[torch.float32] = (2e-3, 2e-2, 2e-2)
 
 
 def _routing(tokens: int, topk: int, gen: torch.Generator) -> torch.Tensor:
@@ -294,6 +304,9 @@ DW_CASES = [
     pytest.param(dict(flatten=False), {}, 1, id="num_programs-1-flatten-false"),
     # more programs than tiles
     pytest.param(dict(permute_x=True), {}, 1000, id="num_programs-1000"),
+    # N tiles in groups of 2 along K: N=40 is 3 tiles (the last group one tile wide), K=56 is 4 tiles
+    pytest.param(dict(GROUP_SIZE_N=2, use_tma_load_dy=True, use_tma_load_x=True), dict(k=56, n=40), 3,
+                 id="group-n2-uneven"),
     # fp32 operands, plain
     pytest.param({}, dict(dtype=torch.float32), None, id="fp32-plain"),
     # fp32 operands, permute_y with TMA load_x and store
@@ -503,3 +516,23 @@ def test_errors(kernel, cfg_kwargs, case_kwargs, exc, match):
     call = _error_case(kernel, cfg_kwargs, **case_kwargs)
     with pytest.raises(exc, match=match):
         call()
+
+
+@triton.jit
+def _dw_tiles_of(out_ptr, n_tiles, k_tiles, TILES: tl.constexpr, GROUP_SIZE_N: tl.constexpr):
+    local = tl.arange(0, TILES)
+    keep = local < n_tiles * k_tiles
+    pid_n, pid_k = _dw_tile(tl.where(keep, local, 0), n_tiles, k_tiles, GROUP_SIZE_N)  # the kernel's are in range
+    tl.store(out_ptr + 2 * local, pid_n, mask=keep)
+    tl.store(out_ptr + 2 * local + 1, pid_k, mask=keep)
+
+
+@pytest.mark.parametrize(("n_tiles", "k_tiles", "group"), [(1, 5, 8), (7, 3, 2), (12, 1, 4), (5, 4, 1), (9, 6, 8)])
+def test_dw_tile_order_visits_every_tile_once(n_tiles, k_tiles, group):
+    out = torch.full((2 * 64,), -1, dtype=torch.int32, device=DEVICE)
+    _dw_tiles_of[(1,)](out, n_tiles, k_tiles, TILES=64, GROUP_SIZE_N=group)
+    order = [tuple(p) for p in out.view(-1, 2)[: n_tiles * k_tiles].tolist()]
+    assert sorted(order) == [(n, k) for n in range(n_tiles) for k in range(k_tiles)]
+    # within a group, N tiles run fastest, then K: the first min(group, n_tiles) tiles share K tile 0
+    width = min(group, n_tiles)
+    assert order[:width] == [(n, 0) for n in range(width)]

@@ -40,7 +40,7 @@ SKEWED = GroupedGemmShape(num_experts=6, hidden_size=40, intermediate_size=24, t
                           skew=2.0)
 PROBLEMS = [GroupedGemmProblem(TINY, g, k) for g in GEMMS for k in KERNELS]
 BASE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, num_warps=4, num_stages=2, flatten=True,
-            use_tma_load_a=False, use_tma_load_b=False, use_tma_store=False, fuse_permute=True)
+            use_tma_load_a=False, use_tma_load_b=False, use_tma_store=False, fuse_permute=True, GROUP_SIZE_N=1)
 TUNABLE = GroupedGemmTunable()
 
 
@@ -120,8 +120,8 @@ def test_kernel_config_maps_fuse_permute_and_operands(gemm, kernel, cls, permute
 
 
 def test_default_space_lists():
-    # BM, BN, BK (64, 128, 256), warps, stages, flatten, the three TMA flags, fuse_permute
-    assert SearchSpace(DEFAULT_SPACE).size == 2 * 3 * 3 * 2 * 3 * 2 * 2 * 2 * 2 * 2
+    # BM (32, 64, 128), BN, BK (64, 128, 256), warps, stages, flatten, the three TMA flags, fuse_permute, dW's order
+    assert SearchSpace(DEFAULT_SPACE).size == 3 * 3 * 3 * 2 * 3 * 2 * 2 * 2 * 2 * 2 * 2
     assert DEFAULT_SPACE["fuse_permute"] == (True, False) and DEFAULT_SPACE["use_tma_store"] == (False, True)
 
 
@@ -148,6 +148,8 @@ ODD_H = dataclasses.replace(TINY, hidden_size=36)  # fp16 rows of 72 bytes: no T
     ("gate_up", "forward", dict(use_tma_load_b=True), H100, ODD_H, "TMA rows not a multiple of 16 bytes"),
     ("down", "forward", dict(fuse_permute=False, use_tma_store=True), H100, ODD_H,
      "TMA rows not a multiple of 16 bytes"),  # Y rows of N = H
+    ("gate_up", "forward", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N orders dW's tiles only"),
+    ("down", "dX", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N orders dW's tiles only"),
 ])
 def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule):
     problem = GroupedGemmProblem(shape, gemm, kernel)
@@ -160,6 +162,7 @@ def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule)
     ("down", "dX", dict(fuse_permute=False, use_tma_load_a=True, use_tma_load_b=True, use_tma_store=True)),
     ("gate_up", "dX", dict(use_tma_load_a=True, use_tma_load_b=True)),  # dY is grouped; only the store scatters
     ("gate_up", "forward", dict(use_tma_load_b=True, use_tma_store=True)),  # W and grouped Y are contiguous
+    ("down", "dW", dict(GROUP_SIZE_N=8)),  # dW's tile order is searched
 ])
 def test_tma_kept_where_tensors_are_contiguous(gemm, kernel, overrides):
     assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides)) == {}
@@ -168,7 +171,8 @@ def test_tma_kept_where_tensors_are_contiguous(gemm, kernel, overrides):
 def test_rule_names_in_order_and_permute_pair_never_fires():
     names = [c.name for c in TUNABLE.space(PROBLEMS[0], H100).constraints]
     assert names == ["tma_load_x_with_permute_x", "permute_x_with_permute_y", "tma_store_with_permute_y",
-                     "exceeds_smem", "TMA needs capability >= 9.0", "TMA rows not a multiple of 16 bytes"]
+                     "GROUP_SIZE_N orders dW's tiles only", "exceeds_smem", "TMA needs capability >= 9.0",
+                     "TMA rows not a multiple of 16 bytes"]
     for problem in PROBLEMS:  # fuse_permute sets one role flag only, so this rule only guards the mapping
         assert "permute_x_with_permute_y" not in TUNABLE.space(problem, H100).prune().pruned
 

@@ -65,6 +65,6 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
             MockTensor(dtype), _operand(dtype, cfg.use_tma_store, num_experts * n, k, [bn, bk]),
             MockTensor(i32), MockTensor(i32), n, k,
             TOPK=topk, USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_X=cfg.use_tma_load_x,
-            USE_TMA_STORE=cfg.use_tma_store, **common)
+            USE_TMA_STORE=cfg.use_tma_store, GROUP_SIZE_N=cfg.GROUP_SIZE_N, **common)
     else:
         raise TypeError(f"not a grouped-GEMM kernel config: {type(cfg).__name__}")

@@ -43,6 +43,8 @@ class KernelConfig:
         parts = [name for name in ("permute_x", "permute_y", "fuse_mul_post") if getattr(self, name)]
         if include_tuning_params:
             parts += [f"{name}={getattr(self, name)}" for name in TUNING_FIELDS]
+            if getattr(self, "GROUP_SIZE_N", 1) != 1:  # dW's tile order, named only off its default
+                parts.append(f"GROUP_SIZE_N={self.GROUP_SIZE_N}")
         if include_tma:
             parts += [f.name for f in fields(self) if f.name.startswith("use_tma_") and getattr(self, f.name)]
         return ",".join(parts)
@@ -86,10 +88,11 @@ class KernelConfigForward(KernelConfig):
 @dataclass(frozen=True)
 class KernelConfigBackward_dW(KernelConfig):  # noqa: N801 (the name users know)
     """dW[e] = dY[e]ᵀ·X[e]. Tiles: BLOCK_SIZE_N × BLOCK_SIZE_K of dW, reduction over the expert's rows in
-    BLOCK_SIZE_M steps."""
+    BLOCK_SIZE_M steps. GROUP_SIZE_N: N tiles walked together along K (`_dw_tile`; 1: K tiles fastest)."""
 
     use_tma_load_dy: bool = False
     use_tma_load_x: bool = False
+    GROUP_SIZE_N: int = 1
 
     @property
     def tma_loads(self) -> tuple[bool, bool]:

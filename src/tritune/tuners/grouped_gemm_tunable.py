@@ -48,7 +48,7 @@ _REFERENCE = {"forward": grouped_gemm_reference, "dX": grouped_gemm_dx_reference
 _GATHERED_ARG = {("gate_up", "forward"): 0, ("gate_up", "dW"): 0, ("down", "dX"): 0, ("down", "dW"): 1}
 
 DEFAULT_SPACE: dict[str, tuple] = {
-    "BLOCK_SIZE_M": (64, 128),
+    "BLOCK_SIZE_M": (32, 64, 128),
     "BLOCK_SIZE_N": (64, 128, 256),
     "BLOCK_SIZE_K": (64, 128, 256),
     "num_warps": (4, 8),
@@ -58,19 +58,20 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "use_tma_load_b": (False, True),  # second operand: w forward, w dX, x dW
     "use_tma_store": (False, True),
     "fuse_permute": (True, False),  # True: the kernel permutes; False: torch permutes around it (timed with it)
+    "GROUP_SIZE_N": (1, 8),  # dW's tile order (`_dw_tile`); 1 only for forward and dX
 }
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
 INTERPRETER_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "num_warps": (4,), "num_stages": (2,),
     "flatten": (True,), "use_tma_load_a": (False,), "use_tma_load_b": (False,), "use_tma_store": (False,),
-    "fuse_permute": (True, False),
+    "fuse_permute": (True, False), "GROUP_SIZE_N": (1,),
 }
 # The values each parameter may take at all (a --search-space file is checked against them before any work): tiles
 # are powers of two >= 16 (tl.arange, tl.dot), num_warps a power of two, the flags true or false.
 SPACE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
     "num_warps": Param(1, pow2=True), "num_stages": Param(1), "flatten": BOOL, "use_tma_load_a": BOOL,
-    "use_tma_load_b": BOOL, "use_tma_store": BOOL, "fuse_permute": BOOL,
+    "use_tma_load_b": BOOL, "use_tma_store": BOOL, "fuse_permute": BOOL, "GROUP_SIZE_N": Param(1),
 }
 
 
@@ -166,7 +167,8 @@ def rule_points(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Config
     point = Config.of(BLOCK_SIZE_M=rule.BLOCK_SIZE_M, BLOCK_SIZE_N=rule.BLOCK_SIZE_N, BLOCK_SIZE_K=rule.BLOCK_SIZE_K,
                       num_warps=rule.num_warps, num_stages=rule.num_stages, flatten=bool(rule.flatten),
                       use_tma_load_a=bool(getattr(rule, first)), use_tma_load_b=bool(getattr(rule, second)),
-                      use_tma_store=bool(rule.use_tma_store), fuse_permute=bool(rule.permute_x or rule.permute_y))
+                      use_tma_store=bool(rule.use_tma_store), fuse_permute=bool(rule.permute_x or rule.permute_y),
+                      GROUP_SIZE_N=getattr(rule, "GROUP_SIZE_N", 1))
     return (point,) if kernel_config(problem, point) == rule else ()
 
 
@@ -175,7 +177,9 @@ def kernel_config(problem: GroupedGemmProblem, config: Config) -> KernelConfig:
     use_tma_load_a/b the kernel's own TMA field names."""
     first, second = _TMA_FIELDS[problem.kernel]
     fuse = bool(config["fuse_permute"])
-    return CONFIG_CLASSES[problem.kernel](
+    # GROUP_SIZE_N came with dW's tile order: a point from before it (a journal, a search-space file) has 1
+    order = {"GROUP_SIZE_N": int(config.get("GROUP_SIZE_N", 1))} if problem.kernel == "dW" else {}
+    return CONFIG_CLASSES[problem.kernel](**order,
         BLOCK_SIZE_M=int(config["BLOCK_SIZE_M"]), BLOCK_SIZE_N=int(config["BLOCK_SIZE_N"]),
         BLOCK_SIZE_K=int(config["BLOCK_SIZE_K"]), num_warps=int(config["num_warps"]),
         num_stages=int(config["num_stages"]), flatten=bool(config["flatten"]),
@@ -212,6 +216,8 @@ def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) ->
     rules = [Constraint(rule.__name__, keeps(rule)) for rule in _RULES[problem.kernel]]
     return (
         *rules,
+        Constraint("GROUP_SIZE_N orders dW's tiles only",
+                   lambda c: problem.kernel == "dW" or c.get("GROUP_SIZE_N", 1) == 1),
         Constraint("exceeds_smem", lambda c: not exceeds_smem(kernel_config(problem, c), props, elt)),
         Constraint("TMA needs capability >= 9.0",
                    lambda c: device.supports_tma or not uses_tma(kernel_config(problem, c))),
