@@ -87,6 +87,7 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
     dy = torch.randn(pairs, hidden, device=dev, dtype=bf)  # pair order
     up, down = select_configs(tokens, w1, topk, True, False), select_configs(pairs, w2, topk, False, True)
     ref_x = x.index_select(0, g // topk)
+    ref_dy = dy.index_select(0, g)  # bare `_grouped_mm` takes grouped rows: gathered once, outside every timing
     gmm = torch._grouped_mm
     kernels = {  # name: (flops, bytes, tritune, grouped_mm bare, grouped_mm with the MoE's permute, compare)
         "gate_up.forward": (2 * pairs * hidden * 2 * inter, 2 * (tokens * hidden + w1.numel() + pairs * 2 * inter),
@@ -110,13 +111,17 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
                              0, g, gmm(a, w2.transpose(1, 2), offs=offs)), lambda t: t[g]),
         "down.dX": (2 * pairs * hidden * inter, 2 * (pairs * hidden + w2.numel() + pairs * inter),
                     lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
-                    lambda: gmm(dy[g], w2, offs=offs),
+                    lambda: gmm(ref_dy, w2, offs=offs),
                     lambda: gmm(dy.index_select(0, g), w2, offs=offs), None),
         "down.dW": (2 * pairs * hidden * inter, 2 * (pairs * inter + pairs * hidden + w2.numel()),
                     lambda: run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW),
-                    lambda: gmm(dy[g].t(), a, offs=offs),
+                    lambda: gmm(ref_dy.t(), a, offs=offs),
                     lambda: gmm(dy.index_select(0, g).t(), a, offs=offs), None),
     }
+    # dW's kernel alone on the rows `_grouped_mm` is given (pre-gathered): the op gathers with torch first when its
+    # config does not fuse the permute, so the op's time above includes that gather and the bare comparison is this
+    kernel_only = {"gate_up.dW": lambda: run_dw(ref_x, dh, m_sizes, gather, topk, False, False, up.dW),
+                   "down.dW": lambda: run_dw(a, ref_dy, m_sizes, gather, topk, False, False, down.dW)}
     rows = {}
     for name, (flops, nbytes, ours, bare, permuted, view) in kernels.items():
         out, ref = ours(), bare()
@@ -125,6 +130,10 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
         t_ours, t_bare, t_perm = timed(ours), timed(bare), timed(permuted)
         rows[name] = {"us": t_ours, "grouped_mm_us": t_bare, "grouped_mm_permuted_us": t_perm, "floor_us": floor,
                       "of_floor": t_ours / floor, "tflops": flops / t_ours / 1e6, "rel_l2_vs_grouped_mm": err}
+        if name in kernel_only:
+            alone = kernel_only[name]
+            rows[name]["kernel_only_us"] = timed(alone)
+            rows[name]["kernel_only_rel_l2"] = rel(alone(), ref)
     origins = {"gate_up": up.origins, "down": down.origins}
 
     # The whole MLP step (forward + backward through autograd) for the three implementations.
@@ -134,6 +143,8 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
 
     def step(fn):
         def run():
+            for t in (xp, w1p, w2p, twp):  # a training step starts with no gradients (zero_grad(set_to_none=True));
+                t.grad = None              # accumulating into the last step's would time a full-size add per weight
             out = fn(xp, w1p, w2p, twp)
             torch.autograd.backward(out, grad_out)
         return run
@@ -179,6 +190,10 @@ def main() -> None:
                 print(f"{name:16s} {v['us']:9.1f} {v['grouped_mm_us']:9.1f} {v['grouped_mm_permuted_us']:9.1f} "
                       f"{v['floor_us']:8.1f} {v['of_floor']:7.2f} {v['grouped_mm_permuted_us'] / v['us']:11.2f} "
                       f"{v['rel_l2_vs_grouped_mm']:8.1e}")
+                if "kernel_only_us" in v:
+                    alone = v["kernel_only_us"]
+                    print(f"{'  kernel alone':16s} {alone:9.1f}: {v['grouped_mm_us'] / alone:.2f}x "
+                          f"bare grouped_mm (rows pre-gathered for both; err {v['kernel_only_rel_l2']:.1e})")
             fwd = ("gate_up.forward", "down.forward")
             bwd = ("gate_up.dX", "gate_up.dW", "down.dX", "down.dW")
             for label, names in (("forward GEMMs", fwd), ("backward GEMMs", bwd)):

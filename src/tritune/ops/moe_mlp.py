@@ -8,6 +8,7 @@ from torch import nn
 
 from tritune.kernels.grouped_gemm import group_by_expert
 from tritune.kernels.swiglu import swiglu_backward, swiglu_forward, swiglu_reference
+from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
 from tritune.ops.grouped_gemm import GroupedGemmConfigs, grouped_gemm
 
 
@@ -26,6 +27,22 @@ class SwiGLU(torch.autograd.Function):
         return swiglu_backward(h, da)
 
 
+class TopkWeightedSum(torch.autograd.Function):
+    """out[t] = Σ_s w[t, s]·y[t·topk + s] over y [T·topk, D] in pair order, one Triton launch each way; gradients
+    flow to y and to the routing weights w [T, topk]."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y, w = y.contiguous(), w.contiguous()
+        ctx.save_for_backward(y, w)
+        return topk_weighted_sum_forward(y, w)
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        y, w = ctx.saved_tensors
+        return topk_weighted_sum_backward(dout, y, w)
+
+
 def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor, *, gate_up_configs: GroupedGemmConfigs | None = None,
             down_configs: GroupedGemmConfigs | None = None) -> torch.Tensor:
@@ -34,14 +51,12 @@ def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.T
     hidden [T, H]; gate_up_proj [E, 2I, H] (gate rows then up rows); down_proj [E, H, I]; topk_weights [T, topk]
     (gradients flow to them); topk_ids [T, topk] int -> [T, H] in hidden's dtype.
     """
-    tokens, hidden_size = hidden.shape
     topk = topk_ids.shape[1]
     m_sizes, gather = group_by_expert(topk_ids, gate_up_proj.shape[0])
     h = grouped_gemm(hidden, gate_up_proj, m_sizes, gather, topk=topk, permute_x=True, configs=gate_up_configs)
     a = SwiGLU.apply(h)
     y = grouped_gemm(a, down_proj, m_sizes, gather, topk=topk, permute_y=True, configs=down_configs)
-    weighted = y.view(tokens, topk, hidden_size) * topk_weights.to(y.dtype).unsqueeze(-1)
-    return weighted.sum(1)
+    return TopkWeightedSum.apply(y, topk_weights)
 
 
 def moe_mlp_reference(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,

@@ -1,0 +1,90 @@
+r"""Where one training step of the MoE MLP (forward + backward through autograd) spends its GPU time, kernel by
+kernel, against the step's floor (issue 15: the step within 1.3x of its floor for Mixtral).
+
+Why: the six grouped GEMMs of Mixtral's step sum to about 1.16x the floor, the whole step to 1.4x; the difference
+is kernels that are not GEMMs (SwiGLU, permutes, the top-k sum and its gradient, routing) and gaps between
+launches. This says which, before anything is fused.
+
+    PYTHONPATH=src python benchmarks/profile_moe_mlp_step.py --out $OUT/mlp_step.json --model mixtral-8x7b
+
+Prints the kernels of one step grouped by name (calls, total µs, share of the step's GPU time), the GPU-busy time,
+the step's wall time and the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+from bench_grouped_gemm import peaks
+
+from tritune.ops.moe_mlp import moe_mlp
+from tritune.ops.routing import sample_routing
+
+MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # E, topk, hidden, inter
+
+
+def kernel_table(events) -> dict[str, dict]:
+    """{kernel name: {"calls", "us"}} for the CUDA kernels of a profile."""
+    table: dict[str, dict] = defaultdict(lambda: {"calls": 0, "us": 0.0})
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            row = table[e.name[:90]]
+            row["calls"] += 1
+            row["us"] += e.device_time
+    return dict(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="mixtral-8x7b", choices=sorted(MODELS))
+    ap.add_argument("--seqlen", type=int, default=8192)
+    args = ap.parse_args()
+    experts, topk, hidden, inter = MODELS[args.model]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    tw, ids = sample_routing(args.seqlen, experts, topk, seed=0, device="cuda")
+    x = torch.randn(args.seqlen, hidden, device="cuda", dtype=bf, generator=g).requires_grad_()
+    w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=bf, generator=g) * hidden**-0.5).requires_grad_()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", dtype=bf, generator=g) * inter**-0.5).requires_grad_()
+    tw = tw.clone().requires_grad_()
+    grad_out = torch.randn(args.seqlen, hidden, device="cuda", dtype=bf, generator=g)
+
+    def step() -> None:
+        for t in (x, w1, w2, tw):  # as a training step: no gradient left from the last one to accumulate into
+            t.grad = None
+        torch.autograd.backward(moe_mlp(x, w1, w2, tw, ids), grad_out)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    wall_us = start.elapsed_time(end) * 1e3 / 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    table = kernel_table(prof.events())
+    busy = sum(r["us"] for r in table.values())
+    peak = peaks()["bf16_tflops"]  # measured here, as bench_grouped_gemm's floors
+    floor = 18 * args.seqlen * topk * hidden * inter / peak / 1e6
+    doc = {"model": args.model, "seqlen": args.seqlen, "step_us": wall_us, "gpu_busy_us": busy, "floor_us": floor,
+           "bf16_tflops": peak, "kernels": table}
+    with open(args.out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print("| kernel | calls | µs | share of GPU-busy |\n|---|---|---|---|")
+    for name, r in sorted(table.items(), key=lambda kv: -kv[1]["us"]):
+        print(f"| {name} | {r['calls']} | {r['us']:.1f} | {r['us'] / busy:.3f} |")
+    print(f"step {wall_us:.1f} µs (GPU busy {busy:.1f}); floor {floor:.1f} µs at {peak:.0f} TFLOP/s: "
+          f"step {wall_us / floor:.2f}x, busy {busy / floor:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
