@@ -1,0 +1,28 @@
+"""benchmarks/probe_util.py: a probe's variant is timed and checked, or its error becomes its result."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("probe_util", ROOT / "benchmarks" / "probe_util.py")
+probe_util = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe_util)
+
+
+def test_a_variant_is_timed_and_checked_against_the_reference():
+    ref = torch.tensor([3.0, 4.0])
+    assert probe_util.checked_time(lambda: torch.tensor([3.0, 4.0]), ref, lambda fn: 12.34) == (12.3, 0.0)
+    # one element off by 0.5 against a norm of 5: relative L2 error 0.1
+    assert probe_util.checked_time(lambda: torch.tensor([3.0, 4.5]), ref, lambda fn: 1.0) == (1.0, 0.1)
+
+
+def test_a_variant_that_raises_keeps_its_error_as_the_result():
+    def refused() -> torch.Tensor:
+        raise RuntimeError("out of resource: shared memory, Required: 262160")
+
+    assert probe_util.checked_time(refused, torch.ones(1), lambda fn: 1.0) == (
+        "RuntimeError: out of resource: shared memory, Required: 262160")
