@@ -11,6 +11,7 @@ more rows than BLOCK_SIZE_M (several M tiles, the last one partial).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -26,12 +27,19 @@ from tritune.kernels.grouped_gemm import (
     grouped_gemm_dx,
     grouped_gemm_forward,
 )
-from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
+from tritune.kernels.grouped_gemm_config import (
+    KernelConfigBackward_dW,
+    KernelConfigBackward_dX,
+    KernelConfigForward,
+    check_compiles_here,
+    compiles_here,
+)
 from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dw_reference,
     grouped_gemm_dx_reference,
     grouped_gemm_reference,
 )
+from tritune.knobs import interpreting
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NUM_EXPERTS = 7
@@ -123,6 +131,16 @@ def _truth_dw(pb: Problem) -> torch.Tensor:
     return dw.index_add_(0, pb.flat_ids, outer)
 
 
+def _buildable(cfg, launch):
+    """cfg where this Triton builds it for the GPU; else (flatten with a TMA store on Triton 3.6, GPU runs only) the
+    launch must refuse it in one line, and the case goes on with flatten=False."""
+    if compiles_here(cfg, triton.__version__, interpreting()):
+        return cfg
+    with pytest.raises(ValueError, match="use flatten=False"):
+        launch(cfg)
+    return dataclasses.replace(cfg, flatten=False)
+
+
 def _assert_matches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert got.dtype == dtype and got.shape == want.shape
     assert torch.isfinite(got).all(), f"{int((~torch.isfinite(got)).sum())} non-finite elements"
@@ -197,7 +215,7 @@ FORWARD_CASES = [
 @pytest.mark.parametrize(("cfg_kwargs", "pb_kwargs", "num_programs"), FORWARD_CASES)
 def test_forward(cfg_kwargs, pb_kwargs, num_programs):
     pb = _problem(**pb_kwargs)
-    cfg = KernelConfigForward(**{**SMALL, **cfg_kwargs})
+    cfg = _buildable(KernelConfigForward(**{**SMALL, **cfg_kwargs}), lambda c: _forward(pb, c))
     y = _forward(pb, cfg, num_programs=num_programs)
     want = _truth_forward(pb, permute_y=cfg.permute_y, fuse_mul_post=cfg.fuse_mul_post)
     _assert_matches(y, want, pb.x_tok.dtype)
@@ -255,7 +273,7 @@ DX_CASES = [
 @pytest.mark.parametrize(("cfg_kwargs", "pb_kwargs", "num_programs"), DX_CASES)
 def test_dx(cfg_kwargs, pb_kwargs, num_programs):
     pb = _problem(**pb_kwargs)
-    cfg = KernelConfigBackward_dX(**{**SMALL, **cfg_kwargs})
+    cfg = _buildable(KernelConfigBackward_dX(**{**SMALL, **cfg_kwargs}), lambda c: _dx(pb, c))
     dx = _dx(pb, cfg, num_programs=num_programs)
     _assert_matches(dx, _truth_dx(pb, permute_x=cfg.permute_x), pb.dy_pair.dtype)
 
@@ -536,3 +554,23 @@ def test_dw_tile_order_visits_every_tile_once(n_tiles, k_tiles, group):
     # within a group, N tiles run fastest, then K: the first min(group, n_tiles) tiles share K tile 0
     width = min(group, n_tiles)
     assert order[:width] == [(n, 0) for n in range(width)]
+
+
+@pytest.mark.parametrize(("config", "version", "interpreter", "builds"), [
+    (KernelConfigForward(use_tma_store=True), "3.6.0", False, False),  # flatten=True is the default
+    (KernelConfigBackward_dX(use_tma_store=True), "3.6.0", False, False),
+    (KernelConfigForward(use_tma_store=True), "3.9.0", False, True),
+    (KernelConfigForward(use_tma_store=True), "3.6.0", True, True),  # the interpreter compiles nothing
+    (KernelConfigForward(use_tma_store=True, flatten=False), "3.6.0", False, True),
+    (KernelConfigForward(use_tma_store=True, permute_y=True), "3.6.0", False, True),  # Y scattered: no TMA store
+    (KernelConfigBackward_dX(use_tma_store=True, permute_x=True), "3.6.0", False, True),  # dX scattered likewise
+    (KernelConfigBackward_dW(use_tma_store=True), "3.6.0", False, True),  # dW builds either way
+])
+def test_flatten_with_a_tma_store_is_refused_where_triton_cannot_build_it(config, version, interpreter, builds):
+    assert compiles_here(config, version, interpreter) is builds
+    if builds:
+        check_compiles_here(config, version, interpreter)
+    else:
+        with pytest.raises(ValueError, match=r"flatten=True with a TMA store needs a Triton newer than 3\.6 .*"
+                                             r"this is Triton 3\.6\.0: use flatten=False"):
+            check_compiles_here(config, version, interpreter)

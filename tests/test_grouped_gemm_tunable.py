@@ -32,6 +32,7 @@ from tritune.tuning.types import Config
 
 H100 = DeviceInfo(name="test-H100", sm_count=132, capability=(9, 0), max_shared_mem=232448, regs_per_block=65536,
                   l2_bytes=50 * 2**20, warp_size=32, triton_version="3.9.0", torch_version="2", cuda_version="12")
+TRITON_36 = dataclasses.replace(H100, triton_version="3.6.0")  # a release whose flattened loop fails with a TMA store
 # 5 experts (prime), 7 tokens top-2: 14 pairs, under one 16-row tile; H=40, I=24 keep every fp16 row a 16-byte
 # multiple (TMA) while not dividing the 32-wide blocks (masked edges).
 TINY = GroupedGemmShape(num_experts=5, hidden_size=40, intermediate_size=24, topk=2, seqlen=7, dtype="fp16")
@@ -150,6 +151,10 @@ ODD_H = dataclasses.replace(TINY, hidden_size=36)  # fp16 rows of 72 bytes: no T
      "TMA rows not a multiple of 16 bytes"),  # Y rows of N = H
     ("gate_up", "forward", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N orders dW's tiles only"),
     ("down", "dX", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N orders dW's tiles only"),
+    ("down", "dX", dict(fuse_permute=False, use_tma_store=True), TRITON_36, TINY,  # flatten=True in BASE
+     "flatten with a TMA store does not compile on this Triton"),
+    ("gate_up", "forward", dict(use_tma_store=True), TRITON_36, TINY,
+     "flatten with a TMA store does not compile on this Triton"),
 ])
 def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule):
     problem = GroupedGemmProblem(shape, gemm, kernel)
@@ -168,11 +173,20 @@ def test_tma_kept_where_tensors_are_contiguous(gemm, kernel, overrides):
     assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides)) == {}
 
 
+@pytest.mark.parametrize(("gemm", "kernel", "overrides", "device"), [
+    ("gate_up", "forward", dict(use_tma_store=True, flatten=False), TRITON_36),  # not flattened
+    ("down", "dW", dict(fuse_permute=False, use_tma_store=True), TRITON_36),  # dW builds either way
+    ("gate_up", "forward", dict(use_tma_store=True), H100),  # Triton 3.9 builds it
+])
+def test_flatten_with_tma_store_kept_where_it_compiles(gemm, kernel, overrides, device):
+    assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides), device) == {}
+
+
 def test_rule_names_in_order_and_permute_pair_never_fires():
     names = [c.name for c in TUNABLE.space(PROBLEMS[0], H100).constraints]
     assert names == ["tma_load_x_with_permute_x", "permute_x_with_permute_y", "tma_store_with_permute_y",
                      "GROUP_SIZE_N orders dW's tiles only", "exceeds_smem", "TMA needs capability >= 9.0",
-                     "TMA rows not a multiple of 16 bytes"]
+                     "TMA rows not a multiple of 16 bytes", "flatten with a TMA store does not compile on this Triton"]
     for problem in PROBLEMS:  # fuse_permute sets one role flag only, so this rule only guards the mapping
         assert "permute_x_with_permute_y" not in TUNABLE.space(problem, H100).prune().pruned
 

@@ -20,7 +20,9 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigBackward_dW,
     KernelConfigBackward_dX,
     KernelConfigForward,
+    check_compiles_here,
 )
+from tritune.knobs import interpreting
 
 
 @triton.jit
@@ -288,6 +290,7 @@ def _check(config: KernelConfig, expected: type, m_sizes: torch.Tensor, gather_i
         raise TypeError(f"expected a {expected.__name__}, got {type(config).__name__}")
     if config.permute_x and config.permute_y:
         raise ValueError("permute_x and permute_y cannot both be set in one kernel")
+    check_compiles_here(config, triton.__version__, interpreting())
     if m_sizes.dtype != torch.int32 or m_sizes.dim() != 1:
         raise ValueError(f"m_sizes must be a 1-D int32 tensor, got {m_sizes.dtype} of shape {tuple(m_sizes.shape)}")
     needs_gather = config.permute_x or config.permute_y or config.fuse_mul_post

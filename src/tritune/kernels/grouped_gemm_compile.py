@@ -16,7 +16,9 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigBackward_dW,
     KernelConfigBackward_dX,
     KernelConfigForward,
+    check_compiles_here,
 )
+from tritune.knobs import interpreting
 
 _PROGRAMS = 132  # any count that is not 1: the kernels do not specialize on it
 
@@ -35,6 +37,7 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
     [num_experts, n, k] over `pairs` grouped rows; raises what Triton raises for a config that cannot compile."""
     from triton.runtime.jit import MockTensor
 
+    check_compiles_here(config, triton.__version__, interpreting())
     cfg, i32, f32 = config, torch.int32, torch.float32
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     common = dict(NUM_EXPERTS=num_experts, E_POW2=triton.next_power_of_2(num_experts), NUM_PROGRAMS=_PROGRAMS,

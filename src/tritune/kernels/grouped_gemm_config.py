@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
+from tritune.kernels.triton_release import triton_release
+
 TUNING_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages", "flatten")
 
 C = TypeVar("C", bound="KernelConfig")
@@ -139,3 +141,37 @@ def smem_bytes(config: KernelConfig, element_size: int = 2) -> int:
     if config.use_tma_store:
         total += out_tile * element_size
     return total
+
+
+# The Triton releases whose compiler fails, for a GPU, on the forward and dX kernels' flattened tile loop
+# (`flatten=True`) around a TMA store: Triton 3.6's TritonGPUFuseNestedLoops pass stops with "PassManager::run failed"
+# at every tile size tried (16×16×16 to 64×128×64, compiled for cuda:90 without a GPU, 2026-11-27), where 3.9
+# compiles them; dW compiles either way. Later releases are let through until measured.
+FLATTEN_TMA_STORE_BROKEN_UP_TO = (3, 6)
+
+
+def _stores_through_tma(config: KernelConfig) -> bool:
+    """Whether the launch stores through TMA: the forward's scattered Y (permute_y) and dX's scattered dX
+    (permute_x) never do, whatever the flag."""
+    if isinstance(config, KernelConfigForward):
+        return config.use_tma_store and not config.permute_y
+    if isinstance(config, KernelConfigBackward_dX):
+        return config.use_tma_store and not config.permute_x
+    return False  # dW: its flattened loop builds with the store on every release seen
+
+
+def compiles_here(config: KernelConfig, triton_version: str, interpreter: bool) -> bool:
+    """Whether this Triton builds `config` for a GPU (always in the interpreter, which compiles nothing)."""
+    return interpreter or not (config.flatten and _stores_through_tma(config)
+                               and triton_release(triton_version) <= FLATTEN_TMA_STORE_BROKEN_UP_TO)
+
+
+def check_compiles_here(config: KernelConfig, triton_version: str, interpreter: bool) -> None:
+    """ValueError (one line) when `config` is valid but this Triton cannot compile it for a GPU. Called where a
+    launch binds and where compile_only builds; a stored entry's validity does not depend on the machine reading
+    it."""
+    if not compiles_here(config, triton_version, interpreter):
+        broken = ".".join(map(str, FLATTEN_TMA_STORE_BROKEN_UP_TO))
+        raise ValueError(f"{type(config).__name__}({config.to_string(True, True)}): flatten=True with a TMA store "
+                         f"needs a Triton newer than {broken} (its FuseNestedLoops pass fails on this loop); this is "
+                         f"Triton {triton_version}: use flatten=False")

@@ -13,7 +13,7 @@ import torch
 from tritune.device import DeviceInfo
 from tritune.kernels import grouped_gemm as gg
 from tritune.kernels.grouped_gemm_compile import compile_only
-from tritune.kernels.grouped_gemm_config import CONFIG_CLASSES, KernelConfig
+from tritune.kernels.grouped_gemm_config import CONFIG_CLASSES, KernelConfig, compiles_here
 from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dw_reference,
     grouped_gemm_dx_reference,
@@ -222,6 +222,8 @@ def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) ->
         Constraint("TMA needs capability >= 9.0",
                    lambda c: device.supports_tma or not uses_tma(kernel_config(problem, c))),
         Constraint("TMA rows not a multiple of 16 bytes", tma_aligned),
+        Constraint("flatten with a TMA store does not compile on this Triton",
+                   lambda c: compiles_here(kernel_config(problem, c), device.triton_version, device.interpreter)),
     )
 
 
