@@ -39,7 +39,7 @@ MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 143
 VARIANTS = ((64, 128, 256, 8, 3), (32, 128, 256, 8, 5), (32, 128, 256, 8, 6), (16, 128, 256, 8, 8),
             (64, 256, 128, 8, 3), (32, 256, 128, 8, 5))
 GROUPS = (1, 4, 8, 16)  # GROUP_SIZE_N: N tiles walked together along K
-KERNELS = ("op", "bounded", "padded")  # the op's dW kernel, and the two experiments of this file
+KERNELS = ("op", "bounded", "padded", "scheduled")  # the op's dW kernel, and the experiments of this file
 
 
 @triton.jit
@@ -103,6 +103,24 @@ def _dw_padded_kernel(x_desc, dy_desc, dw_desc, pad_row_ptr, pad_blocks_ptr, ste
             row = tl.load(pad_row_ptr + e)
             blocks = tl.load(pad_blocks_ptr + e)
             blk = 0
+
+
+@triton.jit
+def _dw_scheduled_kernel(x_desc, dy_desc, dw_desc, schedule_ptr, steps_ptr, MAX_STEPS, BM: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr):
+    """`_dw_padded_kernel`'s single loop with every step's coordinates read from a table by the loop index (padded
+    row, N offset, K offset, and the dW row to store at when the step ends its tile, else -1): no load address
+    depends on the epilogue's `if`, so the pipeliner may run num_stages - 1 steps ahead across tile ends."""
+    pid = tl.program_id(0)
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    for s in range(0, tl.load(steps_ptr + pid)):
+        step = schedule_ptr + (pid * MAX_STEPS + s) * 4
+        off_k = tl.load(step + 2)
+        acc = tl.dot(dy_desc.load([tl.load(step), tl.load(step + 1)]).T, x_desc.load([tl.load(step), off_k]), acc)
+        out_row = tl.load(step + 3)
+        if out_row >= 0:
+            dw_desc.store([out_row, off_k], acc.to(dw_desc.dtype))
+            acc = tl.zeros((BN, BK), dtype=tl.float32)
 
 
 def pad_rows(t: torch.Tensor, m_sizes: torch.Tensor, bm: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,6 +195,49 @@ class BoundedDw:
         return self.out
 
 
+def dw_schedule(blocks: torch.Tensor, pad_row: torch.Tensor, n: int, k: int, bm: int, bn: int, bk: int,
+                programs: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 [programs, max steps, 4] table of (padded row, N offset, K offset, dW row to store at or -1), int32
+    [programs] step counts) for `_dw_scheduled_kernel`: program p takes tiles p, p + programs, ... in the op's dW
+    tile order (`_dw_tile`, GROUP_SIZE_N `group`), each tile one step per row block of its expert."""
+    n_tiles, k_tiles = n // bn, -(-k // bk)
+    per_expert = n_tiles * k_tiles
+    rows: list[list[tuple[int, int, int, int]]] = [[] for _ in range(programs)]
+    for t in range(len(blocks) * per_expert):
+        e, local = divmod(t, per_expert)
+        in_group = group * k_tiles
+        first_n = (local // in_group) * group
+        size = min(n_tiles - first_n, group)
+        pid_n, pid_k = first_n + (local % in_group) % size, (local % in_group) // size
+        count = int(blocks[e])
+        for b in range(count):
+            end = e * n + pid_n * bn if b == count - 1 else -1
+            rows[t % programs].append((int(pad_row[e]) + b * bm, pid_n * bn, pid_k * bk, end))
+    longest = max(len(r) for r in rows)
+    table = torch.full((programs, longest, 4), -1, dtype=torch.int32)
+    for p, r in enumerate(rows):
+        table[p, :len(r)] = torch.tensor(r, dtype=torch.int32)
+    return table, torch.tensor([len(r) for r in rows], dtype=torch.int32)
+
+
+class ScheduledDw(PaddedDw):
+    """`_dw_scheduled_kernel` over the same padded rows as PaddedDw, its step table built on the host."""
+
+    def __init__(self, x, dy, m_sizes, out, bm: int, bn: int, bk: int, warps: int, stages: int, group: int = 1,
+                 sms: int | None = None) -> None:
+        super().__init__(x, dy, m_sizes, out, bm, bn, bk, warps, stages, group, sms)
+        x_desc, dy_desc, dw_desc, pad_row, blocks = self.args[:5]
+        table, steps = dw_schedule(blocks.cpu(), pad_row.cpu(), out.shape[1], out.shape[2], bm, bn, bk,
+                                   self.grid[0], group)
+        self.schedule = table.to(x.device)
+        self.args = (x_desc, dy_desc, dw_desc, self.schedule, steps.to(x.device), table.shape[1])
+        self.kw = dict(BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+
+    def __call__(self) -> torch.Tensor:
+        _dw_scheduled_kernel[self.grid](*self.args, **self.kw)
+        return self.out
+
+
 def main() -> None:
     from probe_util import checked_time
 
@@ -235,6 +296,9 @@ def main() -> None:
                                                             group=group)
                 if "padded" in kernels:
                     variants[f"padded {name}"] = PaddedDw(x, dy, m_sizes, out, bm, bn, bk, warps, stages, group=group)
+                if "scheduled" in kernels:
+                    variants[f"scheduled {name}"] = ScheduledDw(x, dy, m_sizes, out, bm, bn, bk, warps, stages,
+                                                                group=group)
             for key, fn in variants.items():
                 result = checked_time(fn, ref, timed)
                 row[key] = list(result) if isinstance(result, tuple) else result

@@ -49,14 +49,15 @@ def test_bounded_dw_refuses_n_off_the_tile():
     ([20, 9], 80, 48, 16, 16, 16, 2, 4),  # N tiles in groups of 2; more tiles than programs
     ([3], 16, 16, 16, 16, 16, 1, 8),  # one tile, fewer tiles than SMs
 ])
-def test_padded_dw_matches_torch(m_sizes, n, k, bm, bn, bk, group, sms):
+@pytest.mark.parametrize("kind", ["PaddedDw", "ScheduledDw"])
+def test_padded_dw_matches_torch(m_sizes, n, k, bm, bn, bk, group, sms, kind):
     gen = torch.Generator().manual_seed(sum(m_sizes) * n + k + 1)
     pairs = sum(m_sizes)
     x = torch.randn(pairs, k, generator=gen).half()
     dy = torch.randn(pairs, n, generator=gen).half()
     sizes = torch.tensor(m_sizes, dtype=torch.int32)
     out = torch.full((len(m_sizes), n, k), 7.0, dtype=torch.float16)
-    f = probe.PaddedDw(x, dy, sizes, out, bm, bn, bk, 4, 2, group=group, sms=sms)
+    f = getattr(probe, kind)(x, dy, sizes, out, bm, bn, bk, 4, 2, group=group, sms=sms)
     got = f()
     bounds = [0, *torch.cumsum(sizes, 0).tolist()]
     want = torch.stack([dy[a:b].float().T @ x[a:b].float() for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
@@ -65,7 +66,8 @@ def test_padded_dw_matches_torch(m_sizes, n, k, bm, bn, bk, group, sms):
     # every row block of every tile is one step of some program
     tiles_per_expert = (n // bn) * -(-k // bk)
     blocks = [max(1, -(-m // bm)) for m in m_sizes]
-    assert int(f.args[5].sum()) == tiles_per_expert * sum(blocks)
+    steps = f.args[5] if kind == "PaddedDw" else f.args[4]
+    assert int(steps.sum()) == tiles_per_expert * sum(blocks)
 
 
 def test_pad_rows_places_each_expert_on_a_block_boundary():
@@ -73,3 +75,12 @@ def test_pad_rows_places_each_expert_on_a_block_boundary():
     padded, first, blocks = probe.pad_rows(t, torch.tensor([2, 0, 4], dtype=torch.int32), 4)
     assert first.tolist() == [0, 4, 8] and blocks.tolist() == [1, 1, 1]
     assert padded.view(-1).tolist() == [1, 2, 0, 0, 0, 0, 0, 0, 3, 4, 5, 6]
+
+
+def test_dw_schedule_lists_each_tiles_blocks_and_ends_it_with_its_store_row():
+    # experts of 2 and 1 row blocks (padded rows 0 and 64), N 32 in two 16-wide tiles, one K tile: tiles t0 (e0, n0),
+    # t1 (e0, n1), t2 (e1, n0), t3 (e1, n1); program 0 takes t0 and t2, program 1 t1 and t3
+    table, steps = probe.dw_schedule(torch.tensor([2, 1]), torch.tensor([0, 64]), 32, 16, 32, 16, 16, 2, 1)
+    assert steps.tolist() == [3, 3]
+    assert table[0].tolist() == [[0, 0, 0, -1], [32, 0, 0, 0], [64, 0, 0, 32]]
+    assert table[1].tolist() == [[0, 16, 0, -1], [32, 16, 0, 16], [64, 16, 0, 48]]
