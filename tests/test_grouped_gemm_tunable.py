@@ -23,6 +23,7 @@ from tritune.tuners.grouped_gemm_tunable import (
     GroupedGemmProblem,
     GroupedGemmShape,
     GroupedGemmTunable,
+    dw_order_matters,
     kernel_config,
     torch_baseline,
 )
@@ -32,6 +33,9 @@ from tritune.tuning.types import Config
 
 H100 = DeviceInfo(name="test-H100", sm_count=132, capability=(9, 0), max_shared_mem=232448, regs_per_block=65536,
                   l2_bytes=50 * 2**20, warp_size=32, triton_version="3.9.0", torch_version="2", cuda_version="12")
+QWEN3_8K = GroupedGemmShape(num_experts=128, hidden_size=2048, intermediate_size=768, topk=8, seqlen=8192, dtype="bf16")
+MIXTRAL_8K = GroupedGemmShape(num_experts=8, hidden_size=4096, intermediate_size=14336, topk=2, seqlen=8192,
+                              dtype="bf16")
 TRITON_36 = dataclasses.replace(H100, triton_version="3.6.0")  # a release whose flattened loop fails with a TMA store
 # 5 experts (prime), 7 tokens top-2: 14 pairs, under one 16-row tile; H=40, I=24 keep every fp16 row a 16-byte
 # multiple (TMA) while not dividing the 32-wide blocks (masked edges).
@@ -155,6 +159,9 @@ ODD_H = dataclasses.replace(TINY, hidden_size=36)  # fp16 rows of 72 bytes: no T
      "flatten with a TMA store does not compile on this Triton"),
     ("gate_up", "forward", dict(use_tma_store=True), TRITON_36, TINY,
      "flatten with a TMA store does not compile on this Triton"),
+    ("down", "dW", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N cannot matter: the experts in flight fit the L2"),
+    ("gate_up", "dW", dict(GROUP_SIZE_N=8), H100, QWEN3_8K,  # 512 rows an expert: 5 MB in flight
+     "GROUP_SIZE_N cannot matter: the experts in flight fit the L2"),
 ])
 def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule):
     problem = GroupedGemmProblem(shape, gemm, kernel)
@@ -167,10 +174,17 @@ def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule)
     ("down", "dX", dict(fuse_permute=False, use_tma_load_a=True, use_tma_load_b=True, use_tma_store=True)),
     ("gate_up", "dX", dict(use_tma_load_a=True, use_tma_load_b=True)),  # dY is grouped; only the store scatters
     ("gate_up", "forward", dict(use_tma_load_b=True, use_tma_store=True)),  # W and grouped Y are contiguous
-    ("down", "dW", dict(GROUP_SIZE_N=8)),  # dW's tile order is searched
 ])
 def test_tma_kept_where_tensors_are_contiguous(gemm, kernel, overrides):
     assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides)) == {}
+
+
+@pytest.mark.parametrize("gemm", ["gate_up", "down"])
+def test_dw_tile_order_searched_where_an_expert_outgrows_the_l2(gemm):
+    # Mixtral at 8192 tokens: 2048 rows an expert, 75-134 MB of dY and X each
+    problem = GroupedGemmProblem(MIXTRAL_8K, gemm, "dW")
+    assert dw_order_matters(problem, H100)
+    assert pruned_by(problem, point(GROUP_SIZE_N=8, fuse_permute=False, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128)) == {}
 
 
 @pytest.mark.parametrize(("gemm", "kernel", "overrides", "device"), [
@@ -185,8 +199,10 @@ def test_flatten_with_tma_store_kept_where_it_compiles(gemm, kernel, overrides, 
 def test_rule_names_in_order_and_permute_pair_never_fires():
     names = [c.name for c in TUNABLE.space(PROBLEMS[0], H100).constraints]
     assert names == ["tma_load_x_with_permute_x", "permute_x_with_permute_y", "tma_store_with_permute_y",
-                     "GROUP_SIZE_N orders dW's tiles only", "exceeds_smem", "TMA needs capability >= 9.0",
-                     "TMA rows not a multiple of 16 bytes", "flatten with a TMA store does not compile on this Triton"]
+                     "GROUP_SIZE_N orders dW's tiles only",
+                     "GROUP_SIZE_N cannot matter: the experts in flight fit the L2", "exceeds_smem",
+                     "TMA needs capability >= 9.0", "TMA rows not a multiple of 16 bytes",
+                     "flatten with a TMA store does not compile on this Triton"]
     for problem in PROBLEMS:  # fuse_permute sets one role flag only, so this rule only guards the mapping
         assert "permute_x_with_permute_y" not in TUNABLE.space(problem, H100).prune().pruned
 

@@ -199,12 +199,31 @@ def tma_row_elements(problem: GroupedGemmProblem) -> dict[str, int]:
             "dW": {"a": n, "b": k, "store": k}}[problem.kernel]
 
 
+# dW's tile order (GROUP_SIZE_N) decides which stripes of dY and X stay in the L2. Where the experts whose tiles are
+# in flight at once (one wave of 128×256 tiles) hold their dY and X in half the L2, at twice the average rows per
+# expert for routing skew, no order can matter: Qwen3-30B-A3B's dW ran within ±3% across orders 1-16 on the H100,
+# Mixtral's down dW (75 MB per expert) 3.27 ms at 1 and 2.86 at 16 (RESULTS.md, 2026-11-27 twelfth session).
+DW_ORDER_L2_SHARE = 0.5
+DW_ORDER_ROWS_MARGIN = 2.0
+
+
+def dw_order_matters(problem: GroupedGemmProblem, device: DeviceInfo) -> bool:
+    """Whether dW's operands in flight outgrow DW_ORDER_L2_SHARE of the L2, so GROUP_SIZE_N is worth searching."""
+    s = problem.shape
+    rows = DW_ORDER_ROWS_MARGIN * s.pairs / s.num_experts
+    tiles_per_expert = max(1, -(-problem.n // 128) * -(-problem.k // 256))
+    experts_in_flight = max(1.0, device.sm_count / tiles_per_expert)
+    return rows * (problem.n + problem.k) * _element_size(problem) * experts_in_flight > (
+        DW_ORDER_L2_SHARE * device.l2_bytes)
+
+
 def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Constraint, ...]:
     """The pruning rules of grouped_gemm_tuning (each named after its predicate), shared memory against the
     device, then TMA support; the first failing rule is the one counted."""
     props = DeviceProperties.of(device)
     elt = _element_size(problem)
     rows = tma_row_elements(problem)
+    order_matters = problem.kernel == "dW" and dw_order_matters(problem, device)
 
     def keeps(rule: Callable[[KernelConfig], bool]) -> Callable[[Config], bool]:
         return lambda c: not rule(kernel_config(problem, c))
@@ -218,6 +237,8 @@ def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) ->
         *rules,
         Constraint("GROUP_SIZE_N orders dW's tiles only",
                    lambda c: problem.kernel == "dW" or c.get("GROUP_SIZE_N", 1) == 1),
+        Constraint("GROUP_SIZE_N cannot matter: the experts in flight fit the L2",
+                   lambda c: c.get("GROUP_SIZE_N", 1) == 1 or order_matters),
         Constraint("exceeds_smem", lambda c: not exceeds_smem(kernel_config(problem, c), props, elt)),
         Constraint("TMA needs capability >= 9.0",
                    lambda c: device.supports_tma or not uses_tma(kernel_config(problem, c))),
