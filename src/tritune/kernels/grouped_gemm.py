@@ -21,6 +21,7 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigBackward_dX,
     KernelConfigForward,
     check_compiles_here,
+    stores_through_tma,
 )
 from tritune.knobs import interpreting
 
@@ -346,7 +347,7 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     x_desc = _descriptor(x, p, k, [bm, bk], "x") if cfg.use_tma_load_x else x
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
-    y_desc = _descriptor(out, p, n, [bm, bn], "y") if cfg.use_tma_store and not cfg.permute_y else out
+    y_desc = _descriptor(out, p, n, [bm, bn], "y") if stores_through_tma(cfg) else out
     dummy = _dummy(x.device)
     programs = _num_programs(x.device, (triton.cdiv(p, bm) + n_exp) * triton.cdiv(n, bn), num_programs)
     _grouped_fwd_kernel[(programs,)](
@@ -355,7 +356,7 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), TOPK=topk, NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y, FUSE_MUL_POST=cfg.fuse_mul_post,
         USE_TMA_LOAD_X=cfg.use_tma_load_x, USE_TMA_LOAD_W=cfg.use_tma_load_w,
-        USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_y, FLATTEN=cfg.flatten,
+        USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_K=k % bk == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -380,7 +381,7 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     dy_desc = _descriptor(dy, p, n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
-    dx_desc = _descriptor(out, p, k, [bm, bk], "dx") if cfg.use_tma_store and not cfg.permute_x else out
+    dx_desc = _descriptor(out, p, k, [bm, bk], "dx") if stores_through_tma(cfg) else out
     programs = _num_programs(dy.device, (triton.cdiv(p, bm) + n_exp) * triton.cdiv(k, bk), num_programs)
     _grouped_dx_kernel[(programs,)](
         dy, dy_desc, w, w_desc, out, dx_desc, m_sizes,
@@ -388,7 +389,7 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y,
         USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
-        USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_x, FLATTEN=cfg.flatten,
+        USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_N=n % bn == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
@@ -414,7 +415,7 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     x_desc = _descriptor(x, p, k, [bm, bk], "x") if cfg.use_tma_load_x else x
     dy_desc = _descriptor(dy, p, n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
-    dw_desc = _descriptor(out, n_exp * n, k, [bn, bk], "dw") if cfg.use_tma_store else out
+    dw_desc = _descriptor(out, n_exp * n, k, [bn, bk], "dw") if stores_through_tma(cfg) else out
     programs = _num_programs(x.device, n_exp * triton.cdiv(n, bn) * triton.cdiv(k, bk), num_programs)
     _grouped_dw_kernel[(programs,)](
         x, x_desc, dy, dy_desc, out, dw_desc, m_sizes,
@@ -422,7 +423,7 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), TOPK=topk, NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y,
         USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_X=cfg.use_tma_load_x,
-        USE_TMA_STORE=cfg.use_tma_store, FLATTEN=cfg.flatten,
+        USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_N=cfg.GROUP_SIZE_N,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -17,6 +17,7 @@ from tritune.kernels.grouped_gemm_config import (
     KernelConfigBackward_dX,
     KernelConfigForward,
     check_compiles_here,
+    stores_through_tma,
 )
 from tritune.knobs import interpreting
 
@@ -48,26 +49,26 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
         _grouped_fwd_kernel.warmup(
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_x, pairs, k, [bm, bk]),
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_w, num_experts * n, k, [bn, bk]),
-            MockTensor(dtype), _operand(dtype, cfg.use_tma_store and not cfg.permute_y, pairs, n, [bm, bn]),
+            MockTensor(dtype), _operand(dtype, stores_through_tma(cfg), pairs, n, [bm, bn]),
             MockTensor(i32), MockTensor(i32), MockTensor(f32 if cfg.fuse_mul_post else i32), n, k,
             TOPK=topk, FUSE_MUL_POST=cfg.fuse_mul_post, USE_TMA_LOAD_X=cfg.use_tma_load_x,
-            USE_TMA_LOAD_W=cfg.use_tma_load_w, USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_y,
+            USE_TMA_LOAD_W=cfg.use_tma_load_w, USE_TMA_STORE=stores_through_tma(cfg),
             EVEN_K=k % bk == 0, **common)
     elif isinstance(cfg, KernelConfigBackward_dX):
         _grouped_dx_kernel.warmup(
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_dy, pairs, n, [bm, bn]),
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_w, num_experts * n, k, [bn, bk]),
-            MockTensor(dtype), _operand(dtype, cfg.use_tma_store and not cfg.permute_x, pairs, k, [bm, bk]),
+            MockTensor(dtype), _operand(dtype, stores_through_tma(cfg), pairs, k, [bm, bk]),
             MockTensor(i32), MockTensor(i32), n, k,
             USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
-            USE_TMA_STORE=cfg.use_tma_store and not cfg.permute_x, EVEN_N=n % bn == 0, **common)
+            USE_TMA_STORE=stores_through_tma(cfg), EVEN_N=n % bn == 0, **common)
     elif isinstance(cfg, KernelConfigBackward_dW):
         _grouped_dw_kernel.warmup(
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_x, pairs, k, [bm, bk]),
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_dy, pairs, n, [bm, bn]),
-            MockTensor(dtype), _operand(dtype, cfg.use_tma_store, num_experts * n, k, [bn, bk]),
+            MockTensor(dtype), _operand(dtype, stores_through_tma(cfg), num_experts * n, k, [bn, bk]),
             MockTensor(i32), MockTensor(i32), n, k,
             TOPK=topk, USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_X=cfg.use_tma_load_x,
-            USE_TMA_STORE=cfg.use_tma_store, GROUP_SIZE_N=cfg.GROUP_SIZE_N, **common)
+            USE_TMA_STORE=stores_through_tma(cfg), GROUP_SIZE_N=cfg.GROUP_SIZE_N, **common)
     else:
         raise TypeError(f"not a grouped-GEMM kernel config: {type(cfg).__name__}")

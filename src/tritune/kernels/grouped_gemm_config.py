@@ -150,20 +150,22 @@ def smem_bytes(config: KernelConfig, element_size: int = 2) -> int:
 FLATTEN_TMA_STORE_BROKEN_UP_TO = (3, 6)
 
 
-def _stores_through_tma(config: KernelConfig) -> bool:
-    """Whether the launch stores through TMA: the forward's scattered Y (permute_y) and dX's scattered dX
-    (permute_x) never do, whatever the flag."""
+def stores_through_tma(config: KernelConfig) -> bool:
+    """Whether a launch with `config` stores its output through TMA: the forward's scattered Y (permute_y) and dX's
+    scattered dX (permute_x) never do, whatever the flag; dW's output is never scattered."""
     if isinstance(config, KernelConfigForward):
         return config.use_tma_store and not config.permute_y
     if isinstance(config, KernelConfigBackward_dX):
         return config.use_tma_store and not config.permute_x
-    return False  # dW: its flattened loop builds with the store on every release seen
+    return config.use_tma_store
 
 
 def compiles_here(config: KernelConfig, triton_version: str, interpreter: bool) -> bool:
-    """Whether this Triton builds `config` for a GPU (always in the interpreter, which compiles nothing)."""
-    return interpreter or not (config.flatten and _stores_through_tma(config)
-                               and triton_release(triton_version) <= FLATTEN_TMA_STORE_BROKEN_UP_TO)
+    """Whether this Triton builds `config` for a GPU (always in the interpreter, which compiles nothing). dW's
+    flattened loop builds with the store on every release seen."""
+    return interpreter or isinstance(config, KernelConfigBackward_dW) or not (
+        config.flatten and stores_through_tma(config)
+        and triton_release(triton_version) <= FLATTEN_TMA_STORE_BROKEN_UP_TO)
 
 
 def check_compiles_here(config: KernelConfig, triton_version: str, interpreter: bool) -> None:
