@@ -12,6 +12,7 @@ bf16 matmul peak, bytes / measured copy bandwidth).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 
@@ -20,12 +21,14 @@ import torch.nn.functional as F
 
 from tritune.device import current_device
 from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
 from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dw, run_dx, run_forward, select_configs
 from tritune.ops.moe_mlp import moe_mlp
 from tritune.ops.routing import sample_routing
 from tritune.tuning.bench import time_kernel
 
-MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # E, topk, hidden, inter
+MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),  # E, topk, hidden, inter
+          "deepseek-v2-lite": (64, 6, 2048, 1408)}
 
 
 def timed(fn, iters: int = 20) -> float:
@@ -71,7 +74,7 @@ def grouped_mm_mlp(x, w1, w2, tw, ids, m_sizes, gather):
     return (y.view(x.shape[0], topk, -1) * tw.to(y.dtype).unsqueeze(-1)).sum(1)
 
 
-def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
+def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict | None = None) -> dict:
     num_experts, topk, hidden, inter = MODELS[model]
     tokens, pairs = seqlen, seqlen * topk
     dev, bf = "cuda", torch.bfloat16
@@ -86,6 +89,9 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
     dh = torch.randn(pairs, 2 * inter, device=dev, dtype=bf)  # grouped
     dy = torch.randn(pairs, hidden, device=dev, dtype=bf)  # pair order
     up, down = select_configs(tokens, w1, topk, True, False), select_configs(pairs, w2, topk, False, True)
+    if dw_override:  # --dw: every dW (and the MLP step's) through the given config
+        forced = KernelConfigBackward_dW.from_dict(dw_override)
+        up, down = (dataclasses.replace(c, dW=forced, origins=(*c.origins[:2], "--dw")) for c in (up, down))
     ref_x = x.index_select(0, g // topk)
     ref_dy = dy.index_select(0, g)  # bare `_grouped_mm` takes grouped rows: gathered once, outside every timing
     gmm = torch._grouped_mm
@@ -149,12 +155,13 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool) -> dict:
             torch.autograd.backward(out, grad_out)
         return run
 
-    ours_fwd = lambda: moe_mlp(x, w1, w2, tw, ids)  # noqa: E731
+    configs = {"gate_up_configs": up, "down_configs": down} if dw_override else {}
+    ours_fwd = lambda: moe_mlp(x, w1, w2, tw, ids, **configs)  # noqa: E731
     gmm_fwd = lambda: grouped_mm_mlp(x, w1, w2, tw, ids, m_sizes, gather)  # noqa: E731
     mlp_flops = 18 * pairs * hidden * inter
     mlp = {"floor_us": mlp_flops / pk["bf16_tflops"] / 1e6, "flops": mlp_flops,
            "fwd_us": timed(ours_fwd), "grouped_mm_fwd_us": timed(gmm_fwd),
-           "step_us": timed(step(lambda *t: moe_mlp(*t, ids)), iters=10),
+           "step_us": timed(step(lambda *t: moe_mlp(*t, ids, **configs)), iters=10),
            "rel_l2_fwd_vs_grouped_mm": rel(ours_fwd(), gmm_fwd())}
     try:
         mlp["grouped_mm_step_us"] = timed(step(lambda *t: grouped_mm_mlp(*t, ids, m_sizes, gather)), iters=10)
@@ -173,14 +180,22 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seqlens", default="1024,8192")
     p.add_argument("--no-loop", action="store_true", help="skip the torch loop baseline")
+    p.add_argument("--dw", help="run every dW with this config instead of the op's choice: JSON of "
+                                "KernelConfigBackward_dW fields, e.g. the scheduled loop's")
     args = p.parse_args()
+    dw_override = None
+    if args.dw:  # a bad field stops here, before any GPU work
+        try:
+            dw_override = KernelConfigBackward_dW.from_dict(json.loads(args.dw)).to_dict()
+        except ValueError as exc:
+            p.error(f"--dw: {exc}")
     reload_grouped_gemm_configs()
     info = current_device()
     pk = peaks()
     results = []
     for model in args.models.split(","):
         for seqlen in (int(s) for s in args.seqlens.split(",")):
-            r = bench_shape(model, seqlen, pk, loop=not args.no_loop)
+            r = bench_shape(model, seqlen, pk, loop=not args.no_loop, dw_override=dw_override)
             results.append(r)
             k = r["kernels"]
             print(f"\n{model} seqlen {seqlen}  (configs: {r['config_origins']})")
@@ -207,7 +222,7 @@ def main() -> None:
                   f"grouped_mm step {m['grouped_mm_step_us']}; loop {m.get('torch_loop_step_us')}; "
                   f"fwd {m['fwd_us']:.1f} vs grouped_mm fwd {m['grouped_mm_fwd_us']:.1f}", flush=True)
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "device": info.provenance(), "peaks": pk, "results": results}
+           "device": info.provenance(), "peaks": pk, "dw_override": dw_override, "results": results}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 

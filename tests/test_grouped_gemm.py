@@ -505,8 +505,9 @@ ERROR_CASES = [
     # K=36 fp16 = 72-byte rows: no TMA on W
     pytest.param("forward", dict(use_tma_load_w=True), dict(k=36), ValueError, "TMA on w needs rows of 16-byte",
                  id="fwd-tma-w-k36"),
-    # K=36 fp16: no TMA store of dX
-    pytest.param("dx", dict(use_tma_store=True), dict(k=36), ValueError, "TMA on dx needs rows of 16-byte",
+    # K=36 fp16: no TMA store of dX (flatten off: Triton 3.6 refuses a flattened loop around a TMA store first)
+    pytest.param("dx", dict(use_tma_store=True, flatten=False), dict(k=36), ValueError,
+                 "TMA on dx needs rows of 16-byte",
                  id="dx-tma-store-k36"),
     # K=36 fp16: no TMA load of X in dW
     pytest.param("dw", dict(use_tma_load_x=True), dict(k=36), ValueError, "TMA on x needs rows of 16-byte",

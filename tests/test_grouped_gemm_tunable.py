@@ -44,8 +44,10 @@ TINY = GroupedGemmShape(num_experts=5, hidden_size=40, intermediate_size=24, top
 SKEWED = GroupedGemmShape(num_experts=6, hidden_size=40, intermediate_size=24, topk=2, seqlen=9, dtype="fp16",
                           skew=2.0)
 PROBLEMS = [GroupedGemmProblem(TINY, g, k) for g in GEMMS for k in KERNELS]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # kernels run on the GPU where there is one
 BASE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, num_warps=4, num_stages=2, flatten=True,
-            use_tma_load_a=False, use_tma_load_b=False, use_tma_store=False, fuse_permute=True, GROUP_SIZE_N=1)
+            use_tma_load_a=False, use_tma_load_b=False, use_tma_store=False, fuse_permute=True, GROUP_SIZE_N=1,
+            scheduled=False)
 TUNABLE = GroupedGemmTunable()
 
 
@@ -126,7 +128,8 @@ def test_kernel_config_maps_fuse_permute_and_operands(gemm, kernel, cls, permute
 
 def test_default_space_lists():
     # BM (32, 64, 128), BN, BK (64, 128, 256), warps, stages, flatten, the three TMA flags, fuse_permute, dW's order
-    assert SearchSpace(DEFAULT_SPACE).size == 3 * 3 * 3 * 2 * 3 * 2 * 2 * 2 * 2 * 2 * 2
+    # and dW's scheduled loop
+    assert SearchSpace(DEFAULT_SPACE).size == 3 * 3 * 3 * 2 * 3 * 2 * 2 * 2 * 2 * 2 * 2 * 2
     assert DEFAULT_SPACE["fuse_permute"] == (True, False) and DEFAULT_SPACE["use_tma_store"] == (False, True)
 
 
@@ -136,6 +139,8 @@ def pruned_by(problem: GroupedGemmProblem, config: Config, device: DeviceInfo = 
     return space.prune().pruned
 
 
+# A dW point the scheduled loop takes: all three TMA flags, no fused permute, no flatten.
+SCHEDULED_OK = dict(use_tma_load_a=True, use_tma_load_b=True, use_tma_store=True, fuse_permute=False, flatten=False)
 ODD_H = dataclasses.replace(TINY, hidden_size=36)  # fp16 rows of 72 bytes: no TMA on a tensor with K or N = H
 
 
@@ -162,6 +167,14 @@ ODD_H = dataclasses.replace(TINY, hidden_size=36)  # fp16 rows of 72 bytes: no T
     ("down", "dW", dict(GROUP_SIZE_N=8), H100, TINY, "GROUP_SIZE_N cannot matter: the experts in flight fit the L2"),
     ("gate_up", "dW", dict(GROUP_SIZE_N=8), H100, QWEN3_8K,  # 512 rows an expert: 5 MB in flight
      "GROUP_SIZE_N cannot matter: the experts in flight fit the L2"),
+    ("gate_up", "forward", dict(SCHEDULED_OK, scheduled=True), H100, TINY, "scheduled is dW's"),
+    ("down", "dX", dict(SCHEDULED_OK, scheduled=True), H100, TINY, "scheduled is dW's"),
+    ("down", "dW", dict(SCHEDULED_OK, scheduled=True, use_tma_store=False), H100, TINY, "scheduled_without_tma"),
+    ("gate_up", "dW", dict(SCHEDULED_OK, scheduled=True, use_tma_load_a=False), H100, TINY, "scheduled_without_tma"),
+    ("gate_up", "dW", dict(SCHEDULED_OK, scheduled=True, flatten=True), H100, TINY,
+     "scheduled_with_fused_permute_or_flatten"),
+    ("down", "dW", dict(SCHEDULED_OK, scheduled=True), H100, TINY,  # N = H = 40, BLOCK_SIZE_N 32
+     "scheduled needs N a multiple of BLOCK_SIZE_N"),
 ])
 def test_each_pruning_rule_by_name(gemm, kernel, overrides, device, shape, rule):
     problem = GroupedGemmProblem(shape, gemm, kernel)
@@ -196,11 +209,26 @@ def test_flatten_with_tma_store_kept_where_it_compiles(gemm, kernel, overrides, 
     assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides), device) == {}
 
 
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_a_scheduled_dw_point_is_kept_and_matches_the_reference(gemm):
+    # N (2I gate_up, H down) a multiple of BLOCK_SIZE_N 32; skewed routing leaves an expert empty (its dW: zeros)
+    shape = dataclasses.replace(SKEWED, hidden_size=64, intermediate_size=16)
+    problem = GroupedGemmProblem(shape, gemm, "dW")
+    config = point(**SCHEDULED_OK, scheduled=True)
+    assert pruned_by(problem, config) == {}
+    assert kernel_config(problem, config).scheduled
+    inputs = TUNABLE.make_inputs(problem, DEV, 1)
+    assert (inputs["m_sizes"] == 0).any()
+    result = check_output(run(problem, inputs, config), TUNABLE.reference(problem, inputs), TUNABLE.tolerance(problem))
+    assert result.passed, result
+
+
 def test_rule_names_in_order_and_permute_pair_never_fires():
     names = [c.name for c in TUNABLE.space(PROBLEMS[0], H100).constraints]
     assert names == ["tma_load_x_with_permute_x", "permute_x_with_permute_y", "tma_store_with_permute_y",
                      "GROUP_SIZE_N orders dW's tiles only",
-                     "GROUP_SIZE_N cannot matter: the experts in flight fit the L2", "exceeds_smem",
+                     "GROUP_SIZE_N cannot matter: the experts in flight fit the L2", "scheduled is dW's",
+                     "scheduled needs N a multiple of BLOCK_SIZE_N", "exceeds_smem",
                      "TMA needs capability >= 9.0", "TMA rows not a multiple of 16 bytes",
                      "flatten with a TMA store does not compile on this Triton"]
     for problem in PROBLEMS:  # fuse_permute sets one role flag only, so this rule only guards the mapping
@@ -246,15 +274,16 @@ def test_compile_is_a_no_op():
     assert TUNABLE.compile(PROBLEMS[0], point()) is None
 
 
-# --- Kernels against each other and the reference (interpreter). ---------------------------------------------
+# --- Kernels against each other and the reference (interpreter without a GPU, else the GPU). -----------------
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.gemm}-{p.kernel}")
 def test_unfused_permute_gives_the_fused_output(problem):
-    inputs = TUNABLE.make_inputs(problem, "cpu", 0)
+    inputs = TUNABLE.make_inputs(problem, DEV, 0)
     fused = run(problem, inputs, point())
     # Unfused, every TMA flag the layout allows on: the pre-gathered operand and the grouped output are plain.
-    plain = point(fuse_permute=False, use_tma_load_a=True, use_tma_load_b=True, use_tma_store=True)
+    # Not flattened: Triton 3.6 does not build a flattened forward or dX loop around a TMA store (on the GPU).
+    plain = point(fuse_permute=False, use_tma_load_a=True, use_tma_load_b=True, use_tma_store=True, flatten=False)
     assert pruned_by(problem, plain) == {}
     torch.testing.assert_close(run(problem, inputs, plain), fused, rtol=1e-3, atol=1e-3)
     assert torch.equal(run(problem, inputs, point(fuse_permute=False)), fused)  # same tiles, same sums
@@ -271,7 +300,7 @@ def test_kernel_passes_the_engine_gate(shape, gemm, kernel, overrides):
     problem = GroupedGemmProblem(shape, gemm, kernel)
     config = point(**overrides)
     assert pruned_by(problem, config) == {}
-    inputs = TUNABLE.make_inputs(problem, "cpu", 1)
+    inputs = TUNABLE.make_inputs(problem, DEV, 1)
     if shape is SKEWED:
         assert (inputs["m_sizes"] == 0).any()
     result = check_output(run(problem, inputs, config), TUNABLE.reference(problem, inputs), TUNABLE.tolerance(problem))
@@ -281,7 +310,7 @@ def test_kernel_passes_the_engine_gate(shape, gemm, kernel, overrides):
 def test_gate_fails_a_wrong_layout():
     # A dX of gate_up left in grouped order (no scatter) must not pass against the pair-order reference.
     problem = GroupedGemmProblem(TINY, "gate_up", "dX")
-    inputs = TUNABLE.make_inputs(problem, "cpu", 0)
+    inputs = TUNABLE.make_inputs(problem, DEV, 0)
     out = run(problem, inputs, point())
     shuffled = out[inputs["pairs"]]  # pair order -> grouped order
     assert not check_output(shuffled, TUNABLE.reference(problem, inputs), TUNABLE.tolerance(problem)).passed

@@ -410,6 +410,9 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
     _check(cfg, KernelConfigBackward_dW, m_sizes, gather_indices, p, topk, {"x": x, "dy": dy})
     if x.shape[0] * (topk if cfg.permute_x else 1) != p:
         raise ValueError(f"x has {x.shape[0]} rows, dy has {p} (topk {topk}, permute_x {cfg.permute_x})")
+    if cfg.scheduled:
+        return scheduled_dw_launch(x, dy, m_sizes, cfg, topk=topk, gather=gather_indices, permute_x=cfg.permute_x,
+                                   permute_y=cfg.permute_y, out=out, num_programs=num_programs)
     if out is None:
         out = torch.empty((n_exp, n, k), device=x.device, dtype=x.dtype)
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
@@ -427,3 +430,38 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_N=cfg.GROUP_SIZE_N,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+def scheduled_dw_launch(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, config: KernelConfigBackward_dW, *,
+                        topk: int, gather: torch.Tensor | None, permute_x: bool, permute_y: bool,
+                        out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+    """dW through the scheduled loop (kernels/grouped_dw_scheduled.py) for a config with `scheduled`: X and dY in the
+    layouts the forward saw (permute_x: X in token order; permute_y: dY in pair order), which its padding copy
+    gathers from; ValueError (one line) for a scheduled config without its three TMA flags or with N not a multiple
+    of BLOCK_SIZE_N."""
+    from tritune.kernels.grouped_dw_scheduled import scheduled_dw
+
+    cfg = config
+    p = dy.shape[0]
+    if m_sizes.dtype != torch.int32 or m_sizes.dim() != 1:
+        raise ValueError(f"m_sizes must be a 1-D int32 tensor, got {m_sizes.dtype} of shape {tuple(m_sizes.shape)}")
+    if (permute_x or permute_y) and (gather is None or gather.shape != (p,) or gather.dtype != torch.int32):
+        raise ValueError(f"scheduled dW with permute_x={permute_x} permute_y={permute_y} needs gather_indices: int32 "
+                         f"of shape ({p},)")
+    if p % topk or x.shape[0] * (topk if permute_x else 1) != p:
+        raise ValueError(f"x has {x.shape[0]} rows, dy has {p} (topk {topk}, permute_x {permute_x})")
+    for name, t in (("x", x), ("dy", dy)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if not (cfg.use_tma_load_dy and cfg.use_tma_load_x and cfg.use_tma_store):
+        raise ValueError(f"{type(cfg).__name__}({cfg.to_string(True, True)}): scheduled dW reads and stores "
+                         f"through TMA: set use_tma_load_dy, use_tma_load_x and use_tma_store")
+    n, k = dy.shape[1], x.shape[1]
+    for name, t, row in (("x", x, k), ("dy", dy, n)):
+        if (row * t.element_size()) % 16:
+            raise ValueError(f"scheduled dW: {name} rows of {row} elements are not a multiple of 16 bytes (TMA)")
+    programs = _num_programs(x.device, m_sizes.shape[0] * triton.cdiv(n, cfg.BLOCK_SIZE_N)
+                             * triton.cdiv(k, cfg.BLOCK_SIZE_K), num_programs)
+    return scheduled_dw(x, dy, m_sizes, gather, topk, permute_x, permute_y, block_m=cfg.BLOCK_SIZE_M,
+                        block_n=cfg.BLOCK_SIZE_N, block_k=cfg.BLOCK_SIZE_K, group_size_n=cfg.GROUP_SIZE_N,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, programs=programs, out=out)

@@ -62,6 +62,16 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
             MockTensor(i32), MockTensor(i32), n, k,
             USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
             USE_TMA_STORE=stores_through_tma(cfg), EVEN_N=n % bn == 0, **common)
+    elif isinstance(cfg, KernelConfigBackward_dW) and cfg.scheduled:
+        from tritune.kernels.grouped_dw_scheduled import _dw_scheduled_kernel
+
+        # The padded rows and the step table are sized at the launch; the kernel specializes on neither.
+        rows = (triton.cdiv(pairs, bm) + num_experts) * bm
+        _dw_scheduled_kernel.warmup(
+            _operand(dtype, True, rows, k, [bm, bk]), _operand(dtype, True, rows, n, [bm, bn]),
+            _operand(dtype, True, num_experts * n, k, [bn, bk]), MockTensor(i32), MockTensor(i32), 2,
+            BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            grid=(1,))
     elif isinstance(cfg, KernelConfigBackward_dW):
         _grouped_dw_kernel.warmup(
             MockTensor(dtype), _operand(dtype, cfg.use_tma_load_x, pairs, k, [bm, bk]),

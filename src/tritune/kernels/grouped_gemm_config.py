@@ -47,6 +47,8 @@ class KernelConfig:
             parts += [f"{name}={getattr(self, name)}" for name in TUNING_FIELDS]
             if getattr(self, "GROUP_SIZE_N", 1) != 1:  # dW's tile order, named only off its default
                 parts.append(f"GROUP_SIZE_N={self.GROUP_SIZE_N}")
+            if getattr(self, "scheduled", False):
+                parts.append("scheduled")
         if include_tma:
             parts += [f.name for f in fields(self) if f.name.startswith("use_tma_") and getattr(self, f.name)]
         return ",".join(parts)
@@ -90,11 +92,15 @@ class KernelConfigForward(KernelConfig):
 @dataclass(frozen=True)
 class KernelConfigBackward_dW(KernelConfig):  # noqa: N801 (the name users know)
     """dW[e] = dY[e]ᵀ·X[e]. Tiles: BLOCK_SIZE_N × BLOCK_SIZE_K of dW, reduction over the expert's rows in
-    BLOCK_SIZE_M steps. GROUP_SIZE_N: N tiles walked together along K (`_dw_tile`; 1: K tiles fastest)."""
+    BLOCK_SIZE_M steps. GROUP_SIZE_N: N tiles walked together along K (`_dw_tile`; 1: K tiles fastest).
+    scheduled: X and dY are copied into rows padded per expert and every program's row blocks of all its tiles run
+    as one pipelined loop over a step table (kernels/grouped_dw_scheduled.py); it reads and stores through TMA, and
+    the copy does the permutes, so it needs all three TMA flags and neither permute flag."""
 
     use_tma_load_dy: bool = False
     use_tma_load_x: bool = False
     GROUP_SIZE_N: int = 1
+    scheduled: bool = False
 
     @property
     def tma_loads(self) -> tuple[bool, bool]:
@@ -137,6 +143,10 @@ def smem_bytes(config: KernelConfig, element_size: int = 2) -> int:
         operands, out_tile = m * n + m * k, n * k
     else:
         operands, out_tile = m * k + n * k, m * n
+    if getattr(config, "scheduled", False):
+        # Triton 3.6 allocates num_stages - 1 buffers for the scheduled loop and lowers the count itself where they
+        # would not fit (compiled for cuda:90: 64×128×256 takes 164 KB at 4 stages, 213 KB at 5 and at 6).
+        return (config.num_stages - 1) * operands * element_size
     total = config.num_stages * operands * element_size
     if config.use_tma_store:
         total += out_tile * element_size

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tritune.kernels.grouped_gemm import grouped_gemm_dw, grouped_gemm_dx, grouped_gemm_forward
+from tritune.kernels.grouped_gemm import grouped_gemm_dw, grouped_gemm_dx, grouped_gemm_forward, scheduled_dw_launch
 from tritune.kernels.grouped_gemm_config import (
     KernelConfig,
     KernelConfigBackward_dW,
@@ -181,6 +181,9 @@ def run_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gather: tor
            out: torch.Tensor | None = None) -> torch.Tensor:
     """dW [E, N, K] (into `out` when given) from X and dY in the layouts the forward saw and produced."""
     cfg = _fit(config, permute_x, permute_y)
+    if cfg.scheduled:  # its padding copy gathers both operands from the layouts they are in
+        return scheduled_dw_launch(x, dy, m_sizes, cfg, topk=topk, gather=gather, permute_x=permute_x,
+                                   permute_y=permute_y, out=out)
     if permute_x and not cfg.permute_x:
         x = x.index_select(0, gather.long() // topk)
     if permute_y and not cfg.permute_y:

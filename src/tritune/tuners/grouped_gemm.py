@@ -44,11 +44,12 @@ MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 ZIPF_DEFAULT_SKEW = 1.2
 # The CSV: which problem, the config class, every KernelConfig field (TMA fields of all three kernels and dW's
-# GROUP_SIZE_N; blank where a kernel has none), then the KernelResult times (microseconds) and
+# GROUP_SIZE_N and scheduled; blank where a kernel has none), then the KernelResult times (microseconds) and
 # speedup = torch_time / triton_time.
 CSV_COLUMNS = ("gemm", "kernel", "config_class", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps",
                "num_stages", "flatten", "permute_x", "permute_y", "fuse_mul_post", "use_tma_store", "use_tma_load_x",
-               "use_tma_load_w", "use_tma_load_dy", "GROUP_SIZE_N", "torch_time", "triton_time", "speedup")
+               "use_tma_load_w", "use_tma_load_dy", "GROUP_SIZE_N", "scheduled", "torch_time", "triton_time",
+               "speedup")
 
 
 @dataclass(frozen=True)

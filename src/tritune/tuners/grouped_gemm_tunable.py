@@ -59,19 +59,20 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "use_tma_store": (False, True),
     "fuse_permute": (True, False),  # True: the kernel permutes; False: torch permutes around it (timed with it)
     "GROUP_SIZE_N": (1, 8),  # dW's tile order (`_dw_tile`); 1 only for forward and dX
+    "scheduled": (False, True),  # dW's one-loop kernel over padded rows (grouped_dw_scheduled); False elsewhere
 }
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
 INTERPRETER_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "num_warps": (4,), "num_stages": (2,),
     "flatten": (True,), "use_tma_load_a": (False,), "use_tma_load_b": (False,), "use_tma_store": (False,),
-    "fuse_permute": (True, False), "GROUP_SIZE_N": (1,),
+    "fuse_permute": (True, False), "GROUP_SIZE_N": (1,), "scheduled": (False,),
 }
 # The values each parameter may take at all (a --search-space file is checked against them before any work): tiles
 # are powers of two >= 16 (tl.arange, tl.dot), num_warps a power of two, the flags true or false.
 SPACE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
     "num_warps": Param(1, pow2=True), "num_stages": Param(1), "flatten": BOOL, "use_tma_load_a": BOOL,
-    "use_tma_load_b": BOOL, "use_tma_store": BOOL, "fuse_permute": BOOL, "GROUP_SIZE_N": Param(1),
+    "use_tma_load_b": BOOL, "use_tma_store": BOOL, "fuse_permute": BOOL, "GROUP_SIZE_N": Param(1), "scheduled": BOOL,
 }
 
 
@@ -168,7 +169,7 @@ def rule_points(problem: GroupedGemmProblem, device: DeviceInfo) -> tuple[Config
                       num_warps=rule.num_warps, num_stages=rule.num_stages, flatten=bool(rule.flatten),
                       use_tma_load_a=bool(getattr(rule, first)), use_tma_load_b=bool(getattr(rule, second)),
                       use_tma_store=bool(rule.use_tma_store), fuse_permute=bool(rule.permute_x or rule.permute_y),
-                      GROUP_SIZE_N=getattr(rule, "GROUP_SIZE_N", 1))
+                      GROUP_SIZE_N=getattr(rule, "GROUP_SIZE_N", 1), scheduled=getattr(rule, "scheduled", False))
     return (point,) if kernel_config(problem, point) == rule else ()
 
 
@@ -177,8 +178,10 @@ def kernel_config(problem: GroupedGemmProblem, config: Config) -> KernelConfig:
     use_tma_load_a/b the kernel's own TMA field names."""
     first, second = _TMA_FIELDS[problem.kernel]
     fuse = bool(config["fuse_permute"])
-    # GROUP_SIZE_N came with dW's tile order: a point from before it (a journal, a search-space file) has 1
-    order = {"GROUP_SIZE_N": int(config.get("GROUP_SIZE_N", 1))} if problem.kernel == "dW" else {}
+    # GROUP_SIZE_N and scheduled came with dW's tile order and its one-loop kernel: a point from before them (a
+    # journal, a search-space file) has 1 and False
+    order = {"GROUP_SIZE_N": int(config.get("GROUP_SIZE_N", 1)),
+             "scheduled": bool(config.get("scheduled", False))} if problem.kernel == "dW" else {}
     return CONFIG_CLASSES[problem.kernel](**order,
         BLOCK_SIZE_M=int(config["BLOCK_SIZE_M"]), BLOCK_SIZE_N=int(config["BLOCK_SIZE_N"]),
         BLOCK_SIZE_K=int(config["BLOCK_SIZE_K"]), num_warps=int(config["num_warps"]),
@@ -239,6 +242,9 @@ def grouped_gemm_constraints(problem: GroupedGemmProblem, device: DeviceInfo) ->
                    lambda c: problem.kernel == "dW" or c.get("GROUP_SIZE_N", 1) == 1),
         Constraint("GROUP_SIZE_N cannot matter: the experts in flight fit the L2",
                    lambda c: c.get("GROUP_SIZE_N", 1) == 1 or order_matters),
+        Constraint("scheduled is dW's", lambda c: problem.kernel == "dW" or not c.get("scheduled", False)),
+        Constraint("scheduled needs N a multiple of BLOCK_SIZE_N",
+                   lambda c: not c.get("scheduled", False) or problem.n % int(c["BLOCK_SIZE_N"]) == 0),
         Constraint("exceeds_smem", lambda c: not exceeds_smem(kernel_config(problem, c), props, elt)),
         Constraint("TMA needs capability >= 9.0",
                    lambda c: device.supports_tma or not uses_tma(kernel_config(problem, c))),

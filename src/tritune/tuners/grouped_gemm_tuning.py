@@ -25,10 +25,11 @@ from tritune.kernels.grouped_gemm_config import (
 from tritune.store.atomic import atomic_write_text
 
 __all__ = [
-    "BACKWARD_DW_RULES", "BACKWARD_DX_RULES", "FORWARD_RULES", "DeviceProperties", "KernelConfig",
-    "KernelConfigBackward_dW", "KernelConfigBackward_dX", "KernelConfigForward", "KernelResult", "TritonTuningContext",
-    "check_resources", "exceeds_smem", "get_device_properties", "get_kernel_configs", "permute_x_with_permute_y",
-    "prune_kernel_configs_backward_dW", "prune_kernel_configs_backward_dX", "prune_kernel_configs_fwd",
+    "BACKWARD_DW_RULES", "BACKWARD_DX_RULES", "DeviceProperties", "FORWARD_RULES", "KernelConfig",
+    "KernelConfigBackward_dW", "KernelConfigBackward_dX", "KernelConfigForward", "KernelResult",
+    "TritonTuningContext", "check_resources", "exceeds_smem", "get_device_properties", "get_kernel_configs",
+    "permute_x_with_permute_y", "prune_kernel_configs_backward_dW", "prune_kernel_configs_backward_dX",
+    "prune_kernel_configs_fwd", "scheduled_with_fused_permute_or_flatten", "scheduled_without_tma",
     "tma_load_dy_with_permute_y", "tma_load_x_with_permute_x", "tma_store_with_permute_x", "tma_store_with_permute_y",
     "uses_tma",
 ]
@@ -89,6 +90,18 @@ def tma_store_with_permute_x(config: KernelConfig) -> bool:
     return config.use_tma_store and config.permute_x
 
 
+def scheduled_without_tma(config: KernelConfig) -> bool:
+    """dW's scheduled loop reads both operands and stores through TMA descriptors (grouped_dw_scheduled)."""
+    return bool(getattr(config, "scheduled", False)) and not (
+        config.use_tma_load_dy and config.use_tma_load_x and config.use_tma_store)
+
+
+def scheduled_with_fused_permute_or_flatten(config: KernelConfig) -> bool:
+    """dW's scheduled loop gets its rows from its own padding copy, which does the permutes, and has no tile loop to
+    flatten: the fused-permute and flatten flags would only repeat a candidate."""
+    return bool(getattr(config, "scheduled", False)) and (config.permute_x or config.permute_y or config.flatten)
+
+
 def uses_tma(config: KernelConfig) -> bool:
     """Any TMA flag is on (dropped on devices below capability 9.0)."""
     return any(getattr(config, f.name) for f in fields(config) if f.name.startswith("use_tma_"))
@@ -104,7 +117,8 @@ def exceeds_smem(config: KernelConfig, device_properties: DeviceProperties | Non
 Rule = Callable[[KernelConfig], bool]
 FORWARD_RULES: tuple[Rule, ...] = (tma_load_x_with_permute_x, permute_x_with_permute_y, tma_store_with_permute_y)
 BACKWARD_DX_RULES: tuple[Rule, ...] = (tma_load_dy_with_permute_y, permute_x_with_permute_y, tma_store_with_permute_x)
-BACKWARD_DW_RULES: tuple[Rule, ...] = (tma_load_dy_with_permute_y, tma_load_x_with_permute_x, permute_x_with_permute_y)
+BACKWARD_DW_RULES: tuple[Rule, ...] = (tma_load_dy_with_permute_y, tma_load_x_with_permute_x, permute_x_with_permute_y,
+                                       scheduled_without_tma, scheduled_with_fused_permute_or_flatten)
 
 
 def _prune(configs: Iterable[KernelConfig], cls: type[KernelConfig], rules: tuple[Rule, ...],
