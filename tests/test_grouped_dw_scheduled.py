@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritune.kernels.grouped_dw_scheduled import dw_schedule, operands_to_pad, padded_rows, scheduled_dw
+from tritune.kernels.grouped_dw_scheduled import dw_schedule, operands_to_pad, pad, rows_upper_bound, scheduled_dw
 from tritune.kernels.grouped_gemm import grouped_gemm_dw
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
 from tritune.kernels.grouped_gemm_reference import grouped_gemm_dw_reference
@@ -23,68 +23,75 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def test_padded_rows_put_each_expert_on_whole_blocks():
-    m_sizes = torch.tensor([5, 0, 17, 16], dtype=torch.int32, device=DEV)
-    plan = padded_rows(m_sizes, None, 38, 1, False, False, 16)
-    assert plan.blocks.tolist() == [1, 1, 2, 1]  # the empty expert keeps one block: it stores its zero dW
-    assert plan.pad_row.tolist() == [0, 16, 32, 64]
-    assert plan.start.tolist() == [0, 5, 5, 22]
-    assert plan.total.tolist() == [80]
-    assert plan.rows_ub == (3 + 4) * 16 >= 80
-    src = plan.x_src.tolist()
-    assert src[:5] == [0, 1, 2, 3, 4] and set(src[5:32]) == {-1}  # expert 0's rows, then padding
-    assert src[32:49] == list(range(5, 22)) and set(src[49:64]) == {-1}
-    assert src[64:80] == list(range(22, 38))
+def _padded_reference(src: torch.Tensor, m_sizes: list[int], rows: list[int], bm: int) -> torch.Tensor:
+    """src's rows `rows` (one per grouped row) placed expert by expert on whole bm-row blocks, zeros between."""
+    parts, g = [], 0
+    for m in m_sizes:
+        blocks = max(1, -(-m // bm))
+        block = torch.zeros(blocks * bm, src.shape[1], dtype=src.dtype, device=src.device)
+        block[:m] = src[rows[g:g + m]]
+        parts.append(block)
+        g += m
+    return torch.cat(parts)
 
 
-def test_only_what_is_asked_is_padded_and_a_permuted_operand_must_be():
-    m_sizes = torch.tensor([3, 3], dtype=torch.int32, device=DEV)
-    plan = padded_rows(m_sizes, None, 6, 1, False, False, 16, pad_x=False, pad_dy=True)
-    assert plan.x_src is None and plan.dy_src is not None
-    with pytest.raises(ValueError, match="must be padded"):
-        padded_rows(m_sizes, torch.arange(6, dtype=torch.int32, device=DEV), 6, 2, True, False, 16, pad_x=False)
+@pytest.mark.parametrize(("gathered", "topk"), [(False, 1), (True, 2), (True, 1)])
+def test_pad_puts_each_expert_on_whole_blocks(gathered, topk):
+    m_sizes = [5, 0, 17, 16]  # an empty expert keeps one block of zeros: it stores its zero dW
+    pairs, bm = sum(m_sizes), 16
+    gen = torch.Generator().manual_seed(topk)
+    gather = torch.randperm(pairs, generator=gen).int()
+    src = torch.randn(pairs // topk if gathered else pairs, 24, generator=gen).half()
+    rows = (gather.long() // topk).tolist() if gathered else list(range(pairs))
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
+    got = pad(src.to(DEV), ms, gather.to(DEV) if gathered else None, topk, pairs, bm)
+    assert got.shape[0] == rows_upper_bound(pairs, 4, bm) == (3 + 4) * bm
+    want = _padded_reference(src, m_sizes, rows, bm)
+    assert torch.equal(got[:want.shape[0]].cpu(), want)  # rows past the padded total are never read
+
+
+def test_operands_to_pad():
     assert operands_to_pad(64, 32, False, False) == (True, False)  # X narrower: copy X, read dY in place
     assert operands_to_pad(32, 64, False, False) == (False, True)
     assert operands_to_pad(32, 64, True, False) == (True, False)  # the permuted one, whatever the widths
     assert operands_to_pad(64, 32, False, True) == (False, True)
 
 
-def test_padded_rows_follow_the_permutes():
-    m_sizes = torch.tensor([3, 3], dtype=torch.int32, device=DEV)
-    gather = torch.tensor([5, 0, 3, 1, 4, 2], dtype=torch.int32, device=DEV)  # pair ids, topk 2: tokens 2 0 1 | 0 2 1
-    plan = padded_rows(m_sizes, gather, 6, 2, True, True, 16)
-    assert plan.x_src[:3].tolist() == [2, 0, 1] and plan.x_src[16:19].tolist() == [0, 2, 1]  # token rows
-    assert plan.dy_src[:3].tolist() == [5, 0, 3] and plan.dy_src[16:19].tolist() == [1, 4, 2]  # pair rows
-
-
-@pytest.mark.parametrize(("m_sizes", "n", "k", "bn", "bk", "programs"), [
-    ([5, 0, 37, 16], 32, 48, 16, 32, 3),
-    ([1, 40], 64, 16, 32, 16, 7),  # more programs than some experts have tiles
+@pytest.mark.parametrize(("m_sizes", "n", "k", "bn", "bk", "programs", "pad_x"), [
+    ([5, 0, 37, 16], 32, 48, 16, 32, 3, True),
+    ([1, 40], 64, 16, 32, 16, 7, False),  # more programs than some experts have tiles; X read in place
 ])
-def test_schedule_visits_every_block_of_every_tile_once(m_sizes, n, k, bn, bk, programs):
+def test_schedule_visits_every_block_of_every_tile_once(m_sizes, n, k, bn, bk, programs, pad_x):
     ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
     bm = 16
-    plan = padded_rows(ms, None, sum(m_sizes), 1, False, False, bm)
-    sched = dw_schedule(plan, sum(m_sizes), n, k, bm, bn, bk, programs, group_size_n=2)
+    sched = dw_schedule(ms, sum(m_sizes), n, k, bm, bn, bk, programs, 2, pad_x=pad_x, pad_dy=not pad_x)
     n_tiles, k_tiles = n // bn, -(-k // bk)
+    blocks = [max(1, -(-m // bm)) for m in m_sizes]
+    pad_row = [sum(blocks[:e]) * bm for e in range(len(m_sizes))]
+    start = [sum(m_sizes[:e]) for e in range(len(m_sizes))]
+    tiles_of = [[t for t in range(len(m_sizes) * n_tiles * k_tiles) if t % programs == p] for p in range(programs)]
     seen, stores = [], []
+    table = sched.table.cpu()
     for p in range(programs):
-        steps = int(sched.steps[p])
+        steps = sum(blocks[t // (n_tiles * k_tiles)] for t in tiles_of[p])
         assert steps <= sched.max_steps
-        last = None
-        for x_row, dy_row, nk, out_row in sched.table[p, :steps].tolist():
+        for i, (x_row, dy_row, nk, out_row) in enumerate(table[p, :steps].tolist()):
             pid_n, pid_k = nk >> 16, nk & 0xFFFF
-            assert x_row == dy_row  # both padded here
-            seen.append((pid_n, pid_k, x_row))
+            padded = x_row if pad_x else dy_row
+            e = max(i for i in range(len(m_sizes)) if pad_row[i] <= padded)  # every expert has a block
+            b = (padded - pad_row[e]) // bm
+            assert (dy_row if pad_x else x_row) == start[e] + b * bm  # the operand read in place: grouped rows
+            seen.append((e, pid_n, pid_k, b))
             if out_row >= 0:
-                stores.append((out_row, pid_k))
-            last = out_row
-        assert last is None or last >= 0  # a program's steps end on a store
-    want = sorted((pid_n, pid_k, int(plan.pad_row[e]) + b * bm) for e in range(len(m_sizes))
-                  for pid_n in range(n_tiles) for pid_k in range(k_tiles) for b in range(int(plan.blocks[e])))
+                assert out_row == e * n + pid_n * bn and b == blocks[e] - 1
+                stores.append((e, pid_n, pid_k))
+            if i == steps - 1:
+                assert out_row >= 0  # a program's steps end on a store
+    want = sorted((e, pid_n, pid_k, b) for e in range(len(m_sizes)) for pid_n in range(n_tiles)
+                  for pid_k in range(k_tiles) for b in range(blocks[e]))
     assert sorted(seen) == want  # every block of every tile once
-    assert sorted(stores) == sorted((e * n + pid_n * bn, pid_k) for e in range(len(m_sizes))
-                                    for pid_n in range(n_tiles) for pid_k in range(k_tiles))  # one store a tile
+    assert sorted(stores) == sorted((e, pid_n, pid_k) for e in range(len(m_sizes)) for pid_n in range(n_tiles)
+                                    for pid_k in range(k_tiles))  # one store a tile
 
 
 @pytest.mark.parametrize(("m_sizes", "n", "k", "topk", "permute_x", "permute_y", "group"), [

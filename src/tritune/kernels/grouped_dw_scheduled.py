@@ -28,41 +28,90 @@ from tritune.kernels.grouped_gemm import _dw_tile
 
 PAD_ROWS = 32  # rows a program of the padding copy moves
 PAD_COLS = 256
+ROUNDS_CHUNK = tl.constexpr(256)  # rounds of a program's tiles summed at once when counting its steps
+
+
+@triton.jit
+def _layout(m_sizes_ptr, NUM_EXPERTS: tl.constexpr, E_POW2: tl.constexpr, BLOCK_SIZE_M: tl.constexpr):
+    """Per expert, in registers: (ids, row counts, blocks = max(1, ⌈rows/BM⌉), first padded row, first grouped row).
+    An empty expert keeps one block, so its zero dW is still stored."""
+    offs_e = tl.arange(0, E_POW2)
+    real = offs_e < NUM_EXPERTS
+    counts = tl.load(m_sizes_ptr + offs_e, mask=real, other=0)
+    blocks = tl.where(real, tl.maximum(tl.cdiv(counts, BLOCK_SIZE_M), 1), 0)
+    pad_row = tl.cumsum(blocks, axis=0) * BLOCK_SIZE_M - blocks * BLOCK_SIZE_M
+    start = tl.cumsum(counts, axis=0) - counts
+    return offs_e, counts, blocks, pad_row, start
+
+
+@triton.jit
+def _expert_blocks(m_sizes_ptr, e, BLOCK_SIZE_M: tl.constexpr):
+    """Row blocks of expert(s) e (any shape), at least 1."""
+    return tl.maximum(tl.cdiv(tl.load(m_sizes_ptr + e), BLOCK_SIZE_M), 1)
+
+
+@triton.jit
+def _program_steps_before(m_sizes_ptr, p, rounds, tiles, per_expert, num_programs, BLOCK_SIZE_M: tl.constexpr):
+    """Steps of program p's tiles in rounds [0, rounds): tiles j·P + p below `tiles`, one step per row block."""
+    total = 0
+    for j0 in range(0, rounds, ROUNDS_CHUNK):
+        j = j0 + tl.arange(0, ROUNDS_CHUNK)
+        t = j * num_programs + p
+        ok = (j < rounds) & (t < tiles)
+        total += tl.sum(tl.where(ok, _expert_blocks(m_sizes_ptr, tl.where(ok, t, 0) // per_expert, BLOCK_SIZE_M), 0),
+                        axis=0)
+    return total
 
 
 @triton.jit(do_not_specialize=["rows_ub"])
-def _pad_rows_kernel(src_ptr, dst_ptr, src_rows_ptr, total_ptr, rows_ub, C,
-                     ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dst[r] = src[src_rows[r]] for r below the padded row count (*total_ptr), zeros where src_rows[r] < 0 (the
-    padding); rows from there to rows_ub are never read, so they are left alone. Grid (⌈rows_ub/ROWS⌉, ⌈C/BLOCK_C⌉)."""
+def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, rows_ub, C,
+                     NUM_EXPERTS: tl.constexpr, E_POW2: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                     GATHERED: tl.constexpr, TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dst's padded row r = src's row for the grouped row it holds (zeros for padding): grouped row g itself, or, when
+    GATHERED, the row gather[g] // TOPK (X in token order: TOPK = topk; dY in pair order: TOPK = 1). Rows past the
+    padded total are never read and are left alone. Grid (⌈rows_ub/ROWS⌉, ⌈C/BLOCK_C⌉)."""
+    offs_e, counts, blocks, pad_row, start = _layout(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M)
     r0 = tl.program_id(0) * ROWS
-    if r0 < tl.load(total_ptr):
+    if r0 < tl.sum(blocks, axis=0) * BLOCK_SIZE_M:
         r = r0 + tl.arange(0, ROWS)
+        mine = (pad_row[None, :] <= r[:, None]) & (offs_e[None, :] < NUM_EXPERTS)  # [ROWS, E]: experts at or before
+        e = tl.sum(mine.to(tl.int32), axis=1) - 1
+        hit = offs_e[None, :] == e[:, None]
+        local = r - tl.sum(tl.where(hit, pad_row[None, :], 0), axis=1)
+        real = local < tl.sum(tl.where(hit, counts[None, :], 0), axis=1)
+        g = tl.sum(tl.where(hit, start[None, :], 0), axis=1) + local
+        if GATHERED:
+            src_rows = tl.load(gather_ptr + g, mask=real, other=0) // TOPK
+        else:
+            src_rows = g
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        src_rows = tl.load(src_rows_ptr + r, mask=r < rows_ub, other=-1)
         ok_c = c[None, :] < C
-        vals = tl.load(src_ptr + tl.maximum(src_rows, 0).to(tl.int64)[:, None] * C + c[None, :],
-                       mask=(src_rows[:, None] >= 0) & ok_c, other=0.0)
+        vals = tl.load(src_ptr + tl.where(real, src_rows, 0).to(tl.int64)[:, None] * C + c[None, :],
+                       mask=real[:, None] & ok_c, other=0.0)
         tl.store(dst_ptr + r.to(tl.int64)[:, None] * C + c[None, :], vals, mask=(r[:, None] < rows_ub) & ok_c)
 
 
 @triton.jit
-def _dw_schedule_kernel(table_ptr, offsets_ptr, blocks_ptr, pad_row_ptr, start_ptr, N, n_tiles, k_tiles,
-                        num_programs, max_steps, PAD_X: tl.constexpr, PAD_DY: tl.constexpr,
+def _dw_schedule_kernel(table_ptr, m_sizes_ptr, N, n_tiles, k_tiles, num_programs, max_steps,
+                        NUM_EXPERTS: tl.constexpr, E_POW2: tl.constexpr, PAD_X: tl.constexpr, PAD_DY: tl.constexpr,
                         BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, GROUP_SIZE_N: tl.constexpr):
-    """Writes tile t's steps into its program's table: program t % P, from step offsets[t // P, t % P], one entry
-    per row block of its expert: (X row, dY row, N tile << 16 | K tile, dW row to store at on the tile's last block
-    else -1). A padded operand's rows start at the expert's padded row, an unpadded one's at its first grouped row
-    (the block then runs into the next expert's rows, where the padded operand holds zeros). Grid: (tiles,)."""
+    """Writes tile t's steps into its program's table: program t % P, after the steps of that program's earlier
+    tiles, one entry per row block of its expert: (X row, dY row, N tile << 16 | K tile, dW row to store at on the
+    tile's last block else -1). A padded operand's rows start at the expert's padded row, an unpadded one's at its
+    first grouped row (the block then runs into the next expert's rows, where the padded operand holds zeros).
+    Grid: (tiles,)."""
     t = tl.program_id(0)
     p = t % num_programs
     per_expert = n_tiles * k_tiles
     e = t // per_expert
     pid_n, pid_k = _dw_tile(t % per_expert, n_tiles, k_tiles, GROUP_SIZE_N)
-    first = tl.load(offsets_ptr + t)  # offsets is [J, P] row-major: index (t // P) * P + t % P == t
-    blocks = tl.load(blocks_ptr + e)
-    padded0 = tl.load(pad_row_ptr + e)
-    grouped0 = tl.load(start_ptr + e)
+    first = _program_steps_before(m_sizes_ptr, p, t // num_programs, NUM_EXPERTS * per_expert, per_expert,
+                                  num_programs, BLOCK_SIZE_M)
+    offs_e, counts, blocks_e, pad_row, start = _layout(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M)
+    hit = offs_e == e
+    blocks = tl.sum(tl.where(hit, blocks_e, 0), axis=0)
+    padded0 = tl.sum(tl.where(hit, pad_row, 0), axis=0)
+    grouped0 = tl.sum(tl.where(hit, start, 0), axis=0)
     x0 = padded0 if PAD_X else grouped0
     dy0 = padded0 if PAD_DY else grouped0
     base = table_ptr + (p.to(tl.int64) * max_steps + first) * 4
@@ -74,15 +123,18 @@ def _dw_schedule_kernel(table_ptr, offsets_ptr, blocks_ptr, pad_row_ptr, start_p
 
 
 @triton.jit
-def _dw_scheduled_kernel(x_desc, dy_desc, dw_desc, table_ptr, steps_ptr, max_steps,
+def _dw_scheduled_kernel(x_desc, dy_desc, dw_desc, table_ptr, m_sizes_ptr, max_steps, tiles, per_expert,
                          BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """This program's steps of the table: accumulate dY[rows]ᵀ·X[rows] of the step's tile, store it (through the
     [E·N, K] output descriptor) and start over where the step names a dW row. Nothing but shifts and masks between
     a table entry and its loads: an integer division a step (the tile from its index) cost a third of the loop."""
     pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    steps = _program_steps_before(m_sizes_ptr, pid, tl.cdiv(tiles, num_programs), tiles, per_expert, num_programs,
+                                  BLOCK_SIZE_M)
     base = table_ptr + pid.to(tl.int64) * max_steps * 4
     acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
-    for s in range(0, tl.load(steps_ptr + pid)):
+    for s in range(0, steps):
         step = base + 4 * s
         nk = tl.load(step + 2)
         off_k = (nk & 0xFFFF) * BLOCK_SIZE_K
@@ -94,95 +146,55 @@ def _dw_scheduled_kernel(x_desc, dy_desc, dw_desc, table_ptr, steps_ptr, max_ste
             acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
 
 
-@dataclass(frozen=True)
-class PaddedRows:
-    """Rows padded per expert to whole blocks. `x_src` / `dy_src` [rows_ub] name the source row of each padded row
-    of an operand that is copied (-1: padding, zeros; None: the operand is read in place, grouped); `pad_row`,
-    `start`, `blocks` [E]: each expert's first padded row, first grouped row and block count (at least 1, so an
-    empty expert still stores its zero dW); `total` [1] the padded row count. All on the GPU; rows_ub, the host's
-    bound on `total`, needs no sync."""
-
-    x_src: torch.Tensor | None
-    dy_src: torch.Tensor | None
-    pad_row: torch.Tensor
-    start: torch.Tensor
-    blocks: torch.Tensor
-    total: torch.Tensor
-    rows_ub: int
+def rows_upper_bound(pairs: int, experts: int, block_m: int) -> int:
+    """The host's bound on the padded row count: Σ max(1, ⌈m/BM⌉) ≤ ⌈P/BM⌉ + E blocks (no sync)."""
+    return (triton.cdiv(pairs, block_m) + experts) * block_m
 
 
-def padded_rows(m_sizes: torch.Tensor, gather: torch.Tensor | None, pairs: int, topk: int, permute_x: bool,
-                permute_y: bool, block_m: int, pad_x: bool = True, pad_dy: bool = True) -> PaddedRows:
-    """The padding plan for `pairs` grouped rows (m_sizes [E] int32). With permute_x X is [T, K] in token order (row
-    of grouped row g: gather[g] // topk), else grouped; with permute_y dY is [P, N] in pair order (row gather[g]),
-    else grouped. An operand in a permuted order must be padded (copied): it cannot be read in place."""
-    if (permute_x and not pad_x) or (permute_y and not pad_dy):
-        raise ValueError("an operand in token or pair order must be padded: it has no grouped rows to read in place")
-    device = m_sizes.device
-    counts = m_sizes.long()
-    blocks = torch.clamp((counts + block_m - 1) // block_m, min=1)
-    ends = torch.cumsum(blocks * block_m, 0)
-    pad_row = ends - blocks * block_m
-    start = torch.cumsum(counts, 0) - counts
-    rows_ub = (triton.cdiv(pairs, block_m) + len(counts)) * block_m  # Σ max(1, ⌈m/BM⌉) ≤ ⌈P/BM⌉ + E
-    g = torch.arange(pairs, device=device)
-    expert = torch.searchsorted(torch.cumsum(counts, 0), g, right=True)
-    dst = pad_row[expert] + g - start[expert]
-    pair = gather.long() if gather is not None else g
-
-    def sources(rows: torch.Tensor) -> torch.Tensor:
-        src = torch.full((rows_ub,), -1, device=device, dtype=torch.int32)
-        src[dst] = rows.to(torch.int32)
-        return src
-
-    return PaddedRows(sources(pair // topk if permute_x else g) if pad_x else None,
-                      sources(pair if permute_y else g) if pad_dy else None,
-                      pad_row.to(torch.int32), start.to(torch.int32), blocks.to(torch.int32),
-                      ends[-1:].to(torch.int32), rows_ub)
-
-
-def pad(src: torch.Tensor, src_rows: torch.Tensor, plan: PaddedRows) -> torch.Tensor:
-    """[rows_ub, C] copy of src's rows in padded order (rows past plan.total left unwritten)."""
-    out = torch.empty((plan.rows_ub, src.shape[1]), device=src.device, dtype=src.dtype)
-    grid = (triton.cdiv(plan.rows_ub, PAD_ROWS), triton.cdiv(src.shape[1], PAD_COLS))
-    _pad_rows_kernel[grid](src, out, src_rows, plan.total, plan.rows_ub, src.shape[1], ROWS=PAD_ROWS,
-                           BLOCK_C=PAD_COLS)
+def pad(src: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int, pairs: int,
+        block_m: int) -> torch.Tensor:
+    """[rows_upper_bound, C] copy of src's rows padded per expert to whole block_m blocks (zeros between; rows past
+    the padded total left unwritten). src is grouped when gather is None, else read through gather // topk (X in
+    token order: topk; dY in pair order: 1)."""
+    experts = m_sizes.shape[0]
+    rows_ub = rows_upper_bound(pairs, experts, block_m)
+    out = torch.empty((rows_ub, src.shape[1]), device=src.device, dtype=src.dtype)
+    grid = (triton.cdiv(rows_ub, PAD_ROWS), triton.cdiv(src.shape[1], PAD_COLS))
+    _pad_rows_kernel[grid](src, out, m_sizes, gather if gather is not None else m_sizes, rows_ub, src.shape[1],
+                           NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), BLOCK_SIZE_M=block_m,
+                           GATHERED=gather is not None, TOPK=topk, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS)
     return out
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """int32 table [programs, max_steps, 4] of (X row, dY row, N tile << 16 | K tile, dW row or -1) per step, and
-    each program's step count."""
+    """int32 table [programs, max_steps, 4] of (X row, dY row, N tile << 16 | K tile, dW row or -1) per step; a
+    program's step count is recomputed by whoever reads it (`_program_steps_before` over all rounds)."""
 
     table: torch.Tensor
-    steps: torch.Tensor
     max_steps: int
+    tiles: int
+    per_expert: int
 
 
-def dw_schedule(plan: PaddedRows, pairs: int, n: int, k: int, block_m: int, block_n: int, block_k: int,
-                programs: int, group_size_n: int = 1) -> Schedule:
+def dw_schedule(m_sizes: torch.Tensor, pairs: int, n: int, k: int, block_m: int, block_n: int, block_k: int,
+                programs: int, group_size_n: int = 1, pad_x: bool = True, pad_dy: bool = True) -> Schedule:
     """Tiles t = 0.. (expert t // per_expert, then `_dw_tile`'s order) go round-robin to `programs` programs, each
-    tile one step per row block of its expert, in tile order within a program."""
-    experts = plan.blocks.shape[0]
+    tile one step per row block of its expert, in tile order within a program. One launch."""
+    experts = m_sizes.shape[0]
     n_tiles, k_tiles = n // block_n, triton.cdiv(k, block_k)
     if max(n_tiles, k_tiles) >= 1 << 15:  # (N tile << 16) stays positive
         raise ValueError(f"scheduled dW: {n_tiles} N tiles or {k_tiles} K tiles do not fit the table's 15 bits")
     per_expert = n_tiles * k_tiles
     tiles = experts * per_expert
-    rounds = triton.cdiv(tiles, programs)
-    tile_blocks = torch.zeros(rounds * programs, device=plan.blocks.device, dtype=torch.int32)
-    tile_blocks[:tiles] = plan.blocks.repeat_interleave(per_expert)
-    by_round = tile_blocks.view(rounds, programs)
-    offsets = (torch.cumsum(by_round, 0, dtype=torch.int32) - by_round).contiguous()
-    steps = by_round.sum(0, dtype=torch.int32)
     # A program holds at most ⌈per_expert / P⌉ tiles of each expert, each of that expert's blocks.
     max_steps = triton.cdiv(per_expert, programs) * (triton.cdiv(pairs, block_m) + experts)
-    table = torch.empty((programs, max_steps, 4), device=plan.blocks.device, dtype=torch.int32)
-    _dw_schedule_kernel[(tiles,)](table, offsets, plan.blocks, plan.pad_row, plan.start, n, n_tiles, k_tiles,
-                                  programs, max_steps, PAD_X=plan.x_src is not None, PAD_DY=plan.dy_src is not None,
-                                  BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, GROUP_SIZE_N=group_size_n)
-    return Schedule(table, steps, max_steps)
+    table = torch.empty((programs, max_steps, 4), device=m_sizes.device, dtype=torch.int32)
+    _dw_schedule_kernel[(tiles,)](table, m_sizes, n, n_tiles, k_tiles, programs, max_steps,
+                                  NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), PAD_X=pad_x,
+                                  PAD_DY=pad_dy, BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n,
+                                  GROUP_SIZE_N=group_size_n)
+    return Schedule(table, max_steps, tiles, per_expert)
 
 
 def operands_to_pad(n: int, k: int, permute_x: bool, permute_y: bool) -> tuple[bool, bool]:
@@ -197,9 +209,10 @@ def operands_to_pad(n: int, k: int, permute_x: bool, permute_y: bool) -> tuple[b
 def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int,
                  permute_x: bool, permute_y: bool, *, block_m: int, block_n: int, block_k: int, group_size_n: int,
                  num_warps: int, num_stages: int, programs: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """dW [E, N, K] (into `out` when given) from X and dY in the layouts the forward saw (see `padded_rows`): pad
-    one operand (or both), build the table, run `_dw_scheduled_kernel`. N must be a multiple of block_n (the output
-    descriptor spans every expert's rows); rows must be 16-byte multiples (TMA)."""
+    """dW [E, N, K] (into `out` when given) from X and dY in the layouts the forward saw (permute_x: X [T, K] in token
+    order, row gather[g] // topk; permute_y: dY [P, N] in pair order, row gather[g]; else grouped): pad one operand
+    (or both), write the table, run `_dw_scheduled_kernel`; four launches at most, none waiting on the GPU. N must be
+    a multiple of block_n (the output descriptor spans every expert's rows); rows must be 16-byte multiples (TMA)."""
     n, k, experts = dy.shape[1], x.shape[1], m_sizes.shape[0]
     pairs = dy.shape[0]
     if n % block_n:
@@ -207,16 +220,15 @@ def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gathe
     if out is None:
         out = torch.empty((experts, n, k), device=x.device, dtype=x.dtype)
     pad_x, pad_dy = operands_to_pad(n, k, permute_x, permute_y)
-    plan = padded_rows(m_sizes, gather, pairs, topk, permute_x, permute_y, block_m, pad_x, pad_dy)
-    x_rows = pad(x, plan.x_src, plan) if pad_x else x
-    dy_rows = pad(dy, plan.dy_src, plan) if pad_dy else dy
+    x_rows = pad(x, m_sizes, gather if permute_x else None, topk, pairs, block_m) if pad_x else x
+    dy_rows = pad(dy, m_sizes, gather if permute_y else None, 1, pairs, block_m) if pad_dy else dy
     programs = max(1, min(programs, experts * (n // block_n) * triton.cdiv(k, block_k)))
-    sched = dw_schedule(plan, pairs, n, k, block_m, block_n, block_k, programs, group_size_n)
+    sched = dw_schedule(m_sizes, pairs, n, k, block_m, block_n, block_k, programs, group_size_n, pad_x, pad_dy)
     _dw_scheduled_kernel[(programs,)](
         TensorDescriptor.from_tensor(x_rows, [block_m, block_k]),
         TensorDescriptor.from_tensor(dy_rows, [block_m, block_n]),
         TensorDescriptor.from_tensor(out.view(experts * n, k), [block_n, block_k]),
-        sched.table, sched.steps, sched.max_steps,
+        sched.table, m_sizes, sched.max_steps, sched.tiles, sched.per_expert,
         BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k, num_warps=num_warps,
         num_stages=num_stages)
     return out

@@ -70,6 +70,7 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
         _dw_scheduled_kernel.warmup(
             _operand(dtype, True, rows, k, [bm, bk]), _operand(dtype, True, rows, n, [bm, bn]),
             _operand(dtype, True, num_experts * n, k, [bn, bk]), MockTensor(i32), MockTensor(i32), 2,
+            num_experts * (n // bn) * triton.cdiv(k, bk), (n // bn) * triton.cdiv(k, bk),
             BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             grid=(1,))
     elif isinstance(cfg, KernelConfigBackward_dW):
