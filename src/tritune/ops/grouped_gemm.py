@@ -58,11 +58,16 @@ def heuristic_configs(n: int, k: int, rows_per_expert: float, permute_x: bool, p
     - forward: 128×256×64 tiles (BLOCK_SIZE_M 64 below 64 rows per expert; BLOCK_SIZE_N 128 when N < 256),
       8 warps, 3 stages; TMA for W, for X unless it is gathered, and for the store unless it is scattered;
     - dX: 128 rows × 256 output columns, reduction 64; TMA likewise;
-    - dW: 128×256 of dW per tile, 32 rows per reduction step in 5 stages, N tiles in groups of 8 along K, every
-      load and the store through TMA, the permute left to torch (index_select before the kernel). Measured on
-      pre-gathered rows (`probe_grouped_dw.py`, H100, 8192 tokens): 32-row steps beat 64 by 3-8% on both models,
-      and the grouped order takes Mixtral's down dW from 3.27 to 2.86 ms (its X per expert outgrows the L2 when
-      K tiles run fastest).
+    - dW where TMA serves every operand and N is a multiple of 128: the scheduled loop (`grouped_dw_scheduled`),
+      128×256 of dW per tile, 64-row steps in 5 stages, N tiles in groups of 16 along K. In the op (gathers
+      included), on the H100 at 1024-8192 tokens for Qwen3-30B-A3B, Mixtral and DeepSeek-V2-Lite, it beat the plain
+      kernel below on 16 of 18 dW GEMMs, by up to 26% (DeepSeek-V2-Lite down at 1024 tokens), and lost 5% at worst
+      (Mixtral down, 4096 tokens) (RESULTS.md, thirteenth session);
+    - other dW: 128×256 of dW per tile, 32 rows per reduction step in 5 stages, N tiles in groups of 8 along K,
+      every load and the store through TMA where rows allow, the permute left to torch (index_select before the
+      kernel). Measured on pre-gathered rows (`probe_grouped_dw.py`, H100, 8192 tokens): 32-row steps beat 64 by
+      3-8% on both models, and the grouped order takes Mixtral's down dW from 3.27 to 2.86 ms (its X per expert
+      outgrows the L2 when K tiles run fastest).
     Without a GPU (the interpreter) every tile is 32 and no TMA is used.
     """
     if device.type != "cuda":
@@ -83,9 +88,11 @@ def heuristic_configs(n: int, k: int, rows_per_expert: float, permute_x: bool, p
                                  use_tma_store=tma_k and not permute_x)
     # dW leaves its permute to torch: a gathered operand read through pointers halves the kernel's speed (measured:
     # Mixtral gate_up dW 11.5 ms fused vs 5.7 ms on TMA-loaded, pre-gathered rows), far more than the gather costs.
-    dw = KernelConfigBackward_dW(BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, BLOCK_SIZE_K=256 if k >= 256 else 128,
-                                 num_warps=8, num_stages=5, flatten=False, permute_x=False, permute_y=False,
-                                 use_tma_load_dy=tma_n, use_tma_load_x=tma_k, use_tma_store=tma, GROUP_SIZE_N=8)
+    scheduled = tma and n % 128 == 0
+    dw = KernelConfigBackward_dW(BLOCK_SIZE_M=64 if scheduled else 32, BLOCK_SIZE_N=128,
+                                 BLOCK_SIZE_K=256 if k >= 256 else 128, num_warps=8, num_stages=5, flatten=False,
+                                 permute_x=False, permute_y=False, use_tma_load_dy=tma_n, use_tma_load_x=tma_k,
+                                 use_tma_store=tma, GROUP_SIZE_N=16 if scheduled else 8, scheduled=scheduled)
     return GroupedGemmConfigs(fwd, dx, dw)
 
 
