@@ -60,9 +60,9 @@ def heuristic_configs(n: int, k: int, rows_per_expert: float, permute_x: bool, p
     - dX: 128 rows × 256 output columns, reduction 64; TMA likewise;
     - dW where TMA serves every operand and N is a multiple of 128: the scheduled loop (`grouped_dw_scheduled`),
       128×256 of dW per tile, 64-row steps in 5 stages, N tiles in groups of 16 along K. In the op (gathers
-      included), on the H100 at 1024-8192 tokens for Qwen3-30B-A3B, Mixtral and DeepSeek-V2-Lite, it beat the plain
-      kernel below on 16 of 18 dW GEMMs, by up to 26% (DeepSeek-V2-Lite down at 1024 tokens), and lost 5% at worst
-      (Mixtral down, 4096 tokens) (RESULTS.md, thirteenth session);
+      included), on the H100 at 1024-8192 tokens, it beat the plain kernel below on all twelve Qwen3-30B-A3B and
+      DeepSeek-V2-Lite dW GEMMs (by 4-26%); on Mixtral at 4096 tokens it won gate_up and lost down by 5%, and the
+      tuner picked it at 1024 and 8192 (RESULTS.md, thirteenth session);
     - other dW: 128×256 of dW per tile, 32 rows per reduction step in 5 stages, N tiles in groups of 8 along K,
       every load and the store through TMA where rows allow, the permute left to torch (index_select before the
       kernel). Measured on pre-gathered rows (`probe_grouped_dw.py`, H100, 8192 tokens): 32-row steps beat 64 by
