@@ -3,16 +3,17 @@
 Why. `_grouped_dw_kernel` loops over an expert's row blocks inside a loop over its output tiles. Triton 3.6 does not
 flatten that nest when the inner trip count depends on the expert, so every tile starts a fresh pipeline: with
 Qwen3-30B-A3B's 512-row experts a tile is 8-16 steps, and the refills kept dW at 0.88-0.94× `torch._grouped_mm`.
-Here the rows are copied into blocks padded per expert (zeros between experts), and each program's row blocks of all
-its tiles run as one loop whose step s reads its coordinates from a table by s alone. No load address depends on the
-epilogue's `if`, so the pipeliner keeps loads in flight across tile ends (Triton 3.6, cuda:90: num_stages - 1 steps
-ahead, against 1 when the next tile's coordinates were computed inside the `if`). Measured on the H100 at 8192
-tokens, 64-row steps of 128×256 tiles, 5 stages: 1.04× `_grouped_mm` on both Qwen3 GEMMs, 1.05-1.23× on Mixtral's
-(RESULTS.md, thirteenth session).
+Here one operand is copied into blocks padded per expert (zeros between experts), and each program's row blocks of
+all its tiles run as one loop whose step s reads its coordinates from a table by s alone. No load address depends on
+the epilogue's `if`, so the pipeliner keeps loads in flight across tile ends (Triton 3.6, cuda:90: num_stages - 1
+steps ahead, against 1 when the next tile's coordinates were computed inside the `if`). On the H100 (RESULTS.md,
+thirteenth session): 1.04× `_grouped_mm` on both Qwen3 GEMMs and 1.05-1.23× on Mixtral's on rows padded beforehand;
+in the op, gathers included, faster than the plain kernel on every Qwen3 and DeepSeek-V2-Lite dW measured.
 
-What it costs: the padded copies of X and dY (the op's dW pays a gather of one of them anyway when it does not fuse
-the permute) and 8 bytes of table per step. Nothing here waits on the GPU: every size the host allocates is an upper
-bound from the shapes alone, so a training step stays capturable in a CUDA graph.
+What it costs: the copy of one operand (the one in token or pair order, which the op gathers anyway, or else the
+narrower) and 16 bytes of table per step. Nothing here waits on the GPU: every size the host allocates is an upper
+bound from the shapes alone, so a training step stays capturable in a CUDA graph, and the plan is computed inside
+the kernels from `m_sizes` (about twenty small torch launches of planning cost more than the loop saved on Qwen3).
 """
 
 from __future__ import annotations
