@@ -183,3 +183,34 @@ def test_the_gpu_sort_finds_what_a_gpu_less_compile_process_built(tmp_path: Path
         assert torch.equal(got.expert_ids.cpu(), want.expert_ids.cpu())
         assert torch.equal(got.sorted_token_ids.cpu(), want.sorted_token_ids.cpu())
     assert sorted(p.parent.name for p in cache.rglob("*.cubin")) == built, "the sort compiled its own binaries"
+
+
+_SCHEDULED_DW_CHILD = """
+import json
+from tritune.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget("cuda", 90, 32, 132))
+import torch
+from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
+from tritune.kernels.grouped_gemm_compile import compile_only
+cfg = KernelConfigBackward_dW(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4, num_stages=3,
+                              flatten=False, use_tma_load_dy=True, use_tma_load_x=True, use_tma_store=True,
+                              GROUP_SIZE_N=2, scheduled=True)
+compile_only(cfg, num_experts=6, n=128, k=96, pairs=200, topk=2, dtype=torch.float16)
+print(json.dumps({"cuda_initialized": torch.cuda.is_initialized()}))
+"""
+
+
+def test_a_compile_process_builds_every_kernel_of_the_scheduled_dw(tmp_path: Path):
+    """The padding copy (three ways: grouped, token order, pair order), the table kernel (either operand padded) and
+    the loop itself: a GPU worker then launches all of them from the cache, compiling nothing."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", _SCHEDULED_DW_CHILD], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"cuda_initialized": False}
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")
+             if not p.name.startswith("__grp__")]
+    names = [m["name"] for m in metas if "name" in m]
+    assert names.count("_pad_rows_kernel") == 3 and names.count("_dw_schedule_kernel") == 2
+    assert names.count("_dw_scheduled_kernel") == 1

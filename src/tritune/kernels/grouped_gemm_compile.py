@@ -21,7 +21,8 @@ from tritune.kernels.grouped_gemm_config import (
 )
 from tritune.knobs import interpreting
 
-_PROGRAMS = 132  # any count that is not 1: the kernels do not specialize on it
+_PROGRAMS = 132  # not 1 (the kernels do not specialize on it); the SM count of an H100 or H200, whose launches size the
+# scheduled dW's table from it
 
 
 def _operand(dtype: torch.dtype, tma: bool, rows: int, cols: int, block: list[int]):
@@ -63,14 +64,34 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
             USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
             USE_TMA_STORE=stores_through_tma(cfg), EVEN_N=n % bn == 0, **common)
     elif isinstance(cfg, KernelConfigBackward_dW) and cfg.scheduled:
-        from tritune.kernels.grouped_dw_scheduled import _dw_scheduled_kernel
+        from tritune.kernels.grouped_dw_scheduled import (
+            PAD_COLS,
+            PAD_ROWS,
+            _dw_schedule_kernel,
+            _dw_scheduled_kernel,
+            _pad_rows_kernel,
+        )
 
-        # The padded rows and the step table are sized at the launch; the kernel specializes on neither.
+        # The padded rows and the step table are sized at the launch; the kernels specialize on neither. The copy
+        # and the table kernel are built for every role (which operand is copied, and from which order, is the
+        # launch's to decide).
         rows = (triton.cdiv(pairs, bm) + num_experts) * bm
+        e_pow2 = triton.next_power_of_2(num_experts)
+        per_expert = (n // bn) * triton.cdiv(k, bk)
+        # the table's row length as dw_schedule sizes it (an int argument: its divisibility is in the cache key)
+        max_steps = triton.cdiv(per_expert, _PROGRAMS) * (triton.cdiv(pairs, bm) + num_experts)
+        for gathered, by in ((False, 1), (True, topk), (True, 1)):
+            _pad_rows_kernel.warmup(MockTensor(dtype), MockTensor(dtype), MockTensor(i32), MockTensor(i32), rows, k,
+                                    NUM_EXPERTS=num_experts, E_POW2=e_pow2, BLOCK_SIZE_M=bm, GATHERED=gathered,
+                                    TOPK=by, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS, grid=(1,))
+        for pad_x in (True, False):
+            _dw_schedule_kernel.warmup(MockTensor(i32), MockTensor(i32), n, n // bn, triton.cdiv(k, bk), _PROGRAMS,
+                                       max_steps, NUM_EXPERTS=num_experts, E_POW2=e_pow2, PAD_X=pad_x, PAD_DY=not pad_x,
+                                       BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_N=cfg.GROUP_SIZE_N, grid=(1,))
         _dw_scheduled_kernel.warmup(
             _operand(dtype, True, rows, k, [bm, bk]), _operand(dtype, True, rows, n, [bm, bn]),
-            _operand(dtype, True, num_experts * n, k, [bn, bk]), MockTensor(i32), MockTensor(i32), 2,
-            num_experts * (n // bn) * triton.cdiv(k, bk), (n // bn) * triton.cdiv(k, bk),
+            _operand(dtype, True, num_experts * n, k, [bn, bk]), MockTensor(i32), MockTensor(i32), max_steps,
+            num_experts * per_expert, per_expert,
             BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             grid=(1,))
     elif isinstance(cfg, KernelConfigBackward_dW):
