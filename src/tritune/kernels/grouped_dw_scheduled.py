@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.grouped_gemm import _dw_tile
+from tritune.kernels.grouped_launch import Desc, launch
 
 PAD_ROWS = 32  # rows a program of the padding copy moves
 PAD_COLS = 256
+HELPER_LAUNCH = {"num_warps": 4, "num_stages": 1}  # the padding copy's and the table kernel's (compile_only too)
 ROUNDS_CHUNK = tl.constexpr(256)  # rounds of a program's tiles summed at once when counting its steps
 
 
@@ -161,9 +162,11 @@ def pad(src: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, t
     rows_ub = rows_upper_bound(pairs, experts, block_m)
     out = torch.empty((rows_ub, src.shape[1]), device=src.device, dtype=src.dtype)
     grid = (triton.cdiv(rows_ub, PAD_ROWS), triton.cdiv(src.shape[1], PAD_COLS))
-    _pad_rows_kernel[grid](src, out, m_sizes, gather if gather is not None else m_sizes, rows_ub, src.shape[1],
-                           NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), BLOCK_SIZE_M=block_m,
-                           GATHERED=gather is not None, TOPK=topk, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS)
+    launch(_pad_rows_kernel, grid, dict(
+        src_ptr=src, dst_ptr=out, m_sizes_ptr=m_sizes, gather_ptr=gather if gather is not None else m_sizes,
+        rows_ub=rows_ub, C=src.shape[1], NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts),
+        BLOCK_SIZE_M=block_m, GATHERED=gather is not None, TOPK=topk, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS),
+        **HELPER_LAUNCH)
     return out
 
 
@@ -191,10 +194,11 @@ def dw_schedule(m_sizes: torch.Tensor, pairs: int, n: int, k: int, block_m: int,
     # A program holds at most ⌈per_expert / P⌉ tiles of each expert, each of that expert's blocks.
     max_steps = triton.cdiv(per_expert, programs) * (triton.cdiv(pairs, block_m) + experts)
     table = torch.empty((programs, max_steps, 4), device=m_sizes.device, dtype=torch.int32)
-    _dw_schedule_kernel[(tiles,)](table, m_sizes, n, n_tiles, k_tiles, programs, max_steps,
-                                  NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), PAD_X=pad_x,
-                                  PAD_DY=pad_dy, BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n,
-                                  GROUP_SIZE_N=group_size_n)
+    launch(_dw_schedule_kernel, (tiles,), dict(
+        table_ptr=table, m_sizes_ptr=m_sizes, N=n, n_tiles=n_tiles, k_tiles=k_tiles, num_programs=programs,
+        max_steps=max_steps, NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), PAD_X=pad_x,
+        PAD_DY=pad_dy, BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, GROUP_SIZE_N=group_size_n),
+        **HELPER_LAUNCH)
     return Schedule(table, max_steps, tiles, per_expert)
 
 
@@ -225,11 +229,11 @@ def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gathe
     dy_rows = pad(dy, m_sizes, gather if permute_y else None, 1, pairs, block_m) if pad_dy else dy
     programs = max(1, min(programs, experts * (n // block_n) * triton.cdiv(k, block_k)))
     sched = dw_schedule(m_sizes, pairs, n, k, block_m, block_n, block_k, programs, group_size_n, pad_x, pad_dy)
-    _dw_scheduled_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x_rows, [block_m, block_k]),
-        TensorDescriptor.from_tensor(dy_rows, [block_m, block_n]),
-        TensorDescriptor.from_tensor(out.view(experts * n, k), [block_n, block_k]),
-        sched.table, m_sizes, sched.max_steps, sched.tiles, sched.per_expert,
-        BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k, num_warps=num_warps,
-        num_stages=num_stages)
+    launch(_dw_scheduled_kernel, (programs,), dict(
+        x_desc=Desc(x_rows, tuple(x_rows.shape), (block_m, block_k)),
+        dy_desc=Desc(dy_rows, tuple(dy_rows.shape), (block_m, block_n)),
+        dw_desc=Desc(out, (experts * n, k), (block_n, block_k)),
+        table_ptr=sched.table, m_sizes_ptr=m_sizes, max_steps=sched.max_steps, tiles=sched.tiles,
+        per_expert=sched.per_expert, BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k),
+        num_warps=num_warps, num_stages=num_stages)
     return out

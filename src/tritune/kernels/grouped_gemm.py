@@ -10,10 +10,11 @@ counts held in registers, and needs no host sync. Kernels take a config and laun
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tritune.kernels.grouped_gemm_config import (
     KernelConfig,
@@ -23,6 +24,7 @@ from tritune.kernels.grouped_gemm_config import (
     check_compiles_here,
     stores_through_tma,
 )
+from tritune.kernels.grouped_launch import Desc, launch
 from tritune.knobs import interpreting
 
 
@@ -272,17 +274,23 @@ def _grouped_dw_kernel(
                      mask=(offs_n < N)[:, None] & (offs_k < K)[None, :])
 
 
+@functools.lru_cache(maxsize=64)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_programs(device: torch.device, tiles_upper_bound: int, num_programs: int | None) -> int:
     if num_programs is None:
-        num_programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        num_programs = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+            if device.type == "cuda" else 4
     return max(1, min(num_programs, tiles_upper_bound))
 
 
-def _descriptor(t: torch.Tensor, rows: int, cols: int, block: list[int], what: str) -> TensorDescriptor:
-    """A TMA descriptor over t viewed [rows, cols]; rows must be 16-byte multiples (Hopper's rule)."""
+def _descriptor(t: torch.Tensor, rows: int, cols: int, block: list[int], what: str) -> Desc:
+    """A TMA operand over t viewed [rows, cols]; rows must be 16-byte multiples (Hopper's rule)."""
     if (cols * t.element_size()) % 16:
         raise ValueError(f"TMA on {what} needs rows of 16-byte multiples; {cols} elements of {t.dtype} are not")
-    return TensorDescriptor.from_tensor(t.view(rows, cols), block)
+    return Desc(t, (rows, cols), tuple(block))
 
 
 def _check(config: KernelConfig, expected: type, m_sizes: torch.Tensor, gather_indices: torch.Tensor | None,
@@ -320,8 +328,15 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Ten
     return m_sizes, gather_indices
 
 
+_DUMMIES: dict[torch.device, torch.Tensor] = {}
+
+
 def _dummy(device: torch.device) -> torch.Tensor:
-    return torch.empty(1, device=device, dtype=torch.int32)
+    """An int32 pointer for a parameter the launch never reads (one per device, kept)."""
+    dummy = _DUMMIES.get(device)
+    if dummy is None:
+        dummy = _DUMMIES[device] = torch.zeros(16, device=device, dtype=torch.int32)
+    return dummy
 
 
 def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, config: KernelConfigForward, *,
@@ -350,14 +365,15 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
     y_desc = _descriptor(out, p, n, [bm, bn], "y") if stores_through_tma(cfg) else out
     dummy = _dummy(x.device)
     programs = _num_programs(x.device, (triton.cdiv(p, bm) + n_exp) * triton.cdiv(n, bn), num_programs)
-    _grouped_fwd_kernel[(programs,)](
-        x, x_desc, w, w_desc, out, y_desc, m_sizes, gather_indices if gather_indices is not None else dummy,
-        topk_weights.reshape(-1) if cfg.fuse_mul_post else dummy, n, k,
+    launch(_grouped_fwd_kernel, (programs,), dict(
+        x_ptr=x, x_desc=x_desc, w_ptr=w, w_desc=w_desc, y_ptr=out, y_desc=y_desc, m_sizes_ptr=m_sizes,
+        gather_ptr=gather_indices if gather_indices is not None else dummy,
+        topk_w_ptr=topk_weights.reshape(-1) if cfg.fuse_mul_post else dummy, N=n, K=k,
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), TOPK=topk, NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y, FUSE_MUL_POST=cfg.fuse_mul_post,
         USE_TMA_LOAD_X=cfg.use_tma_load_x, USE_TMA_LOAD_W=cfg.use_tma_load_w,
         USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_K=k % bk == 0,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_K=k % bk == 0),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -383,14 +399,14 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
     dx_desc = _descriptor(out, p, k, [bm, bk], "dx") if stores_through_tma(cfg) else out
     programs = _num_programs(dy.device, (triton.cdiv(p, bm) + n_exp) * triton.cdiv(k, bk), num_programs)
-    _grouped_dx_kernel[(programs,)](
-        dy, dy_desc, w, w_desc, out, dx_desc, m_sizes,
-        gather_indices if gather_indices is not None else _dummy(dy.device), n, k,
+    launch(_grouped_dx_kernel, (programs,), dict(
+        dy_ptr=dy, dy_desc=dy_desc, w_ptr=w, w_desc=w_desc, dx_ptr=out, dx_desc=dx_desc, m_sizes_ptr=m_sizes,
+        gather_ptr=gather_indices if gather_indices is not None else _dummy(dy.device), N=n, K=k,
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y,
         USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
         USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_N=n % bn == 0,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_N=n % bn == 0),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -420,14 +436,14 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
     dy_desc = _descriptor(dy, p, n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
     dw_desc = _descriptor(out, n_exp * n, k, [bn, bk], "dw") if stores_through_tma(cfg) else out
     programs = _num_programs(x.device, n_exp * triton.cdiv(n, bn) * triton.cdiv(k, bk), num_programs)
-    _grouped_dw_kernel[(programs,)](
-        x, x_desc, dy, dy_desc, out, dw_desc, m_sizes,
-        gather_indices if gather_indices is not None else _dummy(x.device), n, k,
+    launch(_grouped_dw_kernel, (programs,), dict(
+        x_ptr=x, x_desc=x_desc, dy_ptr=dy, dy_desc=dy_desc, dw_ptr=out, dw_desc=dw_desc, m_sizes_ptr=m_sizes,
+        gather_ptr=gather_indices if gather_indices is not None else _dummy(x.device), N=n, K=k,
         NUM_EXPERTS=n_exp, E_POW2=triton.next_power_of_2(n_exp), TOPK=topk, NUM_PROGRAMS=programs,
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y,
         USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_X=cfg.use_tma_load_x,
         USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_N=cfg.GROUP_SIZE_N,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_N=cfg.GROUP_SIZE_N),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 

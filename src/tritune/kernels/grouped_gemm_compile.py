@@ -65,6 +65,7 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
             USE_TMA_STORE=stores_through_tma(cfg), EVEN_N=n % bn == 0, **common)
     elif isinstance(cfg, KernelConfigBackward_dW) and cfg.scheduled:
         from tritune.kernels.grouped_dw_scheduled import (
+            HELPER_LAUNCH,
             PAD_COLS,
             PAD_ROWS,
             _dw_schedule_kernel,
@@ -83,11 +84,12 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
         for gathered, by in ((False, 1), (True, topk), (True, 1)):
             _pad_rows_kernel.warmup(MockTensor(dtype), MockTensor(dtype), MockTensor(i32), MockTensor(i32), rows, k,
                                     NUM_EXPERTS=num_experts, E_POW2=e_pow2, BLOCK_SIZE_M=bm, GATHERED=gathered,
-                                    TOPK=by, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS, grid=(1,))
+                                    TOPK=by, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS, grid=(1,), **HELPER_LAUNCH)
         for pad_x in (True, False):
             _dw_schedule_kernel.warmup(MockTensor(i32), MockTensor(i32), n, n // bn, triton.cdiv(k, bk), _PROGRAMS,
                                        max_steps, NUM_EXPERTS=num_experts, E_POW2=e_pow2, PAD_X=pad_x, PAD_DY=not pad_x,
-                                       BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_N=cfg.GROUP_SIZE_N, grid=(1,))
+                                       BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, GROUP_SIZE_N=cfg.GROUP_SIZE_N, grid=(1,),
+                                       **HELPER_LAUNCH)
         _dw_scheduled_kernel.warmup(
             _operand(dtype, True, rows, k, [bm, bk]), _operand(dtype, True, rows, n, [bm, bn]),
             _operand(dtype, True, num_experts * n, k, [bn, bk]), MockTensor(i32), MockTensor(i32), max_steps,
