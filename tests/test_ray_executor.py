@@ -444,6 +444,9 @@ def test_losing_a_node_mid_run_loses_nothing(cluster, tmp_path):
     assert len(again) <= GPUS_PER_NODE  # at most one candidate per actor of b was in flight
     assert {m.extra["node"] for m in results[0].measurements if int(m.config["i"]) in again} != set()
     text = "\n".join(summary.lines())
-    assert f"{len(again)} re-queued after losing their actor" in text, text
-    assert re.search(rf"LOST after [\d.]+s; {len(again)} candidate\(s\) in flight on lost actors", text), text
+    requeued = re.search(r"(\d+) re-queued after losing their actor", text)
+    assert requeued, text
+    # A candidate sent to b and lost before it logged its start is re-queued too, but measured only once in the log.
+    assert len(again) <= int(requeued.group(1)) <= GPUS_PER_NODE, text
+    assert re.search(rf"LOST after [\d.]+s; {requeued.group(1)} candidate\(s\) in flight on lost actors", text), text
     print(f"re-measured {sorted(again)}; attempts {len(attempts)}\n{text}")
