@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
-from bench_runtime import eager_and_graph, gpu_time, host_cost  # noqa: E402
+from bench_runtime import capture, eager_and_graph, gpu_time, host_cost  # noqa: E402
 
 MODELS = {"mixtral-8x7b": (8, 4096, 14336, 2), "qwen3-30b-a3b": (128, 2048, 768, 8)}  # E, H, I, topk
 TOKENS = (16, 256, 4096)
@@ -69,14 +69,7 @@ def replay_equals_eager(fn) -> bool:
     eager = fn()
     torch.cuda.synchronize()
     eager = [t.clone() for t in (eager if isinstance(eager, tuple) else (eager,))]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    graph, out = capture(fn)
     graph.replay()
     torch.cuda.synchronize()
     out = out if isinstance(out, tuple) else (out,)

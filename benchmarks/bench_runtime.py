@@ -131,23 +131,31 @@ def rotated(make: Callable[[int], dict], bytes_per_set: int) -> list[dict]:
     return [make(seed) for seed in range(sets)]
 
 
+def capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """(a CUDA graph of one call of fn, what the captured call returned): fn runs once on a side stream first, as
+    torch wants before a capture; the graph is not replayed here."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20, rounds: int = 7) -> dict:
     """Eager: back-to-back calls over the rotating sets, timed with events (host included when it is the bottleneck).
     Graph: the same calls captured once, replayed back to back. Eager and graph rounds alternate, so a slow spell
     of the lent host (its own torch calls move by up to +-40% minutes apart) hits both alike; medians."""
-    for fn in calls:
-        fn()
+    def eager_round() -> None:
+        for fn in calls:
+            fn()
+
+    eager_round()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
+    graph, _ = capture(eager_round)
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -159,10 +167,6 @@ def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20, rounds: i
         end.record()
         torch.cuda.synchronize()
         return 1000 * start.elapsed_time(end) / (reps * len(calls))
-
-    def eager_round() -> None:
-        for fn in calls:
-            fn()
 
     eager, graphed = [], []
     for _ in range(rounds):

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from bench_runtime import eager_and_graph, gemm_baseline, gemm_call, gemm_inputs, rotated
+from bench_runtime import capture, eager_and_graph, gemm_baseline, gemm_call, gemm_inputs, rotated
 from profile_moe_kernels import device_events
 
 
@@ -39,14 +39,7 @@ def probe(kernel: str, M: int, N: int, K: int, configs: dict) -> list[dict]:
         def eager(calls=calls):
             for fn in calls:
                 fn()
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            eager()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            eager()
+        graph, _ = capture(eager)
         rec["trace_eager"] = kernel_trace(eager)
         rec["trace_graph"] = kernel_trace(graph.replay)
         rows.append(rec)
