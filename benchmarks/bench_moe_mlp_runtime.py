@@ -25,14 +25,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
 from bench_runtime import capture, eager_and_graph, gpu_time, host_cost  # noqa: E402
 
-MODELS = {"mixtral-8x7b": (8, 4096, 14336, 2), "qwen3-30b-a3b": (128, 2048, 768, 8)}  # E, H, I, topk
+from tritune.tuners.grouped_gemm import MODEL_PRESETS  # noqa: E402
+
+# (E, topk, hidden, intermediate) of the grouped-GEMM tuner's presets, as `tritune grouped-gemm --model` knows them
+MODELS = {name: MODEL_PRESETS[name] for name in ("mixtral-8x7b", "qwen3-30b-a3b")}
 TOKENS = (16, 256, 4096)
 
 
 def inputs(model: str, tokens: int, seed: int = 0) -> dict:
     from tritune.ops.routing import sample_routing
 
-    e, h, inter, topk = MODELS[model]
+    e, topk, h, inter = MODELS[model]
     g = torch.Generator(device="cuda").manual_seed(seed)
     tw, ti = sample_routing(tokens, e, topk, seed=seed, device="cuda")
     return {"hidden": torch.randn(tokens, h, device="cuda", generator=g).bfloat16().requires_grad_(),
@@ -78,7 +81,7 @@ def replay_equals_eager(fn) -> bool:
 
 def point(model: str, tokens: int) -> list[dict]:
     rows = []
-    e, h, inter, topk = MODELS[model]
+    e, topk, h, inter = MODELS[model]
     weight_bytes = 2 * 3 * e * h * inter
     sets = [inputs(model, tokens, s) for s in range(max(1, min(4, (400 * 2**20) // weight_bytes)))]
     for what, make in (("forward", forward_call), ("step", step_call)):

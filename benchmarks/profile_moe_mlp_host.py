@@ -31,7 +31,7 @@ def pieces(x: dict, model: str) -> dict:
     from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
     from tritune.ops.grouped_gemm import run_dw, run_dx, run_forward, select_configs
 
-    e, h, inter, topk = MODELS[model]
+    e, topk, h, inter = MODELS[model]
     tokens = x["hidden"].shape[0]
     pairs = tokens * topk
     hid, w1, w2 = x["hidden"].detach(), x["gate_up"].detach(), x["down"].detach()
