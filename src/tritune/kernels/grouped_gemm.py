@@ -300,12 +300,8 @@ def _check(config: KernelConfig, expected: type, m_sizes: torch.Tensor, gather_i
     if config.permute_x and config.permute_y:
         raise ValueError("permute_x and permute_y cannot both be set in one kernel")
     check_compiles_here(config, triton.__version__, interpreting())
-    if m_sizes.dtype != torch.int32 or m_sizes.dim() != 1:
-        raise ValueError(f"m_sizes must be a 1-D int32 tensor, got {m_sizes.dtype} of shape {tuple(m_sizes.shape)}")
-    needs_gather = config.permute_x or config.permute_y or config.fuse_mul_post
-    if needs_gather and (gather_indices is None or gather_indices.shape != (p,)
-                         or gather_indices.dtype != torch.int32):
-        raise ValueError(f"{config.to_string()} needs gather_indices: int32 of shape ({p},)")
+    _check_routing(m_sizes, gather_indices, p, config.permute_x or config.permute_y or config.fuse_mul_post,
+                   config.to_string())
     if p % topk:
         raise ValueError(f"{p} grouped rows are not a multiple of topk {topk}")
     gathered = {"x": config.permute_x and not isinstance(config, KernelConfigBackward_dX),
@@ -316,6 +312,16 @@ def _check(config: KernelConfig, expected: type, m_sizes: torch.Tensor, gather_i
     for name, t in tensors.items():
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+
+
+def _check_routing(m_sizes: torch.Tensor, gather_indices: torch.Tensor | None, p: int, needs_gather: bool,
+                   who: str) -> None:
+    """m_sizes int32 [E]; gather_indices int32 [p] where `who` (the launch, in the message) reads through it."""
+    if m_sizes.dtype != torch.int32 or m_sizes.dim() != 1:
+        raise ValueError(f"m_sizes must be a 1-D int32 tensor, got {m_sizes.dtype} of shape {tuple(m_sizes.shape)}")
+    if needs_gather and (gather_indices is None or gather_indices.shape != (p,)
+                         or gather_indices.dtype != torch.int32):
+        raise ValueError(f"{who} needs gather_indices: int32 of shape ({p},)")
 
 
 def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -459,11 +465,8 @@ def scheduled_dw_launch(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor
 
     cfg = config
     p = dy.shape[0]
-    if m_sizes.dtype != torch.int32 or m_sizes.dim() != 1:
-        raise ValueError(f"m_sizes must be a 1-D int32 tensor, got {m_sizes.dtype} of shape {tuple(m_sizes.shape)}")
-    if (permute_x or permute_y) and (gather is None or gather.shape != (p,) or gather.dtype != torch.int32):
-        raise ValueError(f"scheduled dW with permute_x={permute_x} permute_y={permute_y} needs gather_indices: int32 "
-                         f"of shape ({p},)")
+    _check_routing(m_sizes, gather, p, permute_x or permute_y,
+                   f"scheduled dW with permute_x={permute_x} permute_y={permute_y}")
     if p % topk or x.shape[0] * (topk if permute_x else 1) != p:
         raise ValueError(f"x has {x.shape[0]} rows, dy has {p} (topk {topk}, permute_x {permute_x})")
     for name, t in (("x", x), ("dy", dy)):
