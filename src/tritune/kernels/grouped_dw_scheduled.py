@@ -153,6 +153,12 @@ def rows_upper_bound(pairs: int, experts: int, block_m: int) -> int:
     return (triton.cdiv(pairs, block_m) + experts) * block_m
 
 
+def max_table_steps(per_expert: int, programs: int, pairs: int, experts: int, block_m: int) -> int:
+    """The host's bound on one program's steps: it holds at most ⌈per_expert / P⌉ tiles of each expert, each of that
+    expert's blocks (no sync)."""
+    return triton.cdiv(per_expert, programs) * (triton.cdiv(pairs, block_m) + experts)
+
+
 def pad(src: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int, pairs: int,
         block_m: int) -> torch.Tensor:
     """[rows_upper_bound, C] copy of src's rows padded per expert to whole block_m blocks (zeros between; rows past
@@ -191,8 +197,7 @@ def dw_schedule(m_sizes: torch.Tensor, pairs: int, n: int, k: int, block_m: int,
         raise ValueError(f"scheduled dW: {n_tiles} N tiles or {k_tiles} K tiles do not fit the table's 15 bits")
     per_expert = n_tiles * k_tiles
     tiles = experts * per_expert
-    # A program holds at most ⌈per_expert / P⌉ tiles of each expert, each of that expert's blocks.
-    max_steps = triton.cdiv(per_expert, programs) * (triton.cdiv(pairs, block_m) + experts)
+    max_steps = max_table_steps(per_expert, programs, pairs, experts, block_m)
     table = torch.empty((programs, max_steps, 4), device=m_sizes.device, dtype=torch.int32)
     launch(_dw_schedule_kernel, (tiles,), dict(
         table_ptr=table, m_sizes_ptr=m_sizes, N=n, n_tiles=n_tiles, k_tiles=k_tiles, num_programs=programs,

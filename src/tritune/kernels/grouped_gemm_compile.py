@@ -71,16 +71,18 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
             _dw_schedule_kernel,
             _dw_scheduled_kernel,
             _pad_rows_kernel,
+            max_table_steps,
+            rows_upper_bound,
         )
 
         # The padded rows and the step table are sized at the launch; the kernels specialize on neither. The copy
         # and the table kernel are built for every role (which operand is copied, and from which order, is the
         # launch's to decide).
-        rows = (triton.cdiv(pairs, bm) + num_experts) * bm
+        rows = rows_upper_bound(pairs, num_experts, bm)
         e_pow2 = triton.next_power_of_2(num_experts)
         per_expert = (n // bn) * triton.cdiv(k, bk)
         # the table's row length as dw_schedule sizes it (an int argument: its divisibility is in the cache key)
-        max_steps = triton.cdiv(per_expert, _PROGRAMS) * (triton.cdiv(pairs, bm) + num_experts)
+        max_steps = max_table_steps(per_expert, _PROGRAMS, pairs, num_experts, bm)
         for gathered, by in ((False, 1), (True, topk), (True, 1)):
             _pad_rows_kernel.warmup(MockTensor(dtype), MockTensor(dtype), MockTensor(i32), MockTensor(i32), rows, k,
                                     NUM_EXPERTS=num_experts, E_POW2=e_pow2, BLOCK_SIZE_M=bm, GATHERED=gathered,
