@@ -12,18 +12,22 @@ bf16 matmul peak, bytes / measured copy bandwidth).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
+import os
 
 import torch
 import torch.nn.functional as F
 
 from tritune.device import current_device
-from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.kernels.grouped_dw_scheduled import pad
+from tritune.kernels.grouped_gemm import group_by_expert, grouped_gemm_dx, grouped_gemm_forward, scheduled_dw_launch
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
+from tritune.knobs import MOE_MLP_LAYOUT
 from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dw, run_dx, run_forward, select_configs
-from tritune.ops.moe_mlp import moe_mlp
+from tritune.ops.moe_mlp import config_reading_padded, moe_mlp
 from tritune.ops.routing import sample_routing
 from tritune.tuning.bench import time_kernel
 
@@ -74,7 +78,22 @@ def grouped_mm_mlp(x, w1, w2, tw, ids, m_sizes, gather):
     return (y.view(x.shape[0], topk, -1) * tw.to(y.dtype).unsqueeze(-1)).sum(1)
 
 
-def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict | None = None) -> dict:
+@contextlib.contextmanager
+def layout_env(layout: str):
+    """TRITUNE_MOE_MLP_LAYOUT set for the block (the MLP reads it per call), restored after."""
+    before = os.environ.get(MOE_MLP_LAYOUT)
+    os.environ[MOE_MLP_LAYOUT] = layout
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[MOE_MLP_LAYOUT]
+        else:
+            os.environ[MOE_MLP_LAYOUT] = before
+
+
+def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict | None = None,
+                mlp_only: bool = False) -> dict:
     num_experts, topk, hidden, inter = MODELS[model]
     tokens, pairs = seqlen, seqlen * topk
     dev, bf = "cuda", torch.bfloat16
@@ -128,8 +147,29 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict
     # config does not fuse the permute, so the op's time above includes that gather and the bare comparison is this
     kernel_only = {"gate_up.dW": lambda: run_dw(ref_x, dh, m_sizes, gather, topk, False, False, up.dW),
                    "down.dW": lambda: run_dw(a, ref_dy, m_sizes, gather, topk, False, False, down.dW)}
+    # The GEMMs whose input the MLP produces padded per expert when their dW is scheduled (ops/moe_mlp.py), timed on
+    # those rows as the MLP runs them: the padded copies are made once, outside every timing, like `_grouped_mm`'s.
+    mlp_layout = {}
+    if up.dW.scheduled:
+        bm_up = up.dW.BLOCK_SIZE_M
+        x_pad = pad(x, m_sizes, gather, topk, pairs, bm_up)
+        mlp_layout["gate_up.forward"] = lambda: grouped_gemm_forward(
+            x_pad, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk, gather_indices=gather,
+            x_padded_to=bm_up, pairs=pairs)
+        mlp_layout["gate_up.dW"] = lambda: scheduled_dw_launch(
+            x_pad, dh, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False, permute_y=False, padded="x",
+            pairs=pairs)
+    if down.dW.scheduled:
+        bm_down = down.dW.BLOCK_SIZE_M
+        dy_pad = pad(dy, m_sizes, gather, 1, pairs, bm_down)
+        mlp_layout["down.dX"] = lambda: grouped_gemm_dx(
+            dy_pad, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk, gather_indices=gather,
+            dy_padded_to=bm_down, pairs=pairs)
+        mlp_layout["down.dW"] = lambda: scheduled_dw_launch(
+            a, dy_pad, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False, permute_y=False, padded="dy",
+            pairs=pairs)
     rows = {}
-    for name, (flops, nbytes, ours, bare, permuted, view) in kernels.items():
+    for name, (flops, nbytes, ours, bare, permuted, view) in ({} if mlp_only else kernels).items():
         out, ref = ours(), bare()
         err = rel(view(out) if view else out, ref)
         floor = max(flops / pk["bf16_tflops"] / 1e6, nbytes / pk["copy_tbps"] / 1e6)
@@ -140,6 +180,9 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict
             alone = kernel_only[name]
             rows[name]["kernel_only_us"] = timed(alone)
             rows[name]["kernel_only_rel_l2"] = rel(alone(), ref)
+        if name in mlp_layout:
+            rows[name]["mlp_layout_us"] = timed(mlp_layout[name])
+            rows[name]["mlp_layout_rel_l2"] = rel(mlp_layout[name](), ref)
     origins = {"gate_up": up.origins, "down": down.origins}
 
     # The whole MLP step (forward + backward through autograd) for the three implementations.
@@ -170,6 +213,10 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict
         mlp["grouped_mm_step_error"] = str(exc)[:200]
     if loop:
         mlp["torch_loop_step_us"] = timed(step(lambda *t: torch_loop_mlp(*t, ids)), iters=5)
+    if up.dW.scheduled or down.dW.scheduled:  # A/B in one process: the dW loop copying its operand instead
+        with layout_env("plain"):
+            mlp["step_plain_layout_us"] = timed(step(lambda *t: moe_mlp(*t, ids, **configs)), iters=10)
+        mlp["step_padded_again_us"] = timed(step(lambda *t: moe_mlp(*t, ids, **configs)), iters=10)
     mlp["step_of_floor"] = mlp["step_us"] / mlp["floor_us"]
     return {"model": model, "seqlen": seqlen, "kernels": rows, "mlp": mlp, "config_origins": origins}
 
@@ -180,6 +227,7 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seqlens", default="1024,8192")
     p.add_argument("--no-loop", action="store_true", help="skip the torch loop baseline")
+    p.add_argument("--mlp-only", action="store_true", help="time the MLP forward and step only, no GEMM table")
     p.add_argument("--dw", help="run every dW with this config instead of the op's choice: JSON of "
                                 "KernelConfigBackward_dW fields, e.g. the scheduled loop's")
     args = p.parse_args()
@@ -195,7 +243,8 @@ def main() -> None:
     results = []
     for model in args.models.split(","):
         for seqlen in (int(s) for s in args.seqlens.split(",")):
-            r = bench_shape(model, seqlen, pk, loop=not args.no_loop, dw_override=dw_override)
+            r = bench_shape(model, seqlen, pk, loop=not args.no_loop, dw_override=dw_override,
+                            mlp_only=args.mlp_only)
             results.append(r)
             k = r["kernels"]
             print(f"\n{model} seqlen {seqlen}  (configs: {r['config_origins']})")
@@ -205,13 +254,17 @@ def main() -> None:
                 print(f"{name:16s} {v['us']:9.1f} {v['grouped_mm_us']:9.1f} {v['grouped_mm_permuted_us']:9.1f} "
                       f"{v['floor_us']:8.1f} {v['of_floor']:7.2f} {v['grouped_mm_permuted_us'] / v['us']:11.2f} "
                       f"{v['rel_l2_vs_grouped_mm']:8.1e}")
+                if "mlp_layout_us" in v:
+                    laid = v["mlp_layout_us"]
+                    print(f"{'  MLP layout':16s} {laid:9.1f}: {v['grouped_mm_us'] / laid:.2f}x bare grouped_mm "
+                          f"(input padded per expert as the MLP makes it; err {v['mlp_layout_rel_l2']:.1e})")
                 if "kernel_only_us" in v:
                     alone = v["kernel_only_us"]
                     print(f"{'  kernel alone':16s} {alone:9.1f}: {v['grouped_mm_us'] / alone:.2f}x "
                           f"bare grouped_mm (rows pre-gathered for both; err {v['kernel_only_rel_l2']:.1e})")
             fwd = ("gate_up.forward", "down.forward")
             bwd = ("gate_up.dX", "gate_up.dW", "down.dX", "down.dW")
-            for label, names in (("forward GEMMs", fwd), ("backward GEMMs", bwd)):
+            for label, names in (() if args.mlp_only else (("forward GEMMs", fwd), ("backward GEMMs", bwd))):
                 ours = sum(k[n]["us"] for n in names)
                 print(f"{label:16s} {ours:9.1f} vs grouped_mm {sum(k[n]['grouped_mm_us'] for n in names):9.1f} "
                       f"(+perm {sum(k[n]['grouped_mm_permuted_us'] for n in names):9.1f}): "
@@ -221,6 +274,9 @@ def main() -> None:
             print(f"MLP step {m['step_us']:.1f} us = {m['step_of_floor']:.2f}x floor {m['floor_us']:.1f}; "
                   f"grouped_mm step {m['grouped_mm_step_us']}; loop {m.get('torch_loop_step_us')}; "
                   f"fwd {m['fwd_us']:.1f} vs grouped_mm fwd {m['grouped_mm_fwd_us']:.1f}", flush=True)
+            if "step_plain_layout_us" in m:
+                print(f"MLP step, layouts A/B: padded {m['step_us']:.1f} / plain {m['step_plain_layout_us']:.1f} / "
+                      f"padded again {m['step_padded_again_us']:.1f} us", flush=True)
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "device": info.provenance(), "peaks": pk, "dw_override": dw_override, "results": results}
     with open(args.out, "w") as f:

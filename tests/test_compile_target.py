@@ -212,5 +212,5 @@ def test_a_compile_process_builds_every_kernel_of_the_scheduled_dw(tmp_path: Pat
     metas = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")
              if not p.name.startswith("__grp__")]
     names = [m["name"] for m in metas if "name" in m]
-    assert names.count("_pad_rows_kernel") == 3 and names.count("_dw_schedule_kernel") == 2
+    assert names.count("_pad_rows_kernel") == 4 and names.count("_dw_schedule_kernel") == 2
     assert names.count("_dw_scheduled_kernel") == 1

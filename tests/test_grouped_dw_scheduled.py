@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tritune.kernels.grouped_dw_scheduled import dw_schedule, operands_to_pad, pad, rows_upper_bound, scheduled_dw
-from tritune.kernels.grouped_gemm import grouped_gemm_dw
-from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
-from tritune.kernels.grouped_gemm_reference import grouped_gemm_dw_reference
+from tritune.kernels.grouped_gemm import grouped_gemm_dw, grouped_gemm_dx, grouped_gemm_forward, scheduled_dw_launch
+from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
+from tritune.kernels.grouped_gemm_reference import grouped_gemm_dw_reference, grouped_gemm_reference
 from tritune.ops.grouped_gemm import GroupedGemmConfigs, grouped_gemm, heuristic_configs
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -145,3 +145,71 @@ def test_autograd_through_the_op_with_a_scheduled_dw():
     grouped_gemm(x, w, ms, gather, topk=topk, permute_x=True, configs=configs).backward(dy)
     want = grouped_gemm_dw_reference(x.detach(), dy, ms, topk=topk, gather_indices=gather, permute_x=True)
     assert rel(w.grad, want) < 2e-3
+
+
+def test_pad_with_a_scale_writes_the_top_k_sums_dy_padded():
+    """dout [T, D] in token order times the routing weight of each pair: the MoE MLP's dY, padded, in one pass
+    (fp32 product rounded once, as the top-k sum's own backward rounds it)."""
+    m_sizes, topk, bm = [3, 0, 6, 5], 2, 16
+    pairs = sum(m_sizes)
+    gen = torch.Generator().manual_seed(7)
+    gather = torch.randperm(pairs, generator=gen).int()
+    dout = torch.randn(pairs // topk, 40, generator=gen).half()
+    w = torch.rand(pairs // topk, topk, generator=gen)
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
+    got = pad(dout.to(DEV), ms, gather.to(DEV), topk, pairs, bm, scale=w.to(DEV))
+    dy = (w.reshape(-1, 1) * dout.float().repeat_interleave(topk, 0)).half()  # pair order
+    want = _padded_reference(dy, m_sizes, gather.long().tolist(), bm)
+    assert torch.equal(got[:want.shape[0]].cpu(), want)
+    with pytest.raises(ValueError, match="a scale needs gather indices and 14 elements"):
+        pad(dout.to(DEV), ms, None, topk, pairs, bm, scale=w.to(DEV))
+
+
+FWD = KernelConfigForward(BLOCK_SIZE_M=32, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, num_warps=4, num_stages=2,
+                          flatten=False, use_tma_load_x=True)
+DX = KernelConfigBackward_dX(BLOCK_SIZE_M=32, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, num_warps=4, num_stages=2,
+                             flatten=False, use_tma_load_dy=True)
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_forward_and_dx_read_rows_padded_per_expert(tma):
+    """A padded input (16-row blocks) under 32-row tiles: a tile's rows past its expert read the next expert's rows
+    and are never stored; the output is grouped and unpadded."""
+    m_sizes, n, k, bm = [5, 0, 37, 16], 24, 32, 16
+    pairs = sum(m_sizes)
+    gen = torch.Generator().manual_seed(11)
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
+    x = torch.randn(pairs, k, generator=gen).half().to(DEV)
+    w = (torch.randn(4, n, k, generator=gen) / 4).half().to(DEV)
+    x_pad = pad(x, ms, None, 1, pairs, bm)
+    fwd = KernelConfigForward(**{**FWD.to_dict(), "use_tma_load_x": tma})
+    got = grouped_gemm_forward(x_pad, w, ms, fwd, x_padded_to=bm, pairs=pairs)
+    assert got.shape == (pairs, n) and rel(got, grouped_gemm_reference(x, w, ms)) < 2e-3
+    dy = torch.randn(pairs, n, generator=gen).half().to(DEV)
+    dx_cfg = KernelConfigBackward_dX(**{**DX.to_dict(), "use_tma_load_dy": tma})
+    got_dx = grouped_gemm_dx(pad(dy, ms, None, 1, pairs, bm), w, ms, dx_cfg, dy_padded_to=bm, pairs=pairs)
+    want_dx = torch.cat([dy[s:s + m].float() @ w[e].float() for e, (s, m) in
+                         enumerate(zip([0, 5, 5, 42], m_sizes, strict=True))])
+    assert got_dx.shape == (pairs, k) and rel(got_dx, want_dx) < 2e-3
+    with pytest.raises(ValueError, match="needs pairs"):
+        grouped_gemm_forward(x_pad, w, ms, fwd, x_padded_to=bm)
+    with pytest.raises(ValueError, match="padded to 24 rows"):
+        grouped_gemm_forward(x_pad, w, ms, fwd, x_padded_to=24, pairs=pairs)
+
+
+@pytest.mark.parametrize("padded", ["x", "dy"])
+def test_scheduled_dw_reads_an_operand_already_padded_without_copying_it(padded):
+    m_sizes, n, k = [7, 0, 20, 9], 32, 48
+    pairs = sum(m_sizes)
+    gen = torch.Generator().manual_seed(13)
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
+    x = torch.randn(pairs, k, generator=gen).half().to(DEV)
+    dy = torch.randn(pairs, n, generator=gen).half().to(DEV)
+    x_in = pad(x, ms, None, 1, pairs, 16) if padded == "x" else x
+    dy_in = pad(dy, ms, None, 1, pairs, 16) if padded == "dy" else dy
+    got = scheduled_dw_launch(x_in, dy_in, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
+                              padded=padded, pairs=pairs)
+    assert rel(got, grouped_gemm_dw_reference(x, dy, ms)) < 2e-3 and (got[1] == 0).all()
+    with pytest.raises(ValueError, match="read in place has 36 rows, not 35"):
+        scheduled_dw_launch(x_in, dy_in, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
+                            padded=padded, pairs=pairs - 1)

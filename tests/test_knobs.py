@@ -7,7 +7,8 @@ import pytest
 from tritune import knobs
 
 ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
-       knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE, knobs.WORKER_PRELOAD)
+       knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE, knobs.WORKER_PRELOAD,
+       knobs.MOE_MLP_LAYOUT)
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +27,15 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
     assert knobs.start_method() == "forkserver"  # Linux has it
     assert knobs.worker_preload() is True
+
+
+def test_moe_mlp_layout_values(monkeypatch):
+    assert knobs.moe_mlp_layout() == "padded"
+    monkeypatch.setenv(knobs.MOE_MLP_LAYOUT, "Plain")
+    assert knobs.moe_mlp_layout() == "plain"
+    monkeypatch.setenv(knobs.MOE_MLP_LAYOUT, "grouped")
+    with pytest.raises(ValueError, match=r"^TRITUNE_MOE_MLP_LAYOUT='grouped': use one of padded, plain$"):
+        knobs.moe_mlp_layout()
 
 
 def test_mxfp4_decode_values(monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
 from tritune.kernels.grouped_gemm_reference import grouped_gemm_reference
 from tritune.kernels.swiglu import swiglu_backward, swiglu_forward, swiglu_reference
 from tritune.knobs import interpreting
@@ -150,3 +151,43 @@ def test_config_selection_without_a_gpu_is_the_documented_heuristic():
     assert gemm_role(True, False) == "gate_up" and gemm_role(False, True) == "down"
     with pytest.raises(ValueError, match="never both"):
         gemm_role(True, True)
+
+
+SCHEDULED_DW = KernelConfigBackward_dW(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, num_warps=4, num_stages=2,
+                                       flatten=False, use_tma_load_dy=True, use_tma_load_x=True, use_tma_store=True,
+                                       scheduled=True)
+
+
+@pytest.mark.parametrize(("dtype", "frozen", "layout"), [
+    (torch.float32, None, "padded"), (torch.float16, None, "padded"), (torch.float16, "gate_up", "padded"),
+    (torch.float32, "down", "padded"), (torch.float16, None, "plain")])
+def test_moe_mlp_with_scheduled_dw_keeps_padded_rows_and_matches_the_reference(dtype, frozen, layout, monkeypatch):
+    """Both dW scheduled: the forward gathers the tokens into padded rows (gate_up reads them through TMA) and the
+    backward writes dY padded from dout; values and every gradient as the reference, the same as the plain layouts
+    give, whichever weight is frozen (a frozen GEMM keeps the plain layout), and with TRITUNE_MOE_MLP_LAYOUT=plain
+    (the dW loop copies its operand)."""
+    monkeypatch.setenv("TRITUNE_MOE_MLP_LAYOUT", layout)
+    torch.manual_seed(8)
+    tokens, experts, topk, hidden, inter = 13, 5, 2, 32, 16
+    ids = routing(tokens, experts - 1, topk, seed=9)  # the last expert gets no tokens
+    x = torch.randn(tokens, hidden, dtype=dtype).requires_grad_()
+    w1 = (torch.randn(experts, 2 * inter, hidden, dtype=dtype) * 0.3).requires_grad_(frozen != "gate_up")
+    w2 = (torch.randn(experts, hidden, inter, dtype=dtype) * 0.3).requires_grad_(frozen != "down")
+    tw = torch.rand(tokens, topk).requires_grad_()
+    plain_up = heuristic_configs(2 * inter, hidden, tokens * topk / experts, True, False, torch.device("cpu"))
+    plain_down = heuristic_configs(hidden, inter, tokens * topk / experts, False, True, torch.device("cpu"))
+    sched_up = GroupedGemmConfigs(plain_up.forward, plain_up.dX, SCHEDULED_DW)
+    sched_down = GroupedGemmConfigs(plain_down.forward, plain_down.dX, SCHEDULED_DW)
+    inputs = [t for t in (x, w1, w2, tw) if t.requires_grad]
+    g = torch.randn(tokens, hidden, dtype=dtype)
+    results = []
+    for up, down in ((sched_up, sched_down), (plain_up, plain_down)):
+        y = moe_mlp(x, w1, w2, tw, ids, gate_up_configs=up, down_configs=down)
+        results.append((y, *torch.autograd.grad(y, inputs, g)))
+    y_ref = moe_mlp_reference(x, w1, w2, tw, ids)
+    refs = (y_ref, *torch.autograd.grad(y_ref, inputs, g.float()))
+    bound = 1e-5 if dtype == torch.float32 else 5e-3
+    for got, plain, want in zip(*results, refs, strict=True):
+        assert got.dtype == plain.dtype and rel(got, want) < bound and rel(got, plain) < bound
+    if frozen != "gate_up":
+        assert results[0][2][experts - 1].abs().max().item() == 0.0  # dW1 of the expert with no tokens

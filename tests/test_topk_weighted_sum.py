@@ -34,6 +34,8 @@ def test_forward_and_backward_match_torch(tokens, topk, d, dtype):
     assert dy.dtype == dtype and dw.dtype == torch.float32
     torch.testing.assert_close(dy.float(), y.grad.float(), **tol)
     torch.testing.assert_close(dw, w.grad, atol=1e-3 if dtype == torch.float32 else 5e-2, rtol=1e-3)
+    no_dy, dw_only = topk_weighted_sum_backward(dout, y.detach(), w.detach(), with_dy=False)
+    assert no_dy is None and torch.equal(dw_only, dw)  # the MoE MLP's padded backward writes dY itself
 
 
 def test_gradients_flow_through_autograd():

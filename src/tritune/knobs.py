@@ -25,6 +25,7 @@ START_METHOD = "TRITUNE_START_METHOD"
 TIMER_PARK = "TRITUNE_TIMER_PARK"
 MXFP4_DECODE = "TRITUNE_MXFP4_DECODE"
 WORKER_PRELOAD = "TRITUNE_WORKER_PRELOAD"
+MOE_MLP_LAYOUT = "TRITUNE_MOE_MLP_LAYOUT"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -183,6 +184,18 @@ def mxfp4_decode() -> str:
     return _one_of(MXFP4_DECODE, MXFP4_DECODES, "ops")
 
 
+MOE_MLP_LAYOUTS = ("padded", "plain")
+
+
+def moe_mlp_layout() -> str:
+    """TRITUNE_MOE_MLP_LAYOUT: the rows the training MoE MLP (ops/moe_mlp.py) hands a scheduled dW. "padded"
+    (default): the operand that loop copies is produced padded per expert (the forward's gathered tokens, kept for
+    the backward; the top-k sum's dY, written from dout). "plain": the loop copies it, as before 2026-11-27 (for A/B
+    timing, or to keep the hidden states rather than topk times their size for the backward). Anything else is a
+    ValueError."""
+    return _one_of(MOE_MLP_LAYOUT, MOE_MLP_LAYOUTS, "padded")
+
+
 def _one_of(name: str, choices: tuple[str, ...], default: str) -> str:
     """The variable's value, lower-cased, which must be one of `choices` (ValueError naming it otherwise); `default`
     when unset."""
@@ -235,6 +248,8 @@ KNOBS: tuple[Knob, ...] = (
                                      "asm (packed PTX, two weights a register; measured no faster)."),
     Knob(WORKER_PRELOAD, worker_preload, "1 (default): a GPU worker loads its likely next candidate's binary while "
                                          "the GPU times the current one. 0: each binary loads on its first run."),
+    Knob(MOE_MLP_LAYOUT, moe_mlp_layout, "Rows the training MoE MLP gives a scheduled dW: padded (default; made "
+                                         "padded where produced) or plain (the dW loop copies one operand)."),
 )
 
 

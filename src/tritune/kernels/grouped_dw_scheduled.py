@@ -66,12 +66,15 @@ def _program_steps_before(m_sizes_ptr, p, rounds, tiles, per_expert, num_program
 
 
 @triton.jit(do_not_specialize=["rows_ub"])
-def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, rows_ub, C,
+def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, scale_ptr, rows_ub, C,
                      NUM_EXPERTS: tl.constexpr, E_POW2: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
-                     GATHERED: tl.constexpr, TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+                     GATHERED: tl.constexpr, TOPK: tl.constexpr, SCALED: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
     """dst's padded row r = src's row for the grouped row it holds (zeros for padding): grouped row g itself, or, when
-    GATHERED, the row gather[g] // TOPK (X in token order: TOPK = topk; dY in pair order: TOPK = 1). Rows past the
-    padded total are never read and are left alone. Grid (⌈rows_ub/ROWS⌉, ⌈C/BLOCK_C⌉)."""
+    GATHERED, the row gather[g] // TOPK (X in token order: TOPK = topk; dY in pair order: TOPK = 1). SCALED (with
+    GATHERED): times scale[gather[g]] in fp32, so dout [T, D] with the routing weights in pair order becomes the
+    top-k sum's dY already padded. Rows past the padded total are never read and are left alone.
+    Grid (⌈rows_ub/ROWS⌉, ⌈C/BLOCK_C⌉)."""
     offs_e, counts, blocks, pad_row, start = _layout(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M)
     r0 = tl.program_id(0) * ROWS
     if r0 < tl.sum(blocks, axis=0) * BLOCK_SIZE_M:
@@ -83,13 +86,17 @@ def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, rows_ub, C,
         real = local < tl.sum(tl.where(hit, counts[None, :], 0), axis=1)
         g = tl.sum(tl.where(hit, start[None, :], 0), axis=1) + local
         if GATHERED:
-            src_rows = tl.load(gather_ptr + g, mask=real, other=0) // TOPK
+            pair = tl.load(gather_ptr + g, mask=real, other=0)
+            src_rows = pair // TOPK
         else:
             src_rows = g
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         ok_c = c[None, :] < C
         vals = tl.load(src_ptr + tl.where(real, src_rows, 0).to(tl.int64)[:, None] * C + c[None, :],
                        mask=real[:, None] & ok_c, other=0.0)
+        if SCALED:
+            scale = tl.load(scale_ptr + pair, mask=real, other=0.0).to(tl.float32)
+            vals = (vals.to(tl.float32) * scale[:, None]).to(dst_ptr.dtype.element_ty)
         tl.store(dst_ptr + r.to(tl.int64)[:, None] * C + c[None, :], vals, mask=(r[:, None] < rows_ub) & ok_c)
 
 
@@ -160,18 +167,21 @@ def max_table_steps(per_expert: int, programs: int, pairs: int, experts: int, bl
 
 
 def pad(src: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int, pairs: int,
-        block_m: int) -> torch.Tensor:
+        block_m: int, scale: torch.Tensor | None = None) -> torch.Tensor:
     """[rows_upper_bound, C] copy of src's rows padded per expert to whole block_m blocks (zeros between; rows past
     the padded total left unwritten). src is grouped when gather is None, else read through gather // topk (X in
-    token order: topk; dY in pair order: 1)."""
+    token order: topk; dY in pair order: 1). scale [P] in pair order (needs gather): each row times scale[pair]."""
     experts = m_sizes.shape[0]
+    if scale is not None and (gather is None or scale.numel() != pairs):
+        raise ValueError(f"pad: a scale needs gather indices and {pairs} elements, one per pair")
     rows_ub = rows_upper_bound(pairs, experts, block_m)
     out = torch.empty((rows_ub, src.shape[1]), device=src.device, dtype=src.dtype)
     grid = (triton.cdiv(rows_ub, PAD_ROWS), triton.cdiv(src.shape[1], PAD_COLS))
     launch(_pad_rows_kernel, grid, dict(
         src_ptr=src, dst_ptr=out, m_sizes_ptr=m_sizes, gather_ptr=gather if gather is not None else m_sizes,
-        rows_ub=rows_ub, C=src.shape[1], NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts),
-        BLOCK_SIZE_M=block_m, GATHERED=gather is not None, TOPK=topk, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS),
+        scale_ptr=scale.reshape(-1) if scale is not None else m_sizes, rows_ub=rows_ub, C=src.shape[1],
+        NUM_EXPERTS=experts, E_POW2=triton.next_power_of_2(experts), BLOCK_SIZE_M=block_m,
+        GATHERED=gather is not None, TOPK=topk, SCALED=scale is not None, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS),
         **HELPER_LAUNCH)
     return out
 
@@ -218,20 +228,35 @@ def operands_to_pad(n: int, k: int, permute_x: bool, permute_y: bool) -> tuple[b
 
 def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, topk: int,
                  permute_x: bool, permute_y: bool, *, block_m: int, block_n: int, block_k: int, group_size_n: int,
-                 num_warps: int, num_stages: int, programs: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                 num_warps: int, num_stages: int, programs: int, out: torch.Tensor | None = None,
+                 padded: str | None = None, pairs: int | None = None) -> torch.Tensor:
     """dW [E, N, K] (into `out` when given) from X and dY in the layouts the forward saw (permute_x: X [T, K] in token
     order, row gather[g] // topk; permute_y: dY [P, N] in pair order, row gather[g]; else grouped): pad one operand
     (or both), write the table, run `_dw_scheduled_kernel`; four launches at most, none waiting on the GPU. N must be
-    a multiple of block_n (the output descriptor spans every expert's rows); rows must be 16-byte multiples (TMA)."""
+    a multiple of block_n (the output descriptor spans every expert's rows); rows must be 16-byte multiples (TMA).
+
+    padded "x" or "dy": that operand is already padded per expert to block_m (`pad`'s layout, as the MoE MLP keeps
+    it), so nothing is copied, the other operand is read in place (grouped), and `pairs` names P."""
     n, k, experts = dy.shape[1], x.shape[1], m_sizes.shape[0]
-    pairs = dy.shape[0]
     if n % block_n:
         raise ValueError(f"scheduled dW: N={n} is not a multiple of BLOCK_SIZE_N={block_n}")
+    if padded is None:
+        pairs = dy.shape[0]
+        pad_x, pad_dy = operands_to_pad(n, k, permute_x, permute_y)
+    elif padded in ("x", "dy") and not (permute_x or permute_y) and pairs is not None:
+        pad_x, pad_dy = padded == "x", padded == "dy"
+        in_place = dy if pad_x else x
+        if in_place.shape[0] != pairs:
+            raise ValueError(f"scheduled dW: the operand read in place has {in_place.shape[0]} rows, not {pairs}")
+    else:
+        raise ValueError(f"scheduled dW: padded={padded!r} needs 'x' or 'dy', pairs, and no permute")
     if out is None:
         out = torch.empty((experts, n, k), device=x.device, dtype=x.dtype)
-    pad_x, pad_dy = operands_to_pad(n, k, permute_x, permute_y)
-    x_rows = pad(x, m_sizes, gather if permute_x else None, topk, pairs, block_m) if pad_x else x
-    dy_rows = pad(dy, m_sizes, gather if permute_y else None, 1, pairs, block_m) if pad_dy else dy
+    if padded is not None:
+        x_rows, dy_rows = x, dy
+    else:
+        x_rows = pad(x, m_sizes, gather if permute_x else None, topk, pairs, block_m) if pad_x else x
+        dy_rows = pad(dy, m_sizes, gather if permute_y else None, 1, pairs, block_m) if pad_dy else dy
     programs = max(1, min(programs, experts * (n // block_n) * triton.cdiv(k, block_k)))
     sched = dw_schedule(m_sizes, pairs, n, k, block_m, block_n, block_k, programs, group_size_n, pad_x, pad_dy)
     launch(_dw_scheduled_kernel, (programs,), dict(

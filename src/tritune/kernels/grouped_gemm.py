@@ -53,6 +53,14 @@ def _tile_expert(t, offs_e, counts, tiles, tiles_end, BLOCK_SIZE_M: tl.constexpr
 
 
 @triton.jit
+def _padded_row0(e, offs_e, counts, NUM_EXPERTS: tl.constexpr, PAD_TO: tl.constexpr):
+    """Expert e's first row in a layout padded per expert to whole PAD_TO-row blocks, an empty expert keeping one
+    block (the scheduled dW's layout: `grouped_dw_scheduled.pad`)."""
+    blocks = tl.where(offs_e < NUM_EXPERTS, tl.maximum(tl.cdiv(counts, PAD_TO), 1), 0)
+    return tl.sum(tl.where(offs_e < e, blocks, 0), axis=0) * PAD_TO
+
+
+@triton.jit
 def _dw_tile(local, n_tiles, k_tiles, GROUP_SIZE_N: tl.constexpr):
     """(N tile, K tile) of an expert's local dW tile index: K tiles run fastest across groups of GROUP_SIZE_N N
     tiles, N tiles fastest within a group, so the tiles in flight at once read a few dY column stripes and a few X
@@ -66,7 +74,7 @@ def _dw_tile(local, n_tiles, k_tiles, GROUP_SIZE_N: tl.constexpr):
 
 @triton.jit(do_not_specialize=["NUM_PROGRAMS"])
 def _grouped_fwd_kernel(
-    x_ptr, x_desc,  # permute_x: [T, K] token order, else [P, K] grouped; desc [P, K] block [BM, BK]
+    x_ptr, x_desc,  # permute_x: [T, K] token order, else [P, K] grouped (padded per expert with PAD_X_TO)
     w_ptr, w_desc,  # [E, N, K]; desc over [E·N, K] block [BN, BK]
     y_ptr, y_desc,  # [P, N]: pair order with permute_y, else grouped; desc [P, N] block [BM, BN]
     m_sizes_ptr, gather_ptr, topk_w_ptr,  # int32 [E]; int32 [P]; [P] in pair order (fuse_mul_post)
@@ -75,8 +83,11 @@ def _grouped_fwd_kernel(
     PERMUTE_X: tl.constexpr, PERMUTE_Y: tl.constexpr, FUSE_MUL_POST: tl.constexpr,
     USE_TMA_LOAD_X: tl.constexpr, USE_TMA_LOAD_W: tl.constexpr, USE_TMA_STORE: tl.constexpr, FLATTEN: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, EVEN_K: tl.constexpr,
+    PAD_X_TO: tl.constexpr = 0,
 ):
-    """Grid: (NUM_PROGRAMS,), persistent over the Σ_e cdiv(m_e, BM)·cdiv(N, BN) tiles (M fastest in an expert)."""
+    """Grid: (NUM_PROGRAMS,), persistent over the Σ_e cdiv(m_e, BM)·cdiv(N, BN) tiles (M fastest in an expert).
+    PAD_X_TO > 0: X (not permuted) has each expert's rows from `_padded_row0`; its rows past the expert only feed
+    output rows that are never stored."""
     pid = tl.program_id(0)
     offs_e, counts, tiles, tiles_end, total = _expert_tiles(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M,
                                                             tl.cdiv(N, BLOCK_SIZE_N))
@@ -87,19 +98,23 @@ def _grouped_fwd_kernel(
         rows = pid_m * BLOCK_SIZE_M + offs_m
         row_ok = rows < m_e
         grouped = row0 + tl.where(row_ok, rows, 0)  # rows past the expert re-read its first row; never stored
+        if PAD_X_TO > 0:
+            x_row0 = _padded_row0(e, offs_e, counts, NUM_EXPERTS, PAD_X_TO)
+        else:
+            x_row0 = row0
         if PERMUTE_X or PERMUTE_Y or FUSE_MUL_POST:
             pair = tl.load(gather_ptr + grouped)
         if PERMUTE_X:
             x_rows = pair // TOPK
         else:
-            x_rows = grouped
+            x_rows = x_row0 + tl.where(row_ok, rows, 0)
         offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
         w_rows = e * N + offs_n % N
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_SIZE_K):
             k_ok = k0 + offs_k < K
             if USE_TMA_LOAD_X:
-                a = x_desc.load([row0 + pid_m * BLOCK_SIZE_M, k0])
+                a = x_desc.load([x_row0 + pid_m * BLOCK_SIZE_M, k0])
             elif EVEN_K:
                 a = tl.load(x_ptr + x_rows[:, None].to(tl.int64) * K + (k0 + offs_k)[None, :])
             else:
@@ -138,8 +153,10 @@ def _grouped_dx_kernel(
     PERMUTE_X: tl.constexpr, PERMUTE_Y: tl.constexpr,
     USE_TMA_LOAD_DY: tl.constexpr, USE_TMA_LOAD_W: tl.constexpr, USE_TMA_STORE: tl.constexpr, FLATTEN: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, EVEN_N: tl.constexpr,
+    PAD_DY_TO: tl.constexpr = 0,
 ):
-    """Grid: (NUM_PROGRAMS,), persistent over Σ_e cdiv(m_e, BM)·cdiv(K, BK) tiles; reduction over N."""
+    """Grid: (NUM_PROGRAMS,), persistent over Σ_e cdiv(m_e, BM)·cdiv(K, BK) tiles; reduction over N.
+    PAD_DY_TO > 0: dY (not permuted) has each expert's rows from `_padded_row0`."""
     pid = tl.program_id(0)
     offs_e, counts, tiles, tiles_end, total = _expert_tiles(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M,
                                                             tl.cdiv(K, BLOCK_SIZE_K))
@@ -150,12 +167,16 @@ def _grouped_dx_kernel(
         rows = pid_m * BLOCK_SIZE_M + offs_m
         row_ok = rows < m_e
         grouped = row0 + tl.where(row_ok, rows, 0)
+        if PAD_DY_TO > 0:
+            dy_row0 = _padded_row0(e, offs_e, counts, NUM_EXPERTS, PAD_DY_TO)
+        else:
+            dy_row0 = row0
         if PERMUTE_X or PERMUTE_Y:
             pair = tl.load(gather_ptr + grouped)
         if PERMUTE_Y:
             dy_rows = pair
         else:
-            dy_rows = grouped
+            dy_rows = dy_row0 + tl.where(row_ok, rows, 0)
         offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
         k_cols = offs_k % K
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.float32)
@@ -164,7 +185,7 @@ def _grouped_dx_kernel(
             # dY columns past N are zero (mask or TMA zero-fill), so W rows read past N (the next expert's,
             # through TMA) add nothing.
             if USE_TMA_LOAD_DY:
-                a = dy_desc.load([row0 + pid_m * BLOCK_SIZE_M, n0])
+                a = dy_desc.load([dy_row0 + pid_m * BLOCK_SIZE_M, n0])
             elif EVEN_N:
                 a = tl.load(dy_ptr + dy_rows[:, None].to(tl.int64) * N + (n0 + offs_n)[None, :])
             else:
@@ -293,6 +314,20 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int, block: list[int], what: s
     return Desc(t, (rows, cols), tuple(block))
 
 
+def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, topk: int, name: str) -> int:
+    """P, the grouped rows of a launch whose input `t` is in token order (permuted: T·topk rows), grouped, or padded
+    per expert to whole blocks of `padded_to` rows (then the caller names P, which t's padded rows cannot tell)."""
+    if not padded_to:
+        return t.shape[0] * (topk if permuted else 1)
+    if permuted:
+        raise ValueError(f"{name} padded per expert cannot also be gathered by a permute")
+    if pairs is None or pairs < 0:
+        raise ValueError(f"{name} padded per expert needs pairs, its grouped row count")
+    if padded_to not in (16, 32, 64, 128, 256):
+        raise ValueError(f"{name} padded to {padded_to} rows: expected 16, 32, 64, 128 or 256")
+    return pairs
+
+
 def _check(config: KernelConfig, expected: type, m_sizes: torch.Tensor, gather_indices: torch.Tensor | None,
            p: int, topk: int, tensors: dict[str, torch.Tensor]) -> None:
     if not isinstance(config, expected):
@@ -348,16 +383,18 @@ def _dummy(device: torch.device) -> torch.Tensor:
 def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, config: KernelConfigForward, *,
                          topk: int = 1, gather_indices: torch.Tensor | None = None,
                          topk_weights: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                         num_programs: int | None = None) -> torch.Tensor:
+                         num_programs: int | None = None, x_padded_to: int = 0,
+                         pairs: int | None = None) -> torch.Tensor:
     """Y[g] = X[row of g]·W[e(g)]ᵀ for every grouped row g.
 
-    x [P, K] grouped, or [T, K] token order with permute_x (row of g = gather_indices[g] // topk);
-    w [E, N, K] bf16/fp16/fp32; m_sizes int32 [E]; topk_weights [T, topk] or [P] (fuse_mul_post);
+    x [P, K] grouped, or [T, K] token order with permute_x (row of g = gather_indices[g] // topk), or, with
+    x_padded_to, grouped rows padded per expert to whole blocks of that many rows (`grouped_dw_scheduled.pad`; then
+    `pairs` = P); w [E, N, K] bf16/fp16/fp32; m_sizes int32 [E]; topk_weights [T, topk] or [P] (fuse_mul_post);
     -> Y [P, N] in x's dtype: grouped, or pair order with permute_y.
     """
     cfg = config
     n_exp, n, k = w.shape
-    p = x.shape[0] * (topk if cfg.permute_x else 1)
+    p = _rows(x, pairs, x_padded_to, cfg.permute_x, topk, "x")
     _check(cfg, KernelConfigForward, m_sizes, gather_indices, p, topk, {"x": x, "w": w})
     if x.shape[1] != k:
         raise ValueError(f"x has K={x.shape[1]}, w has K={k}")
@@ -366,7 +403,7 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
     if out is None:
         out = torch.empty((p, n), device=x.device, dtype=x.dtype)
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
-    x_desc = _descriptor(x, p, k, [bm, bk], "x") if cfg.use_tma_load_x else x
+    x_desc = _descriptor(x, x.shape[0], k, [bm, bk], "x") if cfg.use_tma_load_x else x
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
     y_desc = _descriptor(out, p, n, [bm, bn], "y") if stores_through_tma(cfg) else out
     dummy = _dummy(x.device)
@@ -379,29 +416,31 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y, FUSE_MUL_POST=cfg.fuse_mul_post,
         USE_TMA_LOAD_X=cfg.use_tma_load_x, USE_TMA_LOAD_W=cfg.use_tma_load_w,
         USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_K=k % bk == 0),
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_K=k % bk == 0, PAD_X_TO=x_padded_to),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
 def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, config: KernelConfigBackward_dX, *,
                     topk: int = 1, gather_indices: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                    num_programs: int | None = None) -> torch.Tensor:
+                    num_programs: int | None = None, dy_padded_to: int = 0,
+                    pairs: int | None = None) -> torch.Tensor:
     """dX[g] = dY[row of g]·W[e(g)] for every grouped row g.
 
-    dy [P, N]: grouped, or pair order with permute_y (row of g = gather_indices[g]); w [E, N, K]
+    dy [P, N]: grouped, or pair order with permute_y (row of g = gather_indices[g]), or, with dy_padded_to, grouped
+    rows padded per expert to whole blocks of that many rows (then `pairs` = P); w [E, N, K]
     -> dX [P, K] in dy's dtype: grouped, or pair order with permute_x (sum it over topk for token order).
     """
     cfg = config
     n_exp, n, k = w.shape
-    p = dy.shape[0]
+    p = _rows(dy, pairs, dy_padded_to, cfg.permute_y, 1, "dy")
     _check(cfg, KernelConfigBackward_dX, m_sizes, gather_indices, p, topk, {"dy": dy, "w": w})
     if dy.shape[1] != n:
         raise ValueError(f"dy has N={dy.shape[1]}, w has N={n}")
     if out is None:
         out = torch.empty((p, k), device=dy.device, dtype=dy.dtype)
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
-    dy_desc = _descriptor(dy, p, n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
+    dy_desc = _descriptor(dy, dy.shape[0], n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
     dx_desc = _descriptor(out, p, k, [bm, bk], "dx") if stores_through_tma(cfg) else out
     programs = _num_programs(dy.device, (triton.cdiv(p, bm) + n_exp) * triton.cdiv(k, bk), num_programs)
@@ -412,7 +451,7 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
         PERMUTE_X=cfg.permute_x, PERMUTE_Y=cfg.permute_y,
         USE_TMA_LOAD_DY=cfg.use_tma_load_dy, USE_TMA_LOAD_W=cfg.use_tma_load_w,
         USE_TMA_STORE=stores_through_tma(cfg), FLATTEN=cfg.flatten,
-        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_N=n % bn == 0),
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, EVEN_N=n % bn == 0, PAD_DY_TO=dy_padded_to),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -456,18 +495,20 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
 
 def scheduled_dw_launch(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, config: KernelConfigBackward_dW, *,
                         topk: int, gather: torch.Tensor | None, permute_x: bool, permute_y: bool,
-                        out: torch.Tensor | None = None, num_programs: int | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, num_programs: int | None = None,
+                        padded: str | None = None, pairs: int | None = None) -> torch.Tensor:
     """dW through the scheduled loop (kernels/grouped_dw_scheduled.py) for a config with `scheduled`: X and dY in the
     layouts the forward saw (permute_x: X in token order; permute_y: dY in pair order), which its padding copy
-    gathers from; ValueError (one line) for a scheduled config without its three TMA flags or with N not a multiple
+    gathers from, or with `padded` ("x" or "dy") that operand already padded per expert to BLOCK_SIZE_M rows and
+    `pairs` = P; ValueError (one line) for a scheduled config without its three TMA flags or with N not a multiple
     of BLOCK_SIZE_N."""
     from tritune.kernels.grouped_dw_scheduled import scheduled_dw
 
     cfg = config
-    p = dy.shape[0]
+    p = dy.shape[0] if padded is None else pairs
     _check_routing(m_sizes, gather, p, permute_x or permute_y,
                    f"scheduled dW with permute_x={permute_x} permute_y={permute_y}")
-    if p % topk or x.shape[0] * (topk if permute_x else 1) != p:
+    if padded is None and (p % topk or x.shape[0] * (topk if permute_x else 1) != p):
         raise ValueError(f"x has {x.shape[0]} rows, dy has {p} (topk {topk}, permute_x {permute_x})")
     for name, t in (("x", x), ("dy", dy)):
         if not t.is_contiguous():
@@ -483,4 +524,5 @@ def scheduled_dw_launch(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor
                              * triton.cdiv(k, cfg.BLOCK_SIZE_K), num_programs)
     return scheduled_dw(x, dy, m_sizes, gather, topk, permute_x, permute_y, block_m=cfg.BLOCK_SIZE_M,
                         block_n=cfg.BLOCK_SIZE_N, block_k=cfg.BLOCK_SIZE_K, group_size_n=cfg.GROUP_SIZE_N,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, programs=programs, out=out)
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages, programs=programs, out=out,
+                        padded=padded, pairs=pairs)

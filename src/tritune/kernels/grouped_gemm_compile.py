@@ -83,10 +83,13 @@ def compile_only(config: KernelConfig, *, num_experts: int, n: int, k: int, pair
         per_expert = (n // bn) * triton.cdiv(k, bk)
         # the table's row length as dw_schedule sizes it (an int argument: its divisibility is in the cache key)
         max_steps = max_table_steps(per_expert, _PROGRAMS, pairs, num_experts, bm)
-        for gathered, by in ((False, 1), (True, topk), (True, 1)):
-            _pad_rows_kernel.warmup(MockTensor(dtype), MockTensor(dtype), MockTensor(i32), MockTensor(i32), rows, k,
-                                    NUM_EXPERTS=num_experts, E_POW2=e_pow2, BLOCK_SIZE_M=bm, GATHERED=gathered,
-                                    TOPK=by, ROWS=PAD_ROWS, BLOCK_C=PAD_COLS, grid=(1,), **HELPER_LAUNCH)
+        # (gathered, by, scaled): grouped; X in token order; dY in pair order; the MoE MLP's dY from dout and the
+        # routing weights (moe_mlp's padded backward)
+        for gathered, by, scaled in ((False, 1, False), (True, topk, False), (True, 1, False), (True, topk, True)):
+            _pad_rows_kernel.warmup(MockTensor(dtype), MockTensor(dtype), MockTensor(i32), MockTensor(i32),
+                                    MockTensor(torch.float32), rows, k, NUM_EXPERTS=num_experts, E_POW2=e_pow2,
+                                    BLOCK_SIZE_M=bm, GATHERED=gathered, TOPK=by, SCALED=scaled, ROWS=PAD_ROWS,
+                                    BLOCK_C=PAD_COLS, grid=(1,), **HELPER_LAUNCH)
         for pad_x in (True, False):
             _dw_schedule_kernel.warmup(MockTensor(i32), MockTensor(i32), n, n // bn, triton.cdiv(k, bk), _PROGRAMS,
                                        max_steps, NUM_EXPERTS=num_experts, E_POW2=e_pow2, PAD_X=pad_x, PAD_DY=not pad_x,

@@ -27,8 +27,9 @@ def _topk_weighted_sum_fwd_kernel(y_ptr, w_ptr, out_ptr, D, TOPK: tl.constexpr, 
 
 @triton.jit
 def _topk_weighted_sum_bwd_kernel(dout_ptr, y_ptr, w_ptr, dy_ptr, dw_ptr, D, TOPK: tl.constexpr,
-                                  TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr):
-    """dout [T, D], y [T·TOPK, D], w [T, TOPK] -> dy [T·TOPK, D] = w·dout and dw [T, TOPK] = <dout[t], y[t, s]>.
+                                  TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr, STORE_DY: tl.constexpr = True):
+    """dout [T, D], y [T·TOPK, D], w [T, TOPK] -> dy [T·TOPK, D] = w·dout (unless not STORE_DY: the MoE MLP then
+    writes it padded per expert itself) and dw [T, TOPK] = <dout[t], y[t, s]>.
     Grid: (T,); each program walks its token's D columns, so dw needs no atomics."""
     t = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, TOPK_POW2)
@@ -43,8 +44,9 @@ def _topk_weighted_sum_bwd_kernel(dout_ptr, y_ptr, w_ptr, dy_ptr, dw_ptr, D, TOP
         both = slot_ok[:, None] & ok[None, :]
         y = tl.load(y_ptr + rows[:, None] * D + cols[None, :], mask=both, other=0.0).to(tl.float32)
         dot += y * dout[None, :]
-        tl.store(dy_ptr + rows[:, None] * D + cols[None, :], (w[:, None] * dout[None, :]).to(
-            dy_ptr.dtype.element_ty), mask=both)
+        if STORE_DY:
+            tl.store(dy_ptr + rows[:, None] * D + cols[None, :], (w[:, None] * dout[None, :]).to(
+                dy_ptr.dtype.element_ty), mask=both)
     tl.store(dw_ptr + t * TOPK + slots, tl.sum(dot, axis=1).to(dw_ptr.dtype.element_ty), mask=slot_ok)
 
 
@@ -65,15 +67,16 @@ def topk_weighted_sum_forward(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def topk_weighted_sum_backward(dout: torch.Tensor, y: torch.Tensor, w: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dy [T·topk, D] in y's dtype, dw [T, topk] in w's dtype) for dout [T, D]."""
+def topk_weighted_sum_backward(dout: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *, with_dy: bool = True
+                               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(dy [T·topk, D] in y's dtype, dw [T, topk] in w's dtype) for dout [T, D]; dy None when not with_dy."""
     tokens, topk, d = _check(y, w)
-    dy = torch.empty_like(y)
+    dy = torch.empty_like(y) if with_dy else None
     dw = torch.empty_like(w)
     if tokens:
-        _topk_weighted_sum_bwd_kernel[(tokens,)](dout.contiguous(), y.contiguous(), w.contiguous(), dy, dw, d,
+        _topk_weighted_sum_bwd_kernel[(tokens,)](dout.contiguous(), y.contiguous(), w.contiguous(),
+                                                 dy if with_dy else dw, dw, d,
                                                  TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk),
                                                  BLOCK=max(16, BLOCK // triton.next_power_of_2(topk)),
-                                                 num_warps=4)
+                                                 STORE_DY=with_dy, num_warps=4)
     return dy, dw

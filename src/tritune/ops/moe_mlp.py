@@ -1,30 +1,41 @@
 """The MoE MLP for training: route, gate_up grouped GEMM (gathering tokens itself), SwiGLU, down grouped GEMM
-(scattering rows back to token order itself), weighted top-k sum; as a function and as an nn.Module."""
+(scattering rows back to token order itself), weighted top-k sum; as a function and as an nn.Module.
+
+One autograd Function holds the whole block, so it decides the layouts between its kernels. Where a GEMM's dW runs
+the scheduled loop (kernels/grouped_dw_scheduled.py), the operand that loop would copy into rows padded per expert
+is produced padded in the first place: the forward gathers the tokens into padded rows once (the gate_up GEMM
+reads them through TMA, and its dW reads them again in place), and the backward writes the top-k sum's dY straight
+into padded rows from dout and the routing weights (the down GEMM's dX reads it through TMA, its dW in place).
+Each saves a copy as large as the operand (Qwen3-30B-A3B at 8192 tokens: 268 MB each way), at the price of keeping
+the padded tokens for the backward instead of the hidden states (topk times their size).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
 
-from tritune.kernels.grouped_gemm import group_by_expert
+from tritune.kernels.grouped_dw_scheduled import pad
+from tritune.kernels.grouped_gemm import (
+    group_by_expert,
+    grouped_gemm_dx,
+    grouped_gemm_forward,
+    scheduled_dw_launch,
+)
+from tritune.kernels.grouped_gemm_config import KernelConfig, KernelConfigBackward_dW
 from tritune.kernels.swiglu import swiglu_backward, swiglu_forward, swiglu_reference
 from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
-from tritune.ops.grouped_gemm import GroupedGemmConfigs, grouped_gemm
-
-
-class SwiGLU(torch.autograd.Function):
-    """silu(gate)·up over h [R, 2I] (gate columns first), one Triton launch each way."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
-        h = h.contiguous()
-        ctx.save_for_backward(h)
-        return swiglu_forward(h)
-
-    @staticmethod
-    def backward(ctx, da: torch.Tensor) -> torch.Tensor:
-        (h,) = ctx.saved_tensors
-        return swiglu_backward(h, da)
+from tritune.knobs import moe_mlp_layout
+from tritune.ops.grouped_gemm import (
+    GroupedGemmConfigs,
+    _bind_cuda_context,
+    run_dw,
+    run_dx,
+    run_forward,
+    select_configs,
+)
 
 
 class TopkWeightedSum(torch.autograd.Function):
@@ -43,20 +54,92 @@ class TopkWeightedSum(torch.autograd.Function):
         return topk_weighted_sum_backward(dout, y, w)
 
 
+def _padded_rows(dw: KernelConfigBackward_dW) -> int:
+    """Rows per block of the padded layout the GEMM's dW reads in place (its BLOCK_SIZE_M), or 0: plain layouts
+    (a plain dW, or TRITUNE_MOE_MLP_LAYOUT=plain)."""
+    return dw.BLOCK_SIZE_M if dw.scheduled and moe_mlp_layout() == "padded" else 0
+
+
+def config_reading_padded(config: KernelConfig, operand: str) -> KernelConfig:
+    """The forward (operand "x") or dX ("dy") config reading its input from padded rows: contiguous per expert, so
+    through TMA and with no gather (the permute the config fused is already done)."""
+    return dataclasses.replace(config, permute_x=False, permute_y=False, **{f"use_tma_load_{operand}": True})
+
+
+class _MoeMlp(torch.autograd.Function):
+    """The MoE MLP from routed tokens to their weighted top-k sum; gradients for hidden, both weights and the
+    routing weights (see the module docstring for the layouts)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                m_sizes: torch.Tensor, gather: torch.Tensor, topk: int, up: GroupedGemmConfigs,
+                down: GroupedGemmConfigs) -> torch.Tensor:
+        hidden, w1, w2, topk_weights = (t.contiguous() for t in (hidden, w1, w2, topk_weights))
+        pairs = gather.shape[0]
+        pad_up = _padded_rows(up.dW) if ctx.needs_input_grad[1] else 0
+        if pad_up:
+            x_rows = pad(hidden, m_sizes, gather, topk, pairs, pad_up)
+            h = grouped_gemm_forward(x_rows, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk,
+                                     gather_indices=gather, x_padded_to=pad_up, pairs=pairs)
+        else:
+            x_rows = hidden
+            h = run_forward(hidden, w1, m_sizes, gather, topk, True, False, up.forward)
+        a = swiglu_forward(h)
+        y = run_forward(a, w2, m_sizes, gather, topk, False, True, down.forward)
+        ctx.save_for_backward(x_rows, w1, w2, topk_weights, m_sizes, gather, h, a, y)
+        ctx.topk, ctx.up, ctx.down, ctx.pad_up, ctx.tokens = topk, up, down, pad_up, hidden.shape[0]
+        return topk_weighted_sum_forward(y, topk_weights)
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        x_rows, w1, w2, topk_weights, m_sizes, gather, h, a, y = ctx.saved_tensors
+        _bind_cuda_context(dout.device)
+        dout = dout.contiguous()
+        topk, up, down, pairs = ctx.topk, ctx.up, ctx.down, gather.shape[0]
+        need_x, need_w1, need_w2, need_tw = ctx.needs_input_grad[:4]
+        dw1 = dw2 = d_tw = dx = None
+        pad_down = _padded_rows(down.dW) if need_w2 else 0
+        if pad_down:  # dY = w·dout written into padded rows: down's dX reads it by TMA, its dW in place
+            dy_rows = pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=topk_weights)
+            if need_tw:
+                d_tw = topk_weighted_sum_backward(dout, y, topk_weights, with_dy=False)[1]
+            da = grouped_gemm_dx(dy_rows, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk,
+                                 gather_indices=gather, dy_padded_to=pad_down, pairs=pairs)
+            dw2 = scheduled_dw_launch(a, dy_rows, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False,
+                                      permute_y=False, padded="dy", pairs=pairs)
+        else:
+            dy, d_tw = topk_weighted_sum_backward(dout, y, topk_weights)
+            da = run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX)
+            if need_w2:
+                dw2 = run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW)
+        dh = swiglu_backward(h, da)
+        if need_x:  # each token fed topk pairs: their gradients add up
+            dx = run_dx(dh, w1, m_sizes, gather, topk, True, False, up.dX)
+            dx = dx.view(ctx.tokens, topk, -1).sum(1, dtype=torch.float32).to(dout.dtype)
+        if need_w1 and ctx.pad_up:
+            dw1 = scheduled_dw_launch(x_rows, dh, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False,
+                                      permute_y=False, padded="x", pairs=pairs)
+        elif need_w1:
+            dw1 = run_dw(x_rows, dh, m_sizes, gather, topk, True, False, up.dW)
+        return dx, dw1, dw2, d_tw if need_tw else None, None, None, None, None, None
+
+
 def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
             topk_ids: torch.Tensor, *, gate_up_configs: GroupedGemmConfigs | None = None,
             down_configs: GroupedGemmConfigs | None = None) -> torch.Tensor:
     """Differentiable MoE MLP.
 
     hidden [T, H]; gate_up_proj [E, 2I, H] (gate rows then up rows); down_proj [E, H, I]; topk_weights [T, topk]
-    (gradients flow to them); topk_ids [T, topk] int -> [T, H] in hidden's dtype.
+    (gradients flow to them); topk_ids [T, topk] int -> [T, H] in hidden's dtype. Configs None: the tuned ones for
+    this device and shape, else the heuristic's.
     """
     topk = topk_ids.shape[1]
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} differ")
     m_sizes, gather = group_by_expert(topk_ids, gate_up_proj.shape[0])
-    h = grouped_gemm(hidden, gate_up_proj, m_sizes, gather, topk=topk, permute_x=True, configs=gate_up_configs)
-    a = SwiGLU.apply(h)
-    y = grouped_gemm(a, down_proj, m_sizes, gather, topk=topk, permute_y=True, configs=down_configs)
-    return TopkWeightedSum.apply(y, topk_weights)
+    up = gate_up_configs or select_configs(hidden.shape[0], gate_up_proj, topk, True, False)
+    down = down_configs or select_configs(hidden.shape[0] * topk, down_proj, topk, False, True)
+    return _MoeMlp.apply(hidden, gate_up_proj, down_proj, topk_weights, m_sizes, gather, topk, up, down)
 
 
 def moe_mlp_reference(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
