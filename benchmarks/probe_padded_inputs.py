@@ -6,7 +6,8 @@ down dX reads dY from padded rows instead of gathering it from pair order. Conti
 through TMA, which the gathered ones could not; the tuned configs were chosen for the gather (pointer loads). This
 times, in rounds interleaved on one GPU, each GEMM three ways: as the op runs it with its tuned config (the gather
 fused or in torch), on the padded rows through TMA, and on the padded rows through pointer loads; and the copies that
-make the padded rows (`pad`: the tokens, and dY from dout scaled by the routing weights).
+make the padded rows (`pad`: the tokens, and dY from dout scaled by the routing weights) beside torch's gather of
+the same rows (index_select, no padding), the copy's bandwidth reference.
 
     PYTHONPATH=src python benchmarks/probe_padded_inputs.py --out $OUT/padded_inputs.json
 
@@ -24,6 +25,7 @@ import sys
 
 import torch
 
+from tritune.kernels import grouped_dw_scheduled as scheduled
 from tritune.kernels.grouped_dw_scheduled import pad
 from tritune.kernels.grouped_gemm import group_by_expert, grouped_gemm_dx, grouped_gemm_forward
 from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dx, run_forward, select_configs
@@ -65,10 +67,12 @@ def ways(model: str, tokens: int) -> dict[str, dict[str, object]]:
     return {
         "gate_up.forward": {"op": lambda: run_forward(x, w1, m_sizes, gather, topk, True, False, up.forward),
                             "padded_tma": fwd(True), "padded_pointers": fwd(False),
-                            "pad_copy": lambda: pad(x, m_sizes, gather, topk, pairs, bm_up)},
+                            "pad_copy": lambda: pad(x, m_sizes, gather, topk, pairs, bm_up),
+                            "torch_gather": lambda: x.index_select(0, gather.long() // topk)},
         "down.dX": {"op": lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
                     "padded_tma": dx(True), "padded_pointers": dx(False),
-                    "pad_copy": lambda: pad(dout, m_sizes, gather, topk, pairs, bm_down, scale=tw)},
+                    "pad_copy": lambda: pad(dout, m_sizes, gather, topk, pairs, bm_down, scale=tw),
+                    "torch_gather": lambda: dy.index_select(0, gather.long())},
     }
 
 
@@ -78,11 +82,14 @@ def main() -> None:
     p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b")
     p.add_argument("--seqlens", default="1024,8192")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pad-variants", default="", help="also time the padding copy with these ROWS:COLS, e.g. "
+                                                      "8:256,32:256,16:512")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("probe_padded_inputs: needs a CUDA GPU (it times TMA loads)", file=sys.stderr)
         sys.exit(2)
     reload_grouped_gemm_configs()
+    shipped = scheduled.PAD_ROWS, scheduled.PAD_COLS
     rows = []
     for model in args.models.split(","):
         for tokens in (int(s) for s in args.seqlens.split(",")):
@@ -93,16 +100,20 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for w, f in calls.items():
                         times[w].append(timed(f))
+                    for rows_cols in args.pad_variants.split(",") if args.pad_variants else ():
+                        scheduled.PAD_ROWS, scheduled.PAD_COLS = (int(v) for v in rows_cols.split(":"))
+                        times.setdefault(f"pad_copy_{rows_cols}", []).append(timed(calls["pad_copy"]))
+                    scheduled.PAD_ROWS, scheduled.PAD_COLS = shipped
                 row = {"model": model, "tokens": tokens, "gemm": gemm, "rel_l2_vs_op": errors,
                        **{f"{w}_us": statistics.median(t) for w, t in times.items()}, "rounds": times}
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    print("\nmodel | tokens | GEMM | op µs | padded TMA µs | padded pointers µs | pad copy µs")
+    print("\nmodel | tokens | GEMM | op µs | padded TMA µs | padded pointers µs | pad copy µs | torch gather µs")
     for r in rows:
         print(f"{r['model']} | {r['tokens']} | {r['gemm']} | {r['op_us']:.1f} | {r['padded_tma_us']:.1f} | "
-              f"{r['padded_pointers_us']:.1f} | {r['pad_copy_us']:.1f}")
+              f"{r['padded_pointers_us']:.1f} | {r['pad_copy_us']:.1f} | {r['torch_gather_us']:.1f}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import triton.language as tl
 from tritune.kernels.grouped_gemm import _dw_tile
 from tritune.kernels.grouped_launch import Desc, launch
 
-PAD_ROWS = 32  # rows a program of the padding copy moves
+PAD_ROWS = 16  # rows a program of the padding copy moves (all their columns, PAD_COLS at a time)
 PAD_COLS = 256
 HELPER_LAUNCH = {"num_warps": 4, "num_stages": 1}  # the padding copy's and the table kernel's (compile_only too)
 ROUNDS_CHUNK = tl.constexpr(256)  # rounds of a program's tiles summed at once when counting its steps
@@ -74,7 +74,7 @@ def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, scale_ptr, rows_
     GATHERED, the row gather[g] // TOPK (X in token order: TOPK = topk; dY in pair order: TOPK = 1). SCALED (with
     GATHERED): times scale[gather[g]] in fp32, so dout [T, D] with the routing weights in pair order becomes the
     top-k sum's dY already padded. Rows past the padded total are never read and are left alone.
-    Grid (⌈rows_ub/ROWS⌉, ⌈C/BLOCK_C⌉)."""
+    Grid (⌈rows_ub/ROWS⌉,); a program walks its rows' columns BLOCK_C at a time."""
     offs_e, counts, blocks, pad_row, start = _layout(m_sizes_ptr, NUM_EXPERTS, E_POW2, BLOCK_SIZE_M)
     r0 = tl.program_id(0) * ROWS
     if r0 < tl.sum(blocks, axis=0) * BLOCK_SIZE_M:
@@ -90,14 +90,17 @@ def _pad_rows_kernel(src_ptr, dst_ptr, m_sizes_ptr, gather_ptr, scale_ptr, rows_
             src_rows = pair // TOPK
         else:
             src_rows = g
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        ok_c = c[None, :] < C
-        vals = tl.load(src_ptr + tl.where(real, src_rows, 0).to(tl.int64)[:, None] * C + c[None, :],
-                       mask=real[:, None] & ok_c, other=0.0)
         if SCALED:
             scale = tl.load(scale_ptr + pair, mask=real, other=0.0).to(tl.float32)
-            vals = (vals.to(tl.float32) * scale[:, None]).to(dst_ptr.dtype.element_ty)
-        tl.store(dst_ptr + r.to(tl.int64)[:, None] * C + c[None, :], vals, mask=(r[:, None] < rows_ub) & ok_c)
+        src_row = src_ptr + tl.where(real, src_rows, 0).to(tl.int64)[:, None] * C
+        dst_row = dst_ptr + r.to(tl.int64)[:, None] * C
+        for c0 in range(0, C, BLOCK_C):  # the rows' experts found once, for every column
+            c = c0 + tl.arange(0, BLOCK_C)
+            ok_c = c[None, :] < C
+            vals = tl.load(src_row + c[None, :], mask=real[:, None] & ok_c, other=0.0)
+            if SCALED:
+                vals = (vals.to(tl.float32) * scale[:, None]).to(dst_ptr.dtype.element_ty)
+            tl.store(dst_row + c[None, :], vals, mask=(r[:, None] < rows_ub) & ok_c)
 
 
 @triton.jit
@@ -176,7 +179,7 @@ def pad(src: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor | None, t
         raise ValueError(f"pad: a scale needs gather indices and {pairs} elements, one per pair")
     rows_ub = rows_upper_bound(pairs, experts, block_m)
     out = torch.empty((rows_ub, src.shape[1]), device=src.device, dtype=src.dtype)
-    grid = (triton.cdiv(rows_ub, PAD_ROWS), triton.cdiv(src.shape[1], PAD_COLS))
+    grid = (triton.cdiv(rows_ub, PAD_ROWS),)
     launch(_pad_rows_kernel, grid, dict(
         src_ptr=src, dst_ptr=out, m_sizes_ptr=m_sizes, gather_ptr=gather if gather is not None else m_sizes,
         scale_ptr=scale.reshape(-1) if scale is not None else m_sizes, rows_ub=rows_ub, C=src.shape[1],
