@@ -4,8 +4,9 @@ When a GEMM's dW runs the scheduled loop, the MLP makes that dW's operand padded
 gate_up forward then reads the tokens from padded rows instead of gathering them from the hidden states, and the
 down dX reads dY from padded rows instead of gathering it from pair order. Contiguous rows per expert can go
 through TMA, which the gathered ones could not; the tuned configs were chosen for the gather (pointer loads). This
-times, in rounds interleaved on one GPU, each GEMM three ways: as the op runs it with its tuned config (the gather
-fused or in torch), on the padded rows through TMA, and on the padded rows through pointer loads; and the copies that
+times, in rounds interleaved on one GPU, each GEMM four ways: as the op runs it with its tuned config (the gather
+fused or in torch), on the padded rows through TMA, on the padded rows through pointer loads, and on rows gathered
+beforehand (grouped, unpadded) through TMA (the kernel alone, as `_grouped_mm` is timed); and the copies that
 make the padded rows (`pad`: the tokens, and dY from dout scaled by the routing weights) beside torch's gather of
 the same rows (index_select, no padding), the copy's bandwidth reference.
 
@@ -54,23 +55,27 @@ def ways(model: str, tokens: int) -> dict[str, dict[str, object]]:
     x_pad = pad(x, m_sizes, gather, topk, pairs, bm_up)
     dy_pad = pad(dout, m_sizes, gather, topk, pairs, bm_down, scale=tw)
 
-    def fwd(tma: bool):
-        cfg = dataclasses.replace(config_reading_padded(up.forward, "x"), use_tma_load_x=tma)
-        return lambda: grouped_gemm_forward(x_pad, w1, m_sizes, cfg, topk=topk, gather_indices=gather,
-                                            x_padded_to=bm_up, pairs=pairs)
+    x_grouped, dy_grouped = x.index_select(0, gather.long() // topk), dy.index_select(0, gather.long())
 
-    def dx(tma: bool):
+    def fwd(tma: bool, padded: bool = True):
+        cfg = dataclasses.replace(config_reading_padded(up.forward, "x"), use_tma_load_x=tma)
+        rows, to = (x_pad, bm_up) if padded else (x_grouped, 0)
+        return lambda: grouped_gemm_forward(rows, w1, m_sizes, cfg, topk=topk, gather_indices=gather,
+                                            x_padded_to=to, pairs=pairs)
+
+    def dx(tma: bool, padded: bool = True):
         cfg = dataclasses.replace(config_reading_padded(down.dX, "dy"), use_tma_load_dy=tma)
-        return lambda: grouped_gemm_dx(dy_pad, w2, m_sizes, cfg, topk=topk, gather_indices=gather,
-                                       dy_padded_to=bm_down, pairs=pairs)
+        rows, to = (dy_pad, bm_down) if padded else (dy_grouped, 0)
+        return lambda: grouped_gemm_dx(rows, w2, m_sizes, cfg, topk=topk, gather_indices=gather,
+                                       dy_padded_to=to, pairs=pairs)
 
     return {
         "gate_up.forward": {"op": lambda: run_forward(x, w1, m_sizes, gather, topk, True, False, up.forward),
-                            "padded_tma": fwd(True), "padded_pointers": fwd(False),
+                            "padded_tma": fwd(True), "padded_pointers": fwd(False), "grouped_tma": fwd(True, False),
                             "pad_copy": lambda: pad(x, m_sizes, gather, topk, pairs, bm_up),
                             "torch_gather": lambda: x.index_select(0, gather.long() // topk)},
         "down.dX": {"op": lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
-                    "padded_tma": dx(True), "padded_pointers": dx(False),
+                    "padded_tma": dx(True), "padded_pointers": dx(False), "grouped_tma": dx(True, False),
                     "pad_copy": lambda: pad(dout, m_sizes, gather, topk, pairs, bm_down, scale=tw),
                     "torch_gather": lambda: dy.index_select(0, gather.long())},
     }
@@ -95,7 +100,7 @@ def main() -> None:
         for tokens in (int(s) for s in args.seqlens.split(",")):
             for gemm, calls in ways(model, tokens).items():
                 want = calls["op"]()
-                errors = {w: rel(f(), want) for w, f in calls.items() if w.startswith("padded")}
+                errors = {w: rel(f(), want) for w, f in calls.items() if w.startswith(("padded", "grouped"))}
                 times: dict[str, list[float]] = {w: [] for w in calls}
                 for _ in range(args.rounds):
                     for w, f in calls.items():
@@ -110,10 +115,12 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    print("\nmodel | tokens | GEMM | op µs | padded TMA µs | padded pointers µs | pad copy µs | torch gather µs")
+    print("\nmodel | tokens | GEMM | op µs | padded TMA µs | padded pointers µs | grouped TMA µs | pad copy µs | "
+          "torch gather µs")
     for r in rows:
         print(f"{r['model']} | {r['tokens']} | {r['gemm']} | {r['op_us']:.1f} | {r['padded_tma_us']:.1f} | "
-              f"{r['padded_pointers_us']:.1f} | {r['pad_copy_us']:.1f} | {r['torch_gather_us']:.1f}")
+              f"{r['padded_pointers_us']:.1f} | {r['grouped_tma_us']:.1f} | {r['pad_copy_us']:.1f} | "
+              f"{r['torch_gather_us']:.1f}")
 
 
 if __name__ == "__main__":
