@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tritune.device import DeviceInfo
+from tritune.kernels import grouped_gemm as gg
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
 from tritune.tuners.grouped_gemm_tunable import (
     DEFAULT_SPACE,
@@ -209,9 +210,15 @@ def test_flatten_with_tma_store_kept_where_it_compiles(gemm, kernel, overrides, 
     assert pruned_by(GroupedGemmProblem(TINY, gemm, kernel), point(**overrides), device) == {}
 
 
-@pytest.mark.parametrize("gemm", GEMMS)
-def test_a_scheduled_dw_point_is_kept_and_matches_the_reference(gemm):
-    # N (2I gate_up, H down) a multiple of BLOCK_SIZE_N 32; skewed routing leaves an expert empty (its dW: zeros)
+@pytest.mark.parametrize(("gemm", "layout"), [("gate_up", "padded"), ("down", "padded"), ("down", "plain")])
+def test_a_scheduled_dw_point_is_kept_and_matches_the_reference(gemm, layout, monkeypatch):
+    # N (2I gate_up, H down) a multiple of BLOCK_SIZE_N 32; skewed routing leaves an expert empty (its dW: zeros).
+    # The down dW is timed as the MoE MLP runs it: on dY already padded (the top-k sum's backward writes it so),
+    # unless TRITUNE_MOE_MLP_LAYOUT=plain; gate_up keeps its copy (the MLP pays it in the forward).
+    monkeypatch.setenv("TRITUNE_MOE_MLP_LAYOUT", layout)
+    calls = []
+    real = gg.scheduled_dw_launch
+    monkeypatch.setattr(gg, "scheduled_dw_launch", lambda *a, **kw: calls.append(kw.get("padded")) or real(*a, **kw))
     shape = dataclasses.replace(SKEWED, hidden_size=64, intermediate_size=16)
     problem = GroupedGemmProblem(shape, gemm, "dW")
     config = point(**SCHEDULED_OK, scheduled=True)
@@ -221,6 +228,7 @@ def test_a_scheduled_dw_point_is_kept_and_matches_the_reference(gemm):
     assert (inputs["m_sizes"] == 0).any()
     result = check_output(run(problem, inputs, config), TUNABLE.reference(problem, inputs), TUNABLE.tolerance(problem))
     assert result.passed, result
+    assert calls == (["dy"] if (gemm, layout) == ("down", "padded") else [])  # else run_dw's copying launch
 
 
 def test_rule_names_in_order_and_permute_pair_never_fires():

@@ -12,6 +12,7 @@ import torch
 
 from tritune.device import DeviceInfo
 from tritune.kernels import grouped_gemm as gg
+from tritune.kernels.grouped_dw_scheduled import pad
 from tritune.kernels.grouped_gemm_compile import compile_only
 from tritune.kernels.grouped_gemm_config import CONFIG_CLASSES, KernelConfig, compiles_here
 from tritune.kernels.grouped_gemm_reference import (
@@ -19,7 +20,7 @@ from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dx_reference,
     grouped_gemm_reference,
 )
-from tritune.knobs import interpreting
+from tritune.knobs import interpreting, moe_mlp_layout
 from tritune.ops.grouped_gemm import heuristic_configs, run_dw, run_dx, run_forward
 from tritune.ops.routing import sample_routing
 from tritune.tuners.grouped_gemm_tuning import (
@@ -372,12 +373,21 @@ class GroupedGemmTunable:
     def launcher(self, problem: GroupedGemmProblem, inputs: dict, config: Config,
                  out: torch.Tensor) -> Callable[[], None]:
         """What the op runs (ops.grouped_gemm.run_*): fuse_permute=True is one kernel launch; False is the kernel
-        without permutes plus the permute in torch (index_select before, or index_copy_ into pair order after)."""
+        without permutes plus the permute in torch (index_select before, or index_copy_ into pair order after).
+
+        A scheduled down dW runs as the MoE MLP runs it (ops/moe_mlp.py): on dY the top-k sum's backward already
+        wrote padded per expert, a write the plain layout pays too, so the padding copy is made here, outside the
+        timed call. A scheduled gate_up dW keeps its copy in the timing: the MLP pays it, in the forward."""
         run = _RUN[problem.kernel]
         a, b = inputs["args"]
         m_sizes, gather, kc = inputs["m_sizes"], inputs["gather"], kernel_config(problem, config)
-        return lambda: run(a, b, m_sizes, gather, problem.shape.topk, problem.permute_x, problem.permute_y, kc,
-                           out=out)
+        topk, pairs = problem.shape.topk, problem.shape.pairs
+        if problem.kernel == "dW" and kc.scheduled and problem.permute_y and moe_mlp_layout() == "padded":
+            dy_rows = pad(b, m_sizes, gather, 1, pairs, kc.BLOCK_SIZE_M)
+            return lambda: gg.scheduled_dw_launch(a, dy_rows, m_sizes, kc, topk=topk, gather=gather,
+                                                  permute_x=False, permute_y=False, out=out, padded="dy",
+                                                  pairs=pairs)
+        return lambda: run(a, b, m_sizes, gather, topk, problem.permute_x, problem.permute_y, kc, out=out)
 
     def compile(self, problem: GroupedGemmProblem, config: Config) -> None:
         """Build the candidate's binary in the CPU pool (nothing to build under the interpreter)."""
