@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
+from tritune.kernels.topk_weighted_sum import topk_sum, topk_weighted_sum_backward, topk_weighted_sum_forward
 from tritune.ops.moe_mlp import TopkWeightedSum
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,3 +49,17 @@ def test_gradients_flow_through_autograd():
 def test_mismatched_shapes_are_refused():
     with pytest.raises(ValueError, match=r"y \[T·topk, D\] and w \[T, topk\], got \(5, 8\) and \(2, 2\)"):
         topk_weighted_sum_forward(torch.zeros(5, 8, device=DEVICE), torch.zeros(2, 2, device=DEVICE))
+
+
+@pytest.mark.parametrize(("tokens", "topk", "d", "dtype"), [(5, 1, 37, torch.float32), (3, 3, 1030, torch.float16),
+                                                           (4, 8, 200, torch.float16)])
+def test_topk_sum_is_the_fp32_sum_rounded_once(tokens, topk, d, dtype):
+    gen = torch.Generator(device=DEVICE).manual_seed(tokens + topk + d)
+    y = torch.randn(tokens * topk, d, device=DEVICE, generator=gen).to(dtype)
+    want = y.view(tokens, topk, d).sum(1, dtype=torch.float32).to(dtype)
+    got = topk_sum(y, topk)
+    assert got.dtype == dtype
+    # the same fp32 sum up to its order (torch may reduce as a tree), one rounding: within one unit of the last place
+    torch.testing.assert_close(got, want, rtol=1e-6 if dtype == torch.float32 else 1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match=r"topk_sum needs y \[T·topk, D\] with topk >= 1, got \(7, 4\) and topk 2"):
+        topk_sum(torch.zeros(7, 4, device=DEVICE), 2)

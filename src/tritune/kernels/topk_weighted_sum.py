@@ -13,15 +13,19 @@ BLOCK = 1024
 
 
 @triton.jit
-def _topk_weighted_sum_fwd_kernel(y_ptr, w_ptr, out_ptr, D, TOPK: tl.constexpr, BLOCK: tl.constexpr):
-    """y [T·TOPK, D], w [T, TOPK] -> out [T, D], fp32 sums. Grid: (T, cdiv(D, BLOCK))."""
+def _topk_weighted_sum_fwd_kernel(y_ptr, w_ptr, out_ptr, D, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+                                  WEIGHTED: tl.constexpr = True):
+    """y [T·TOPK, D], w [T, TOPK] -> out [T, D], fp32 sums (not WEIGHTED: plain sums, w never read).
+    Grid: (T, cdiv(D, BLOCK))."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < D
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(TOPK):
-        w = tl.load(w_ptr + t * TOPK + s).to(tl.float32)
-        acc += w * tl.load(y_ptr + (t * TOPK + s) * D + cols, mask=ok, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + (t * TOPK + s) * D + cols, mask=ok, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            y = y * tl.load(w_ptr + t * TOPK + s).to(tl.float32)
+        acc += y
     tl.store(out_ptr + t * D + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -64,6 +68,20 @@ def topk_weighted_sum_forward(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if tokens and d:
         _topk_weighted_sum_fwd_kernel[(tokens, triton.cdiv(d, BLOCK))](y.contiguous(), w.contiguous(), out, d,
                                                                        TOPK=topk, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def topk_sum(y: torch.Tensor, topk: int) -> torch.Tensor:
+    """y [T·topk, D] (pair order) -> [T, D] in y's dtype: each token's topk rows summed in fp32, rounded once (the
+    MoE MLP's input gradient: each token fed topk pairs). One launch, where torch's sum in fp32 and cast are two and
+    write an fp32 [T, D] between them."""
+    if y.dim() != 2 or topk < 1 or y.shape[0] % topk:
+        raise ValueError(f"topk_sum needs y [T·topk, D] with topk >= 1, got {tuple(y.shape)} and topk {topk}")
+    tokens, d = y.shape[0] // topk, y.shape[1]
+    out = torch.empty((tokens, d), device=y.device, dtype=y.dtype)
+    if tokens and d:
+        _topk_weighted_sum_fwd_kernel[(tokens, triton.cdiv(d, BLOCK))](y.contiguous(), y, out, d, TOPK=topk,
+                                                                       BLOCK=BLOCK, WEIGHTED=False, num_warps=4)
     return out
 
 

@@ -26,7 +26,7 @@ from tritune.kernels.grouped_gemm import (
 )
 from tritune.kernels.grouped_gemm_config import KernelConfig, KernelConfigBackward_dW
 from tritune.kernels.swiglu import swiglu_backward, swiglu_forward, swiglu_reference
-from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
+from tritune.kernels.topk_weighted_sum import topk_sum, topk_weighted_sum_backward, topk_weighted_sum_forward
 from tritune.knobs import moe_mlp_layout
 from tritune.ops.grouped_gemm import (
     GroupedGemmConfigs,
@@ -114,8 +114,7 @@ class _MoeMlp(torch.autograd.Function):
                 dw2 = run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW)
         dh = swiglu_backward(h, da)
         if need_x:  # each token fed topk pairs: their gradients add up
-            dx = run_dx(dh, w1, m_sizes, gather, topk, True, False, up.dX)
-            dx = dx.view(ctx.tokens, topk, -1).sum(1, dtype=torch.float32).to(dout.dtype)
+            dx = topk_sum(run_dx(dh, w1, m_sizes, gather, topk, True, False, up.dX), topk)
         if need_w1 and ctx.pad_up:
             dw1 = scheduled_dw_launch(x_rows, dh, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False,
                                       permute_y=False, padded="x", pairs=pairs)
