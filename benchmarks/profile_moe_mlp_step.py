@@ -18,12 +18,10 @@ import json
 from collections import defaultdict
 
 import torch
-from bench_grouped_gemm import peaks
+from bench_grouped_gemm import MODELS, peaks
 
 from tritune.ops.moe_mlp import moe_mlp
 from tritune.ops.routing import sample_routing
-
-MODELS = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}  # E, topk, hidden, inter
 
 
 def kernel_table(events) -> dict[str, dict]:
