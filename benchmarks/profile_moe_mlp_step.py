@@ -35,6 +35,19 @@ def kernel_table(events) -> dict[str, dict]:
     return dict(table)
 
 
+def gaps(events, top: int = 5) -> tuple[float, list[dict]]:
+    """(GPU span in µs from the first kernel's start to the last one's end, the `top` longest idle gaps between
+    consecutive kernels with the kernels on either side): busy time below the span is time the GPU waited."""
+    kernels = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if not kernels:
+        return 0.0, []
+    span = max(e.time_range.end for e in kernels) - kernels[0].time_range.start
+    idle = [{"us": b.time_range.start - a.time_range.end, "after": a.name[:60], "before": b.name[:60]}
+            for a, b in zip(kernels, kernels[1:]) if b.time_range.start > a.time_range.end]
+    return span, sorted(idle, key=lambda g: -g["us"])[:top]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -71,15 +84,18 @@ def main() -> None:
         torch.cuda.synchronize()
     table = kernel_table(prof.events())
     busy = sum(r["us"] for r in table.values())
+    span, idle = gaps(prof.events())
     peak = peaks()["bf16_tflops"]  # measured here, as bench_grouped_gemm's floors
     floor = 18 * args.seqlen * topk * hidden * inter / peak / 1e6
     doc = {"model": args.model, "seqlen": args.seqlen, "step_us": wall_us, "gpu_busy_us": busy, "floor_us": floor,
-           "bf16_tflops": peak, "kernels": table}
+           "bf16_tflops": peak, "kernels": table, "gpu_span_us": span, "longest_gaps": idle}
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
     print("| kernel | calls | µs | share of GPU-busy |\n|---|---|---|---|")
     for name, r in sorted(table.items(), key=lambda kv: -kv[1]["us"]):
         print(f"| {name} | {r['calls']} | {r['us']:.1f} | {r['us'] / busy:.3f} |")
+    print(f"profiled step's GPU span {span:.1f} µs, busy {busy:.1f}; longest gaps: "
+          + "; ".join(f"{g['us']:.1f} µs after {g['after']} before {g['before']}" for g in idle))
     print(f"step {wall_us:.1f} µs (GPU busy {busy:.1f}); floor {floor:.1f} µs at {peak:.0f} TFLOP/s: "
           f"step {wall_us / floor:.2f}x, busy {busy / floor:.2f}x")
 
