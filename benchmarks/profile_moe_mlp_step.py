@@ -44,7 +44,7 @@ def gaps(events, top: int = 5) -> tuple[float, list[dict]]:
         return 0.0, []
     span = max(e.time_range.end for e in kernels) - kernels[0].time_range.start
     idle = [{"us": b.time_range.start - a.time_range.end, "after": a.name[:60], "before": b.name[:60]}
-            for a, b in zip(kernels, kernels[1:]) if b.time_range.start > a.time_range.end]
+            for a, b in zip(kernels[:-1], kernels[1:], strict=True) if b.time_range.start > a.time_range.end]
     return span, sorted(idle, key=lambda g: -g["us"])[:top]
 
 
