@@ -72,13 +72,19 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
+    before = torch.cuda.memory_stats()
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+    marks[0].record()
+    for i in range(5):
         step()
-    end.record()
+        marks[i + 1].record()
     torch.cuda.synchronize()
-    wall_us = start.elapsed_time(end) * 1e3 / 5
+    after = torch.cuda.memory_stats()
+    per_step = [a.elapsed_time(b) * 1e3 for a, b in zip(marks[:-1], marks[1:], strict=True)]
+    wall_us = sum(per_step) / 5
+    # cudaMalloc / cudaFree inside the timed steps (the caching allocator going to the driver) stall the host
+    allocator = {k: after.get(k, 0) - before.get(k, 0) for k in ("num_device_alloc", "num_device_free",
+                                                                 "num_alloc_retries", "num_sync_all_streams")}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
@@ -88,12 +94,16 @@ def main() -> None:
     peak = peaks()["bf16_tflops"]  # measured here, as bench_grouped_gemm's floors
     floor = 18 * args.seqlen * topk * hidden * inter / peak / 1e6
     doc = {"model": args.model, "seqlen": args.seqlen, "step_us": wall_us, "gpu_busy_us": busy, "floor_us": floor,
-           "bf16_tflops": peak, "kernels": table, "gpu_span_us": span, "longest_gaps": idle}
+           "bf16_tflops": peak, "kernels": table, "gpu_span_us": span, "longest_gaps": idle,
+           "per_step_us": per_step, "allocator_during_timed_steps": allocator,
+           "peak_allocated_gb": torch.cuda.max_memory_allocated() / 2**30}
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
     print("| kernel | calls | µs | share of GPU-busy |\n|---|---|---|---|")
     for name, r in sorted(table.items(), key=lambda kv: -kv[1]["us"]):
         print(f"| {name} | {r['calls']} | {r['us']:.1f} | {r['us'] / busy:.3f} |")
+    print(f"timed steps (µs): {', '.join(f'{t:.0f}' for t in per_step)}; allocator during them: {allocator}; "
+          f"peak allocated {doc['peak_allocated_gb']:.1f} GiB")
     print(f"profiled step's GPU span {span:.1f} µs, busy {busy:.1f}; longest gaps: "
           + "; ".join(f"{g['us']:.1f} µs after {g['after']} before {g['before']}" for g in idle))
     print(f"step {wall_us:.1f} µs (GPU busy {busy:.1f}); floor {floor:.1f} µs at {peak:.0f} TFLOP/s: "
