@@ -360,8 +360,18 @@ def _check_routing(m_sizes: torch.Tensor, gather_indices: torch.Tensor | None, p
 
 
 def group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m_sizes int32 [E], gather_indices int32 [T·topk]) for topk_ids [T, topk]: the pairs sorted by expert
-    (stable, so pairs of one expert stay in token order). No host sync."""
+    """(m_sizes int32 [E], gather_indices int32 [T·topk]) for topk_ids [T, topk] (ids in [0, E)): the pairs sorted by
+    expert (stable, so pairs of one expert stay in token order). No host sync. On a GPU, two Triton launches
+    (kernels/expert_grouping.py); elsewhere torch's stable argsort (`group_by_expert_reference`)."""
+    if topk_ids.is_cuda:
+        from tritune.kernels.expert_grouping import group_by_expert_triton
+
+        return group_by_expert_triton(topk_ids, num_experts)
+    return group_by_expert_reference(topk_ids, num_experts)
+
+
+def group_by_expert_reference(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`group_by_expert` in torch: a stable argsort and a scatter-add (the Triton launches must match it exactly)."""
     flat = topk_ids.reshape(-1)
     gather_indices = torch.argsort(flat, stable=True).to(torch.int32)
     m_sizes = torch.zeros(num_experts, device=flat.device, dtype=torch.int32)
