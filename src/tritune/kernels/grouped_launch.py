@@ -1,5 +1,6 @@
-"""Bound launches for the grouped-GEMM kernels (forward, dX, dW and the scheduled dW's four): a call pays a plan lookup
-and a C launch instead of Triton's per-call JIT dispatch and three TMA descriptors built and encoded in Python.
+"""Bound launches for the grouped-GEMM kernels (forward, dX, dW and the scheduled dW's four) and the training MLP's
+other kernels (routing sort, SwiGLU, top-k sums): a call pays a plan lookup and a C launch instead of Triton's
+per-call JIT dispatch and, for the GEMMs, three TMA descriptors built and encoded in Python.
 
 Why: the training MLP is host-bound at small token counts. On the H100 each grouped GEMM cost about 120 µs of host
 time a call, so a Qwen3-30B-A3B training step spent 2.2 ms in Python at 16 tokens, and eager ran 2× its CUDA graph

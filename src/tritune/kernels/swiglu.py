@@ -7,7 +7,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.grouped_launch import launch
+
 BLOCK = 1024
+LAUNCH = {"num_warps": 4, "num_stages": 3}  # Triton's defaults, as a bound launch (kernels/grouped_launch.py)
 
 
 @triton.jit
@@ -45,7 +48,8 @@ def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"swiglu needs a contiguous [R, 2I] tensor, got {tuple(h.shape)}")
     a = torch.empty((rows, two_i // 2), device=h.device, dtype=h.dtype)
     if rows:
-        _swiglu_fwd_kernel[(rows, triton.cdiv(two_i // 2, BLOCK))](h, a, two_i // 2, BLOCK=BLOCK, num_warps=4)
+        launch(_swiglu_fwd_kernel, (rows, triton.cdiv(two_i // 2, BLOCK)),
+               dict(h_ptr=h, a_ptr=a, I=two_i // 2, BLOCK=BLOCK), **LAUNCH)
     return a
 
 
@@ -54,8 +58,8 @@ def swiglu_backward(h: torch.Tensor, da: torch.Tensor) -> torch.Tensor:
     rows, two_i = h.shape
     dh = torch.empty_like(h)
     if rows:
-        _swiglu_bwd_kernel[(rows, triton.cdiv(two_i // 2, BLOCK))](h, da.contiguous(), dh, two_i // 2, BLOCK=BLOCK,
-                                                                   num_warps=4)
+        launch(_swiglu_bwd_kernel, (rows, triton.cdiv(two_i // 2, BLOCK)),
+               dict(h_ptr=h, da_ptr=da.contiguous(), dh_ptr=dh, I=two_i // 2, BLOCK=BLOCK), **LAUNCH)
     return dh
 
 

@@ -9,7 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.grouped_launch import launch
+
 BLOCK = 1024
+LAUNCH = {"num_warps": 4, "num_stages": 3}  # Triton's defaults, as a bound launch (kernels/grouped_launch.py)
 
 
 @triton.jit
@@ -66,8 +69,9 @@ def topk_weighted_sum_forward(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     tokens, topk, d = _check(y, w)
     out = torch.empty((tokens, d), device=y.device, dtype=y.dtype)
     if tokens and d:
-        _topk_weighted_sum_fwd_kernel[(tokens, triton.cdiv(d, BLOCK))](y.contiguous(), w.contiguous(), out, d,
-                                                                       TOPK=topk, BLOCK=BLOCK, num_warps=4)
+        launch(_topk_weighted_sum_fwd_kernel, (tokens, triton.cdiv(d, BLOCK)),
+               dict(y_ptr=y.contiguous(), w_ptr=w.contiguous(), out_ptr=out, D=d, TOPK=topk, BLOCK=BLOCK,
+                    WEIGHTED=True), **LAUNCH)
     return out
 
 
@@ -80,8 +84,9 @@ def topk_sum(y: torch.Tensor, topk: int) -> torch.Tensor:
     tokens, d = y.shape[0] // topk, y.shape[1]
     out = torch.empty((tokens, d), device=y.device, dtype=y.dtype)
     if tokens and d:
-        _topk_weighted_sum_fwd_kernel[(tokens, triton.cdiv(d, BLOCK))](y.contiguous(), y, out, d, TOPK=topk,
-                                                                       BLOCK=BLOCK, WEIGHTED=False, num_warps=4)
+        y = y.contiguous()
+        launch(_topk_weighted_sum_fwd_kernel, (tokens, triton.cdiv(d, BLOCK)),
+               dict(y_ptr=y, w_ptr=y, out_ptr=out, D=d, TOPK=topk, BLOCK=BLOCK, WEIGHTED=False), **LAUNCH)
     return out
 
 
@@ -92,9 +97,8 @@ def topk_weighted_sum_backward(dout: torch.Tensor, y: torch.Tensor, w: torch.Ten
     dy = torch.empty_like(y) if with_dy else None
     dw = torch.empty_like(w)
     if tokens:
-        _topk_weighted_sum_bwd_kernel[(tokens,)](dout.contiguous(), y.contiguous(), w.contiguous(),
-                                                 dy if with_dy else dw, dw, d,
-                                                 TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk),
-                                                 BLOCK=max(16, BLOCK // triton.next_power_of_2(topk)),
-                                                 STORE_DY=with_dy, num_warps=4)
+        launch(_topk_weighted_sum_bwd_kernel, (tokens,), dict(
+            dout_ptr=dout.contiguous(), y_ptr=y.contiguous(), w_ptr=w.contiguous(), dy_ptr=dy if with_dy else dw,
+            dw_ptr=dw, D=d, TOPK=topk, TOPK_POW2=triton.next_power_of_2(topk),
+            BLOCK=max(16, BLOCK // triton.next_power_of_2(topk)), STORE_DY=with_dy), **LAUNCH)
     return dy, dw

@@ -13,6 +13,7 @@ the padded tokens for the backward instead of the hidden states (topk times thei
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import nn
@@ -60,9 +61,11 @@ def _padded_rows(dw: KernelConfigBackward_dW) -> int:
     return dw.BLOCK_SIZE_M if dw.scheduled and moe_mlp_layout() == "padded" else 0
 
 
+@functools.lru_cache(maxsize=256)
 def config_reading_padded(config: KernelConfig, operand: str) -> KernelConfig:
     """The forward (operand "x") or dX ("dy") config reading its input from padded rows: contiguous per expert, so
-    through TMA and with no gather (the permute the config fused is already done)."""
+    through TMA and with no gather (the permute the config fused is already done). Cached: configs are frozen, and
+    a dataclass replace each call was a visible part of a small step's host time."""
     return dataclasses.replace(config, permute_x=False, permute_y=False, **{f"use_tma_load_{operand}": True})
 
 
