@@ -195,6 +195,9 @@ def test_forward_and_dx_read_rows_padded_per_expert(tma):
         grouped_gemm_forward(x_pad, w, ms, fwd, x_padded_to=bm)
     with pytest.raises(ValueError, match="padded to 24 rows"):
         grouped_gemm_forward(x_pad, w, ms, fwd, x_padded_to=24, pairs=pairs)
+    with pytest.raises(ValueError, match=r"x padded per expert to 16 rows has 96 rows; 58 pairs over 4 experts need "
+                                         r"128"):  # a short buffer: TMA would read zeros past it, silently
+        grouped_gemm_forward(x_pad[:96], w, ms, fwd, x_padded_to=bm, pairs=pairs)
 
 
 @pytest.mark.parametrize("padded", ["x", "dy"])
@@ -213,3 +216,8 @@ def test_scheduled_dw_reads_an_operand_already_padded_without_copying_it(padded)
     with pytest.raises(ValueError, match="read in place has 36 rows, not 35"):
         scheduled_dw_launch(x_in, dy_in, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
                             padded=padded, pairs=pairs - 1)
+    short = {"x": (x_in[:64], dy_in), "dy": (x_in, dy_in[:64])}[padded]
+    with pytest.raises(ValueError, match=f"the padded {padded} has 64 rows; 36 pairs over 4 experts padded to 16 "
+                                         "need 112"):
+        scheduled_dw_launch(*short, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
+                            padded=padded, pairs=pairs)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.kernels.grouped_gemm import _dw_tile
+from tritune.kernels.grouped_gemm import _dw_tile, rows_upper_bound
 from tritune.kernels.grouped_launch import Desc, launch
 
 PAD_ROWS = 16  # rows a program of the padding copy moves (all their columns, PAD_COLS at a time)
@@ -158,11 +158,6 @@ def _dw_scheduled_kernel(x_desc, dy_desc, dw_desc, table_ptr, m_sizes_ptr, max_s
             acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_K), dtype=tl.float32)
 
 
-def rows_upper_bound(pairs: int, experts: int, block_m: int) -> int:
-    """The host's bound on the padded row count: Σ max(1, ⌈m/BM⌉) ≤ ⌈P/BM⌉ + E blocks (no sync)."""
-    return (triton.cdiv(pairs, block_m) + experts) * block_m
-
-
 def max_table_steps(per_expert: int, programs: int, pairs: int, experts: int, block_m: int) -> int:
     """The host's bound on one program's steps: it holds at most ⌈per_expert / P⌉ tiles of each expert, each of that
     expert's blocks (no sync)."""
@@ -248,9 +243,12 @@ def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gathe
         pad_x, pad_dy = operands_to_pad(n, k, permute_x, permute_y)
     elif padded in ("x", "dy") and not (permute_x or permute_y) and pairs is not None:
         pad_x, pad_dy = padded == "x", padded == "dy"
-        in_place = dy if pad_x else x
+        in_place, laid = (dy, x) if pad_x else (x, dy)
         if in_place.shape[0] != pairs:
             raise ValueError(f"scheduled dW: the operand read in place has {in_place.shape[0]} rows, not {pairs}")
+        if laid.shape[0] < rows_upper_bound(pairs, experts, block_m):
+            raise ValueError(f"scheduled dW: the padded {padded} has {laid.shape[0]} rows; {pairs} pairs over "
+                             f"{experts} experts padded to {block_m} need {rows_upper_bound(pairs, experts, block_m)}")
     else:
         raise ValueError(f"scheduled dW: padded={padded!r} needs 'x' or 'dy', pairs, and no permute")
     if out is None:

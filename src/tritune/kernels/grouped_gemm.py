@@ -314,7 +314,14 @@ def _descriptor(t: torch.Tensor, rows: int, cols: int, block: list[int], what: s
     return Desc(t, (rows, cols), tuple(block))
 
 
-def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, topk: int, name: str) -> int:
+def rows_upper_bound(pairs: int, experts: int, block_m: int) -> int:
+    """The host's bound on the rows of a layout padded per expert to whole block_m blocks: Σ max(1, ⌈m/BM⌉) blocks
+    ≤ ⌈P/BM⌉ + E (no sync). `grouped_dw_scheduled.pad` allocates exactly this many."""
+    return (triton.cdiv(pairs, block_m) + experts) * block_m
+
+
+def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, topk: int, experts: int,
+          name: str) -> int:
     """P, the grouped rows of a launch whose input `t` is in token order (permuted: T·topk rows), grouped, or padded
     per expert to whole blocks of `padded_to` rows (then the caller names P, which t's padded rows cannot tell)."""
     if not padded_to:
@@ -325,6 +332,9 @@ def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, to
         raise ValueError(f"{name} padded per expert needs pairs, its grouped row count")
     if padded_to not in (16, 32, 64, 128, 256):
         raise ValueError(f"{name} padded to {padded_to} rows: expected 16, 32, 64, 128 or 256")
+    if t.shape[0] < rows_upper_bound(pairs, experts, padded_to):
+        raise ValueError(f"{name} padded per expert to {padded_to} rows has {t.shape[0]} rows; {pairs} pairs over "
+                         f"{experts} experts need {rows_upper_bound(pairs, experts, padded_to)}")
     return pairs
 
 
@@ -404,7 +414,7 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
     """
     cfg = config
     n_exp, n, k = w.shape
-    p = _rows(x, pairs, x_padded_to, cfg.permute_x, topk, "x")
+    p = _rows(x, pairs, x_padded_to, cfg.permute_x, topk, m_sizes.shape[0], "x")
     _check(cfg, KernelConfigForward, m_sizes, gather_indices, p, topk, {"x": x, "w": w})
     if x.shape[1] != k:
         raise ValueError(f"x has K={x.shape[1]}, w has K={k}")
@@ -443,7 +453,7 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
     """
     cfg = config
     n_exp, n, k = w.shape
-    p = _rows(dy, pairs, dy_padded_to, cfg.permute_y, 1, "dy")
+    p = _rows(dy, pairs, dy_padded_to, cfg.permute_y, 1, m_sizes.shape[0], "dy")
     _check(cfg, KernelConfigBackward_dX, m_sizes, gather_indices, p, topk, {"dy": dy, "w": w})
     if dy.shape[1] != n:
         raise ValueError(f"dy has N={dy.shape[1]}, w has N={n}")
