@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from tritune.tuning.bench import capture_graph
+
 ROTATE_BYTES = 200 * 2**20  # inputs rotated over at least this many bytes, so L2 (50 MB) never holds them all
 
 
@@ -132,17 +134,9 @@ def rotated(make: Callable[[int], dict], bytes_per_set: int) -> list[dict]:
 
 
 def capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
-    """(a CUDA graph of one call of fn, what the captured call returned): fn runs once on a side stream first, as
-    torch wants before a capture; the graph is not replayed here."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+    """(a CUDA graph of one call of fn, what the captured call returned): `tuning.bench.capture_graph`, fn run once
+    on a side stream first; the graph is not replayed here."""
+    return capture_graph(fn)
 
 
 def eager_and_graph(calls: list[Callable[[], object]], reps: int = 20, rounds: int = 7) -> dict:

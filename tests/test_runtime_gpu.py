@@ -171,14 +171,9 @@ def check_safety(name: str, factory, exact: bool) -> dict:
         rec.update(sync_free=False, error=f"{type(err).__name__}: {err}".splitlines()[0][:300])
         return rec
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = fn()
+        from tritune.tuning.bench import capture_graph
+
+        graph, captured = capture_graph(fn)
         graph.replay()
         torch.cuda.synchronize()
         same = torch.equal(captured, eager)

@@ -253,22 +253,14 @@ def time_graph(
     if not torch.cuda.is_available():
         return _time_batches_cpu(fn, iters, warmup, 1, CPU_GRAPH_METHOD)
     method = "cuda-graph replay, cuda-events" + ("+l2-flush" if flush_l2 else "")
-    graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.current_stream()
+    graph = None
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(max(warmup, 1)):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture_graph(fn, warmup)
         graph.replay()
         torch.cuda.synchronize()
     except Exception as exc:  # capture is best effort: the candidate itself is judged by its eager runs
-        del graph
+        graph = None
         torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its capture stream current when capture_end raises
         try:
             torch.cuda.synchronize()
@@ -282,6 +274,23 @@ def time_graph(
     finally:
         graph.reset()  # its memory pool goes back before the next candidate
     return _of_samples(times_us, method)
+
+
+def capture_graph(fn: Callable[[], object], warmup: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
+    """(a CUDA graph of one call of fn, what the captured call returned), not yet replayed. fn first runs
+    max(warmup, 1) times on a side stream, as torch requires before a capture. Raises what the capture raises
+    (time_graph, the runtime benchmarks and the GPU tests share this one sequence)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def _time_batches_cpu(fn: Callable[[], None], iters: int, warmup: int, batches: int, method: str) -> Timing:
