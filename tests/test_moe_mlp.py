@@ -191,3 +191,26 @@ def test_moe_mlp_with_scheduled_dw_keeps_padded_rows_and_matches_the_reference(d
         assert got.dtype == plain.dtype and rel(got, want) < bound and rel(got, plain) < bound
     if frozen != "gate_up":
         assert results[0][2][experts - 1].abs().max().item() == 0.0  # dW1 of the expert with no tokens
+
+
+def test_no_padded_tokens_are_made_where_no_backward_runs(monkeypatch):
+    """Under no_grad (a model in eval) the forward takes the plain layout: the padded copy of the tokens would only
+    serve gate_up's dW. With grad enabled it makes it once."""
+    import tritune.ops.moe_mlp as mlp
+
+    made = []
+    real = mlp.pad
+    monkeypatch.setattr(mlp, "pad", lambda *a, **kw: made.append(kw.get("scale") is None) or real(*a, **kw))
+    tokens, experts, topk, hidden, inter = 9, 4, 2, 32, 16
+    ids = routing(tokens, experts, topk, seed=11)
+    x = torch.randn(tokens, hidden)
+    w1 = (torch.randn(experts, 2 * inter, hidden) * 0.3).requires_grad_()
+    w2 = (torch.randn(experts, hidden, inter) * 0.3).requires_grad_()
+    tw = torch.rand(tokens, topk)
+    base = heuristic_configs(2 * inter, hidden, tokens * topk / experts, True, False, torch.device("cpu"))
+    up = GroupedGemmConfigs(base.forward, base.dX, SCHEDULED_DW)
+    with torch.no_grad():
+        y_eval = moe_mlp(x, w1, w2, tw, ids, gate_up_configs=up)
+    assert made == []
+    y = moe_mlp(x, w1, w2, tw, ids, gate_up_configs=up)
+    assert made == [True] and rel(y, y_eval) < 1e-6

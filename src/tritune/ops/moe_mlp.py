@@ -76,10 +76,9 @@ class _MoeMlp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 m_sizes: torch.Tensor, gather: torch.Tensor, topk: int, up: GroupedGemmConfigs,
-                down: GroupedGemmConfigs) -> torch.Tensor:
+                down: GroupedGemmConfigs, pad_up: int) -> torch.Tensor:
         hidden, w1, w2, topk_weights = (t.contiguous() for t in (hidden, w1, w2, topk_weights))
         pairs = gather.shape[0]
-        pad_up = _padded_rows(up.dW) if ctx.needs_input_grad[1] else 0
         if pad_up:
             x_rows = pad(hidden, m_sizes, gather, topk, pairs, pad_up)
             h = grouped_gemm_forward(x_rows, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk,
@@ -123,7 +122,7 @@ class _MoeMlp(torch.autograd.Function):
                                       permute_y=False, padded="x", pairs=pairs)
         elif need_w1:
             dw1 = run_dw(x_rows, dh, m_sizes, gather, topk, True, False, up.dW)
-        return dx, dw1, dw2, d_tw if need_tw else None, None, None, None, None, None
+        return dx, dw1, dw2, d_tw if need_tw else None, None, None, None, None, None, None
 
 
 def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
@@ -141,7 +140,11 @@ def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.T
     m_sizes, gather = group_by_expert(topk_ids, gate_up_proj.shape[0])
     up = gate_up_configs or select_configs(hidden.shape[0], gate_up_proj, topk, True, False)
     down = down_configs or select_configs(hidden.shape[0] * topk, down_proj, topk, False, True)
-    return _MoeMlp.apply(hidden, gate_up_proj, down_proj, topk_weights, m_sizes, gather, topk, up, down)
+    # The padded tokens only serve gate_up's dW: not made where no backward will run (no_grad, inference_mode, a
+    # frozen weight). Decided here: inside the Function's forward, grad mode is always off and needs_input_grad
+    # ignores it.
+    pad_up = _padded_rows(up.dW) if torch.is_grad_enabled() and gate_up_proj.requires_grad else 0
+    return _MoeMlp.apply(hidden, gate_up_proj, down_proj, topk_weights, m_sizes, gather, topk, up, down, pad_up)
 
 
 def moe_mlp_reference(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
