@@ -1,6 +1,6 @@
-"""The routing sort's Triton launches (kernels/expert_grouping.py) against torch's stable argsort, exactly: uneven
-and empty experts, one expert taking every pair, a partial last chunk, several chunks, 256 experts, int32 and int64
-ids. In the interpreter without a GPU (slow there: few, small cases), on the GPU where there is one."""
+"""The routing sort's Triton launches (kernels/expert_grouping.py) against torch's stable argsort, exactly, with and
+without the scan launch: uneven and empty experts, one expert taking every pair, a partial last chunk, several chunks,
+256 experts, int32 and int64 ids. In the interpreter without a GPU (slow there: few, small cases), on the GPU where there is one."""
 
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ def routed(tokens: int, topk: int, experts: int, used: int, seed: int, dtype=tor
     return torch.stack([torch.randperm(used, generator=g)[:topk] for _ in range(tokens)]).to(dtype).to(DEV)
 
 
-@pytest.mark.parametrize(("tokens", "topk", "experts", "used", "dtype"), [
-    (1, 1, 2, 2, torch.int64),  # one pair
-    (7, 2, 5, 4, torch.int32),  # expert 4 empty, int32 ids
-    (CHUNK // 2 + 3, 2, 16, 16, torch.int64),  # a full chunk and a partial one
-    (150, 4, 256, 200, torch.int64),  # 256 experts (a power of two), 56 empty; three chunks
+@pytest.mark.parametrize(("tokens", "topk", "experts", "used", "dtype", "scan_from"), [
+    (1, 1, 2, 2, torch.int64, None),  # one pair
+    (7, 2, 5, 4, torch.int32, None),  # expert 4 empty, int32 ids
+    (7, 2, 5, 4, torch.int32, 1),  # the same through the scan launch (one chunk)
+    (CHUNK // 2 + 3, 2, 16, 16, torch.int64, None),  # a full chunk and a partial one
+    (CHUNK // 2 + 3, 2, 16, 16, torch.int64, 2),  # ... scanned
+    (150, 4, 256, 200, torch.int64, None),  # 256 experts (a power of two), 56 empty; three chunks
+    (150, 4, 256, 200, torch.int64, 1),  # ... scanned
 ])
-def test_the_triton_sort_equals_the_stable_argsort(tokens, topk, experts, used, dtype):
+def test_the_triton_sort_equals_the_stable_argsort(tokens, topk, experts, used, dtype, scan_from):
     ids = routed(tokens, topk, experts, used, seed=tokens + experts, dtype=dtype)
-    m_sizes, gather = group_by_expert_triton(ids, experts)
+    m_sizes, gather = group_by_expert_triton(ids, experts, scan_from_chunks=scan_from)
     m_ref, g_ref = group_by_expert_reference(ids, experts)
     assert m_sizes.dtype == gather.dtype == torch.int32
     assert torch.equal(m_sizes, m_ref) and torch.equal(gather, g_ref)
