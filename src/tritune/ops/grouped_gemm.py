@@ -214,7 +214,7 @@ class GroupedGemm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w, m_sizes, gather = ctx.saved_tensors
-        _bind_cuda_context(dy.device)
+        bind_cuda_context(dy.device)
         dy = dy.contiguous()
         args = (m_sizes, gather, ctx.topk, ctx.permute_x, ctx.permute_y)
         dx = dw = None
@@ -230,7 +230,7 @@ class GroupedGemm(torch.autograd.Function):
 _CONTEXT_BOUND = threading.local()
 
 
-def _bind_cuda_context(device: torch.device) -> None:
+def bind_cuda_context(device: torch.device) -> None:
     """Make the device's CUDA context current on this thread (autograd runs backward on its own threads).
 
     Triton builds TMA descriptors through the driver API, which needs a current context; a thread whose first CUDA

@@ -31,7 +31,7 @@ from tritune.kernels.topk_weighted_sum import topk_sum, topk_weighted_sum_backwa
 from tritune.knobs import moe_mlp_layout
 from tritune.ops.grouped_gemm import (
     GroupedGemmConfigs,
-    _bind_cuda_context,
+    bind_cuda_context,
     run_dw,
     run_dx,
     run_forward,
@@ -95,7 +95,7 @@ class _MoeMlp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
         x_rows, w1, w2, topk_weights, m_sizes, gather, h, a, y = ctx.saved_tensors
-        _bind_cuda_context(dout.device)
+        bind_cuda_context(dout.device)
         dout = dout.contiguous()
         topk, up, down, pairs = ctx.topk, ctx.up, ctx.down, gather.shape[0]
         need_x, need_w1, need_w2, need_tw = ctx.needs_input_grad[:4]
