@@ -25,11 +25,19 @@ from profile_moe_host import host_us  # noqa: E402
 
 
 def pieces(x: dict, model: str) -> dict:
-    """name -> zero-argument callable, each one part of the MLP's forward or backward as the op runs it."""
-    from tritune.kernels.grouped_gemm import group_by_expert
+    """name -> zero-argument callable, each one part of the MLP's forward or backward as the op runs it: where a
+    GEMM's dW is scheduled (and TRITUNE_MOE_MLP_LAYOUT is padded), on the padded rows the MLP makes."""
+    from tritune.kernels.grouped_dw_scheduled import pad
+    from tritune.kernels.grouped_gemm import (
+        group_by_expert,
+        grouped_gemm_dx,
+        grouped_gemm_forward,
+        scheduled_dw_launch,
+    )
     from tritune.kernels.swiglu import swiglu_backward, swiglu_forward
-    from tritune.kernels.topk_weighted_sum import topk_weighted_sum_backward, topk_weighted_sum_forward
+    from tritune.kernels.topk_weighted_sum import topk_sum, topk_weighted_sum_backward, topk_weighted_sum_forward
     from tritune.ops.grouped_gemm import run_dw, run_dx, run_forward, select_configs
+    from tritune.ops.moe_mlp import config_reading_padded, padded_rows
 
     e, topk, h, inter = MODELS[model]
     tokens = x["hidden"].shape[0]
@@ -41,22 +49,48 @@ def pieces(x: dict, model: str) -> dict:
     a = torch.randn(pairs, inter, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(pairs, h, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(pairs, h, device="cuda", dtype=torch.bfloat16)
-    w = x["weights"].detach()
-    return {
+    w, dout = x["weights"].detach(), x["dout"]
+    pad_up, pad_down = padded_rows(up.dW), padded_rows(down.dW)
+    parts = {
         "group_by_expert": lambda: group_by_expert(x["ids"], e),
         "select_configs x2": lambda: (select_configs(tokens, w1, topk, True, False),
                                       select_configs(pairs, w2, topk, False, True)),
-        "gate_up forward": lambda: run_forward(hid, w1, m_sizes, gather, topk, True, False, up.forward),
         "swiglu forward": lambda: swiglu_forward(hmid),
         "down forward": lambda: run_forward(a, w2, m_sizes, gather, topk, False, True, down.forward),
         "topk sum forward": lambda: topk_weighted_sum_forward(y, w),
-        "topk sum backward": lambda: topk_weighted_sum_backward(x["dout"], y, w),
-        "down dX": lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
-        "down dW": lambda: run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW),
         "swiglu backward": lambda: swiglu_backward(hmid, a),
-        "gate_up dX": lambda: run_dx(hmid, w1, m_sizes, gather, topk, True, False, up.dX),
-        "gate_up dW": lambda: run_dw(hid, hmid, m_sizes, gather, topk, True, False, up.dW),
+        "gate_up dX + topk_sum": lambda: topk_sum(run_dx(hmid, w1, m_sizes, gather, topk, True, False, up.dX),
+                                                  topk),
     }
+    if pad_up:
+        x_pad = pad(hid, m_sizes, gather, topk, pairs, pad_up)
+        parts |= {
+            "gate_up pad tokens": lambda: pad(hid, m_sizes, gather, topk, pairs, pad_up),
+            "gate_up forward (padded)": lambda: grouped_gemm_forward(
+                x_pad, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk, gather_indices=gather,
+                x_padded_to=pad_up, pairs=pairs),
+            "gate_up dW (padded)": lambda: scheduled_dw_launch(
+                x_pad, hmid, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False, permute_y=False,
+                padded="x", pairs=pairs)}
+    else:
+        parts |= {"gate_up forward": lambda: run_forward(hid, w1, m_sizes, gather, topk, True, False, up.forward),
+                  "gate_up dW": lambda: run_dw(hid, hmid, m_sizes, gather, topk, True, False, up.dW)}
+    if pad_down:
+        dy_pad = pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=w)
+        parts |= {
+            "topk sum backward (weights only)": lambda: topk_weighted_sum_backward(dout, y, w, with_dy=False),
+            "down pad dY": lambda: pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=w),
+            "down dX (padded)": lambda: grouped_gemm_dx(
+                dy_pad, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk, gather_indices=gather,
+                dy_padded_to=pad_down, pairs=pairs),
+            "down dW (padded)": lambda: scheduled_dw_launch(
+                a, dy_pad, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False, permute_y=False,
+                padded="dy", pairs=pairs)}
+    else:
+        parts |= {"topk sum backward": lambda: topk_weighted_sum_backward(dout, y, w),
+                  "down dX": lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),
+                  "down dW": lambda: run_dw(a, dy, m_sizes, gather, topk, False, True, down.dW)}
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The routing sort's Triton launches (kernels/expert_grouping.py) against torch's stable argsort, exactly, with and
 without the scan launch: uneven and empty experts, one expert taking every pair, a partial last chunk, several chunks,
-256 experts, int32 and int64 ids. In the interpreter without a GPU (slow there: few, small cases), on the GPU where there is one."""
+256 experts, int32 and int64 ids. In the interpreter without a GPU (slow there: few, small cases), on the GPU where
+there is one."""
 
 from __future__ import annotations
 

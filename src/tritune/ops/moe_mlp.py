@@ -55,7 +55,7 @@ class TopkWeightedSum(torch.autograd.Function):
         return topk_weighted_sum_backward(dout, y, w)
 
 
-def _padded_rows(dw: KernelConfigBackward_dW) -> int:
+def padded_rows(dw: KernelConfigBackward_dW) -> int:
     """Rows per block of the padded layout the GEMM's dW reads in place (its BLOCK_SIZE_M), or 0: plain layouts
     (a plain dW, or TRITUNE_MOE_MLP_LAYOUT=plain)."""
     return dw.BLOCK_SIZE_M if dw.scheduled and moe_mlp_layout() == "padded" else 0
@@ -100,7 +100,7 @@ class _MoeMlp(torch.autograd.Function):
         topk, up, down, pairs = ctx.topk, ctx.up, ctx.down, gather.shape[0]
         need_x, need_w1, need_w2, need_tw = ctx.needs_input_grad[:4]
         dw1 = dw2 = d_tw = dx = None
-        pad_down = _padded_rows(down.dW) if need_w2 else 0
+        pad_down = padded_rows(down.dW) if need_w2 else 0
         if pad_down:  # dY = w·dout written into padded rows: down's dX reads it by TMA, its dW in place
             dy_rows = pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=topk_weights)
             if need_tw:
@@ -143,7 +143,7 @@ def moe_mlp(hidden: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.T
     # The padded tokens only serve gate_up's dW: not made where no backward will run (no_grad, inference_mode, a
     # frozen weight). Decided here: inside the Function's forward, grad mode is always off and needs_input_grad
     # ignores it.
-    pad_up = _padded_rows(up.dW) if torch.is_grad_enabled() and gate_up_proj.requires_grad else 0
+    pad_up = padded_rows(up.dW) if torch.is_grad_enabled() and gate_up_proj.requires_grad else 0
     return _MoeMlp.apply(hidden, gate_up_proj, down_proj, topk_weights, m_sizes, gather, topk, up, down, pad_up)
 
 
