@@ -52,3 +52,8 @@ def test_the_op_gives_the_reference_on_either_path():
     ids = routed(5, 2, 4, 4, seed=3)
     got = group_by_expert(ids, 4)
     assert all(torch.equal(a, b) for a, b in zip(got, group_by_expert_reference(ids, 4), strict=True))
+
+
+def test_an_empty_batch_sorts_to_nothing():
+    m_sizes, gather = group_by_expert_triton(torch.zeros(0, 2, dtype=torch.int64, device=DEV), 5)
+    assert m_sizes.tolist() == [0] * 5 and gather.numel() == 0 and gather.dtype == torch.int32

@@ -214,3 +214,22 @@ def test_no_padded_tokens_are_made_where_no_backward_runs(monkeypatch):
     assert made == []
     y = moe_mlp(x, w1, w2, tw, ids, gate_up_configs=up)
     assert made == [True] and rel(y, y_eval) < 1e-6
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradients(scheduled):
+    """No tokens at all (an expert-parallel rank can receive none): outputs with no rows, zero dW, no TMA descriptor
+    over an empty tensor, in both layouts."""
+    experts, hidden, inter, topk = 4, 32, 16, 2
+    x = torch.randn(0, hidden).requires_grad_()
+    w1 = torch.randn(experts, 2 * inter, hidden).requires_grad_()
+    w2 = torch.randn(experts, hidden, inter).requires_grad_()
+    tw = torch.rand(0, topk).requires_grad_()
+    up = heuristic_configs(2 * inter, hidden, 1.0, True, False, torch.device("cpu"))
+    down = heuristic_configs(hidden, inter, 1.0, False, True, torch.device("cpu"))
+    if scheduled:
+        up, down = (GroupedGemmConfigs(c.forward, c.dX, SCHEDULED_DW) for c in (up, down))
+    y = moe_mlp(x, w1, w2, tw, torch.zeros(0, topk, dtype=torch.int64), gate_up_configs=up, down_configs=down)
+    y.sum().backward()
+    assert y.shape == (0, hidden) and x.grad.shape == (0, hidden) and tw.grad.shape == (0, topk)
+    assert w1.grad.abs().max().item() == 0.0 and w2.grad.abs().max().item() == 0.0

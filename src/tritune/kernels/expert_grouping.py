@@ -103,6 +103,9 @@ def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int,
     if not flat.is_contiguous():
         flat = flat.contiguous()
     pairs = flat.numel()
+    if pairs == 0:  # an empty batch: nothing to launch
+        return (torch.zeros(num_experts, device=flat.device, dtype=torch.int32),
+                torch.empty(0, device=flat.device, dtype=torch.int32))
     e_pow2 = triton.next_power_of_2(max(num_experts, 2))
     chunks = max(1, triton.cdiv(pairs, CHUNK))
     counts = torch.empty((chunks, e_pow2), device=flat.device, dtype=torch.int32)

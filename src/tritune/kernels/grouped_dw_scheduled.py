@@ -253,6 +253,8 @@ def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gathe
         raise ValueError(f"scheduled dW: padded={padded!r} needs 'x' or 'dy', pairs, and no permute")
     if out is None:
         out = torch.empty((experts, n, k), device=x.device, dtype=x.dtype)
+    if pairs == 0:  # no rows at all (an empty batch): every dW is zero, and TMA takes no empty operand
+        return out.zero_()
     if padded is not None:
         x_rows, dy_rows = x, dy
     else:

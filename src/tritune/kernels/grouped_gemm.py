@@ -422,6 +422,8 @@ def grouped_gemm_forward(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor
         raise ValueError(f"fuse_mul_post needs topk_weights with {p} elements")
     if out is None:
         out = torch.empty((p, n), device=x.device, dtype=x.dtype)
+    if p == 0:  # an empty batch (an expert-parallel rank may get no tokens): TMA takes no empty operand
+        return out
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     x_desc = _descriptor(x, x.shape[0], k, [bm, bk], "x") if cfg.use_tma_load_x else x
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
@@ -459,6 +461,8 @@ def grouped_gemm_dx(dy: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, co
         raise ValueError(f"dy has N={dy.shape[1]}, w has N={n}")
     if out is None:
         out = torch.empty((p, k), device=dy.device, dtype=dy.dtype)
+    if p == 0:
+        return out
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     dy_desc = _descriptor(dy, dy.shape[0], n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
     w_desc = _descriptor(w, n_exp * n, k, [bn, bk], "w") if cfg.use_tma_load_w else w
@@ -496,6 +500,8 @@ def grouped_gemm_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, co
                                    permute_y=cfg.permute_y, out=out, num_programs=num_programs)
     if out is None:
         out = torch.empty((n_exp, n, k), device=x.device, dtype=x.dtype)
+    if p == 0:  # no rows: every expert's dW is zero
+        return out.zero_()
     bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
     x_desc = _descriptor(x, p, k, [bm, bk], "x") if cfg.use_tma_load_x else x
     dy_desc = _descriptor(dy, p, n, [bm, bn], "dy") if cfg.use_tma_load_dy else dy
