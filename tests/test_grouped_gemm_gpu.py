@@ -67,3 +67,19 @@ def test_bf16_moe_mlp_gradients_match_the_reference(layout, tokens, experts, top
     assert rel(y, y_ref) < 2e-2
     for name, a, b in zip(("x", "w1", "w2", "topk_weights"), got, want, strict=True):
         assert rel(a, b) < 3e-2, name
+
+
+@pytest.mark.parametrize("layout", ["padded", "plain"])
+def test_bf16_moe_mlp_takes_an_empty_batch(layout, monkeypatch):
+    """No tokens (an expert-parallel rank can get none), with the heuristic's TMA configs and scheduled dW: empty
+    outputs and zero weight gradients, no TMA descriptor over an empty tensor."""
+    monkeypatch.setenv("TRITUNE_MOE_MLP_LAYOUT", layout)
+    experts, topk, hidden, inter = 8, 2, 256, 192
+    x = torch.randn(0, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * 0.06).requires_grad_()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", dtype=torch.bfloat16) * 0.07).requires_grad_()
+    tw = torch.rand(0, topk, device="cuda").requires_grad_()
+    y = moe_mlp(x, w1, w2, tw, torch.zeros(0, topk, dtype=torch.int64, device="cuda"))
+    y.sum().backward()
+    assert y.shape == (0, hidden) and x.grad.shape == (0, hidden)
+    assert w1.grad.abs().max().item() == 0.0 and w2.grad.abs().max().item() == 0.0
