@@ -158,17 +158,19 @@ SCHEDULED_DW = KernelConfigBackward_dW(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_S
                                        scheduled=True)
 
 
-@pytest.mark.parametrize(("dtype", "frozen", "layout"), [
-    (torch.float32, None, "padded"), (torch.float16, None, "padded"), (torch.float16, "gate_up", "padded"),
-    (torch.float32, "down", "padded"), (torch.float16, None, "plain")])
-def test_moe_mlp_with_scheduled_dw_keeps_padded_rows_and_matches_the_reference(dtype, frozen, layout, monkeypatch):
+@pytest.mark.parametrize(("dtype", "frozen", "layout", "topk"), [
+    (torch.float32, None, "padded", 2), (torch.float16, None, "padded", 2), (torch.float16, "gate_up", "padded", 2),
+    (torch.float32, "down", "padded", 2), (torch.float16, None, "plain", 2), (torch.float32, None, "padded", 1),
+    (torch.float32, None, "padded", 3)])
+def test_moe_mlp_with_scheduled_dw_keeps_padded_rows_and_matches_the_reference(dtype, frozen, layout, topk,
+                                                                                monkeypatch):
     """Both dW scheduled: the forward gathers the tokens into padded rows (gate_up reads them through TMA) and the
     backward writes dY padded from dout; values and every gradient as the reference, the same as the plain layouts
     give, whichever weight is frozen (a frozen GEMM keeps the plain layout), and with TRITUNE_MOE_MLP_LAYOUT=plain
     (the dW loop copies its operand)."""
     monkeypatch.setenv("TRITUNE_MOE_MLP_LAYOUT", layout)
     torch.manual_seed(8)
-    tokens, experts, topk, hidden, inter = 13, 5, 2, 32, 16
+    tokens, experts, hidden, inter = 13, 5, 32, 16
     ids = routing(tokens, experts - 1, topk, seed=9)  # the last expert gets no tokens
     x = torch.randn(tokens, hidden, dtype=dtype).requires_grad_()
     w1 = (torch.randn(experts, 2 * inter, hidden, dtype=dtype) * 0.3).requires_grad_(frozen != "gate_up")
