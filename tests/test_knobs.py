@@ -29,32 +29,22 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.worker_preload() is True
 
 
-def test_moe_mlp_layout_values(monkeypatch):
-    assert knobs.moe_mlp_layout() == "padded"
-    monkeypatch.setenv(knobs.MOE_MLP_LAYOUT, "Plain")
-    assert knobs.moe_mlp_layout() == "plain"
-    monkeypatch.setenv(knobs.MOE_MLP_LAYOUT, "grouped")
-    with pytest.raises(ValueError, match=r"^TRITUNE_MOE_MLP_LAYOUT='grouped': use one of padded, plain$"):
-        knobs.moe_mlp_layout()
-
-
-def test_mxfp4_decode_values(monkeypatch):
-    monkeypatch.delenv(knobs.MXFP4_DECODE, raising=False)
-    assert knobs.mxfp4_decode() == "ops"  # the Triton-ops decode until the PTX one is measured
-    monkeypatch.setenv(knobs.MXFP4_DECODE, "ASM")
-    assert knobs.mxfp4_decode() == "asm"
-    monkeypatch.setenv(knobs.MXFP4_DECODE, "ptx")
-    with pytest.raises(ValueError, match=r"^TRITUNE_MXFP4_DECODE='ptx': use one of ops, asm$"):
-        knobs.mxfp4_decode()
-
-
-def test_timer_park_values(monkeypatch):
-    assert knobs.timer_park() == "short"
-    monkeypatch.setenv(knobs.TIMER_PARK, " Full ")
-    assert knobs.timer_park() == "full"
-    monkeypatch.setenv(knobs.TIMER_PARK, "long")
-    with pytest.raises(ValueError, match=r"^TRITUNE_TIMER_PARK='long': use one of short, full$"):
-        knobs.timer_park()
+@pytest.mark.parametrize(("name", "read", "default", "text", "value", "bad", "message"), [
+    (knobs.MOE_MLP_LAYOUT, knobs.moe_mlp_layout, "padded", "Plain", "plain", "grouped",
+     r"^TRITUNE_MOE_MLP_LAYOUT='grouped': use one of padded, plain$"),
+    # the Triton-ops decode until the PTX one is measured
+    (knobs.MXFP4_DECODE, knobs.mxfp4_decode, "ops", "ASM", "asm", "ptx",
+     r"^TRITUNE_MXFP4_DECODE='ptx': use one of ops, asm$"),
+    (knobs.TIMER_PARK, knobs.timer_park, "short", " Full ", "full", "long",
+     r"^TRITUNE_TIMER_PARK='long': use one of short, full$"),
+])
+def test_one_of_knobs_default_case_and_refusal(name, read, default, text, value, bad, message, monkeypatch):
+    assert read() == default
+    monkeypatch.setenv(name, text)
+    assert read() == value  # case and surrounding blanks do not matter
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=message):
+        read()
 
 
 def test_start_method_values(monkeypatch):
