@@ -23,11 +23,11 @@ import torch.nn.functional as F
 
 from tritune.device import current_device
 from tritune.kernels.grouped_dw_scheduled import pad
-from tritune.kernels.grouped_gemm import group_by_expert, grouped_gemm_dx, grouped_gemm_forward, scheduled_dw_launch
+from tritune.kernels.grouped_gemm import group_by_expert
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW
 from tritune.knobs import MOE_MLP_LAYOUT
 from tritune.ops.grouped_gemm import reload_grouped_gemm_configs, run_dw, run_dx, run_forward, select_configs
-from tritune.ops.moe_mlp import config_reading_padded, moe_mlp
+from tritune.ops.moe_mlp import dw_on_padded, dx_on_padded, forward_on_padded, moe_mlp
 from tritune.ops.routing import sample_routing
 from tritune.tuning.bench import time_kernel
 
@@ -153,21 +153,14 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict
     if up.dW.scheduled:
         bm_up = up.dW.BLOCK_SIZE_M
         x_pad = pad(x, m_sizes, gather, topk, pairs, bm_up)
-        mlp_layout["gate_up.forward"] = lambda: grouped_gemm_forward(
-            x_pad, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk, gather_indices=gather,
-            x_padded_to=bm_up, pairs=pairs)
-        mlp_layout["gate_up.dW"] = lambda: scheduled_dw_launch(
-            x_pad, dh, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False, permute_y=False, padded="x",
-            pairs=pairs)
+        mlp_layout["gate_up.forward"] = lambda: forward_on_padded(x_pad, w1, m_sizes, gather, topk, up.forward,
+                                                                  bm_up)
+        mlp_layout["gate_up.dW"] = lambda: dw_on_padded(x_pad, dh, m_sizes, gather, topk, up.dW, "x")
     if down.dW.scheduled:
         bm_down = down.dW.BLOCK_SIZE_M
         dy_pad = pad(dy, m_sizes, gather, 1, pairs, bm_down)
-        mlp_layout["down.dX"] = lambda: grouped_gemm_dx(
-            dy_pad, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk, gather_indices=gather,
-            dy_padded_to=bm_down, pairs=pairs)
-        mlp_layout["down.dW"] = lambda: scheduled_dw_launch(
-            a, dy_pad, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False, permute_y=False, padded="dy",
-            pairs=pairs)
+        mlp_layout["down.dX"] = lambda: dx_on_padded(dy_pad, w2, m_sizes, gather, topk, down.dX, bm_down)
+        mlp_layout["down.dW"] = lambda: dw_on_padded(a, dy_pad, m_sizes, gather, topk, down.dW, "dy")
     rows = {}
     for name, (flops, nbytes, ours, bare, permuted, view) in ({} if mlp_only else kernels).items():
         out, ref = ours(), bare()

@@ -28,16 +28,11 @@ def pieces(x: dict, model: str) -> dict:
     """name -> zero-argument callable, each one part of the MLP's forward or backward as the op runs it: where a
     GEMM's dW is scheduled (and TRITUNE_MOE_MLP_LAYOUT is padded), on the padded rows the MLP makes."""
     from tritune.kernels.grouped_dw_scheduled import pad
-    from tritune.kernels.grouped_gemm import (
-        group_by_expert,
-        grouped_gemm_dx,
-        grouped_gemm_forward,
-        scheduled_dw_launch,
-    )
+    from tritune.kernels.grouped_gemm import group_by_expert
     from tritune.kernels.swiglu import swiglu_backward, swiglu_forward
     from tritune.kernels.topk_weighted_sum import topk_sum, topk_weighted_sum_backward, topk_weighted_sum_forward
     from tritune.ops.grouped_gemm import run_dw, run_dx, run_forward, select_configs
-    from tritune.ops.moe_mlp import config_reading_padded, padded_rows
+    from tritune.ops.moe_mlp import dw_on_padded, dx_on_padded, forward_on_padded, padded_rows
 
     e, topk, h, inter = MODELS[model]
     tokens = x["hidden"].shape[0]
@@ -66,12 +61,9 @@ def pieces(x: dict, model: str) -> dict:
         x_pad = pad(hid, m_sizes, gather, topk, pairs, pad_up)
         parts |= {
             "gate_up pad tokens": lambda: pad(hid, m_sizes, gather, topk, pairs, pad_up),
-            "gate_up forward (padded)": lambda: grouped_gemm_forward(
-                x_pad, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk, gather_indices=gather,
-                x_padded_to=pad_up, pairs=pairs),
-            "gate_up dW (padded)": lambda: scheduled_dw_launch(
-                x_pad, hmid, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False, permute_y=False,
-                padded="x", pairs=pairs)}
+            "gate_up forward (padded)": lambda: forward_on_padded(x_pad, w1, m_sizes, gather, topk, up.forward,
+                                                                  pad_up),
+            "gate_up dW (padded)": lambda: dw_on_padded(x_pad, hmid, m_sizes, gather, topk, up.dW, "x")}
     else:
         parts |= {"gate_up forward": lambda: run_forward(hid, w1, m_sizes, gather, topk, True, False, up.forward),
                   "gate_up dW": lambda: run_dw(hid, hmid, m_sizes, gather, topk, True, False, up.dW)}
@@ -80,12 +72,8 @@ def pieces(x: dict, model: str) -> dict:
         parts |= {
             "topk sum backward (weights only)": lambda: topk_weighted_sum_backward(dout, y, w, with_dy=False),
             "down pad dY": lambda: pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=w),
-            "down dX (padded)": lambda: grouped_gemm_dx(
-                dy_pad, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk, gather_indices=gather,
-                dy_padded_to=pad_down, pairs=pairs),
-            "down dW (padded)": lambda: scheduled_dw_launch(
-                a, dy_pad, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False, permute_y=False,
-                padded="dy", pairs=pairs)}
+            "down dX (padded)": lambda: dx_on_padded(dy_pad, w2, m_sizes, gather, topk, down.dX, pad_down),
+            "down dW (padded)": lambda: dw_on_padded(a, dy_pad, m_sizes, gather, topk, down.dW, "dy")}
     else:
         parts |= {"topk sum backward": lambda: topk_weighted_sum_backward(dout, y, w),
                   "down dX": lambda: run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX),

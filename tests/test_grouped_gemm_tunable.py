@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tritune.device import DeviceInfo
-from tritune.kernels import grouped_gemm as gg
 from tritune.kernels.grouped_gemm_config import KernelConfigBackward_dW, KernelConfigBackward_dX, KernelConfigForward
+from tritune.ops import moe_mlp as mlp
 from tritune.tuners.grouped_gemm_tunable import (
     DEFAULT_SPACE,
     GEMMS,
@@ -217,8 +217,8 @@ def test_a_scheduled_dw_point_is_kept_and_matches_the_reference(gemm, layout, mo
     # unless TRITUNE_MOE_MLP_LAYOUT=plain; gate_up keeps its copy (the MLP pays it in the forward).
     monkeypatch.setenv("TRITUNE_MOE_MLP_LAYOUT", layout)
     calls = []
-    real = gg.scheduled_dw_launch
-    monkeypatch.setattr(gg, "scheduled_dw_launch", lambda *a, **kw: calls.append(kw.get("padded")) or real(*a, **kw))
+    real = mlp.scheduled_dw_launch  # the MLP's padded dW (dw_on_padded) launches through it
+    monkeypatch.setattr(mlp, "scheduled_dw_launch", lambda *a, **kw: calls.append(kw.get("padded")) or real(*a, **kw))
     shape = dataclasses.replace(SKEWED, hidden_size=64, intermediate_size=16)
     problem = GroupedGemmProblem(shape, gemm, "dW")
     config = point(**SCHEDULED_OK, scheduled=True)

@@ -69,6 +69,29 @@ def config_reading_padded(config: KernelConfig, operand: str) -> KernelConfig:
     return dataclasses.replace(config, permute_x=False, permute_y=False, **{f"use_tma_load_{operand}": True})
 
 
+def forward_on_padded(x_rows: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor, topk: int,
+                      config: KernelConfig, padded_to: int) -> torch.Tensor:
+    """Y [P, N] grouped from X in rows padded per expert to `padded_to` (`pad`'s layout), as the MLP's gate_up
+    forward runs it: the config reading padded rows through TMA."""
+    return grouped_gemm_forward(x_rows, w, m_sizes, config_reading_padded(config, "x"), topk=topk,
+                                gather_indices=gather, x_padded_to=padded_to, pairs=gather.shape[0])
+
+
+def dx_on_padded(dy_rows: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor, topk: int,
+                 config: KernelConfig, padded_to: int) -> torch.Tensor:
+    """dX [P, K] grouped from dY in rows padded per expert, as the MLP's down dX runs it."""
+    return grouped_gemm_dx(dy_rows, w, m_sizes, config_reading_padded(config, "dy"), topk=topk,
+                           gather_indices=gather, dy_padded_to=padded_to, pairs=gather.shape[0])
+
+
+def dw_on_padded(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gather: torch.Tensor, topk: int,
+                 config: KernelConfigBackward_dW, padded: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dW [E, N, K] (into `out` when given) through the scheduled loop with operand `padded` ("x" or "dy") already
+    in rows padded per expert and the other grouped, as the MLP's backward runs it: nothing copied."""
+    return scheduled_dw_launch(x, dy, m_sizes, config, topk=topk, gather=gather, permute_x=False, permute_y=False,
+                               out=out, padded=padded, pairs=gather.shape[0])
+
+
 class _MoeMlp(torch.autograd.Function):
     """The MoE MLP from routed tokens to their weighted top-k sum; gradients for hidden, both weights and the
     routing weights (see the module docstring for the layouts)."""
@@ -81,8 +104,7 @@ class _MoeMlp(torch.autograd.Function):
         pairs = gather.shape[0]
         if pad_up:
             x_rows = pad(hidden, m_sizes, gather, topk, pairs, pad_up)
-            h = grouped_gemm_forward(x_rows, w1, m_sizes, config_reading_padded(up.forward, "x"), topk=topk,
-                                     gather_indices=gather, x_padded_to=pad_up, pairs=pairs)
+            h = forward_on_padded(x_rows, w1, m_sizes, gather, topk, up.forward, pad_up)
         else:
             x_rows = hidden
             h = run_forward(hidden, w1, m_sizes, gather, topk, True, False, up.forward)
@@ -105,10 +127,8 @@ class _MoeMlp(torch.autograd.Function):
             dy_rows = pad(dout, m_sizes, gather, topk, pairs, pad_down, scale=topk_weights)
             if need_tw:
                 d_tw = topk_weighted_sum_backward(dout, y, topk_weights, with_dy=False)[1]
-            da = grouped_gemm_dx(dy_rows, w2, m_sizes, config_reading_padded(down.dX, "dy"), topk=topk,
-                                 gather_indices=gather, dy_padded_to=pad_down, pairs=pairs)
-            dw2 = scheduled_dw_launch(a, dy_rows, m_sizes, down.dW, topk=topk, gather=gather, permute_x=False,
-                                      permute_y=False, padded="dy", pairs=pairs)
+            da = dx_on_padded(dy_rows, w2, m_sizes, gather, topk, down.dX, pad_down)
+            dw2 = dw_on_padded(a, dy_rows, m_sizes, gather, topk, down.dW, "dy")
         else:
             dy, d_tw = topk_weighted_sum_backward(dout, y, topk_weights)
             da = run_dx(dy, w2, m_sizes, gather, topk, False, True, down.dX)
@@ -118,8 +138,7 @@ class _MoeMlp(torch.autograd.Function):
         if need_x:  # each token fed topk pairs: their gradients add up
             dx = topk_sum(run_dx(dh, w1, m_sizes, gather, topk, True, False, up.dX), topk)
         if need_w1 and ctx.pad_up:
-            dw1 = scheduled_dw_launch(x_rows, dh, m_sizes, up.dW, topk=topk, gather=gather, permute_x=False,
-                                      permute_y=False, padded="x", pairs=pairs)
+            dw1 = dw_on_padded(x_rows, dh, m_sizes, gather, topk, up.dW, "x")
         elif need_w1:
             dw1 = run_dw(x_rows, dh, m_sizes, gather, topk, True, False, up.dW)
         return dx, dw1, dw2, d_tw if need_tw else None, None, None, None, None, None, None

@@ -20,8 +20,9 @@ from tritune.kernels.grouped_gemm_reference import (
     grouped_gemm_dx_reference,
     grouped_gemm_reference,
 )
-from tritune.knobs import interpreting, moe_mlp_layout
+from tritune.knobs import interpreting
 from tritune.ops.grouped_gemm import heuristic_configs, run_dw, run_dx, run_forward
+from tritune.ops.moe_mlp import dw_on_padded, padded_rows
 from tritune.ops.routing import sample_routing
 from tritune.tuners.grouped_gemm_tuning import (
     BACKWARD_DW_RULES,
@@ -382,11 +383,10 @@ class GroupedGemmTunable:
         a, b = inputs["args"]
         m_sizes, gather, kc = inputs["m_sizes"], inputs["gather"], kernel_config(problem, config)
         topk, pairs = problem.shape.topk, problem.shape.pairs
-        if problem.kernel == "dW" and kc.scheduled and problem.permute_y and moe_mlp_layout() == "padded":
-            dy_rows = pad(b, m_sizes, gather, 1, pairs, kc.BLOCK_SIZE_M)
-            return lambda: gg.scheduled_dw_launch(a, dy_rows, m_sizes, kc, topk=topk, gather=gather,
-                                                  permute_x=False, permute_y=False, out=out, padded="dy",
-                                                  pairs=pairs)
+        padded_to = padded_rows(kc) if problem.kernel == "dW" and problem.permute_y else 0
+        if padded_to:
+            dy_rows = pad(b, m_sizes, gather, 1, pairs, padded_to)
+            return lambda: dw_on_padded(a, dy_rows, m_sizes, gather, topk, kc, "dy", out=out)
         return lambda: run(a, b, m_sizes, gather, topk, problem.permute_x, problem.permute_y, kc, out=out)
 
     def compile(self, problem: GroupedGemmProblem, config: Config) -> None:
