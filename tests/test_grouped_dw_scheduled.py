@@ -217,7 +217,7 @@ def test_scheduled_dw_reads_an_operand_already_padded_without_copying_it(padded)
         scheduled_dw_launch(x_in, dy_in, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
                             padded=padded, pairs=pairs - 1)
     short = {"x": (x_in[:64], dy_in), "dy": (x_in, dy_in[:64])}[padded]
-    with pytest.raises(ValueError, match=f"the padded {padded} has 64 rows; 36 pairs over 4 experts padded to 16 "
-                                         "need 112"):
+    with pytest.raises(ValueError, match=f"scheduled dW: {padded} padded per expert to 16 rows has 64 rows; 36 pairs "
+                                         "over 4 experts need 112"):
         scheduled_dw_launch(*short, ms, SCHEDULED, topk=1, gather=None, permute_x=False, permute_y=False,
                             padded=padded, pairs=pairs)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.kernels.grouped_gemm import _dw_tile, rows_upper_bound
+from tritune.kernels.grouped_gemm import _dw_tile, check_padded_rows, rows_upper_bound
 from tritune.kernels.grouped_launch import Desc, launch
 
 PAD_ROWS = 16  # rows a program of the padding copy moves (all their columns, PAD_COLS at a time)
@@ -246,9 +246,7 @@ def scheduled_dw(x: torch.Tensor, dy: torch.Tensor, m_sizes: torch.Tensor, gathe
         in_place, laid = (dy, x) if pad_x else (x, dy)
         if in_place.shape[0] != pairs:
             raise ValueError(f"scheduled dW: the operand read in place has {in_place.shape[0]} rows, not {pairs}")
-        if laid.shape[0] < rows_upper_bound(pairs, experts, block_m):
-            raise ValueError(f"scheduled dW: the padded {padded} has {laid.shape[0]} rows; {pairs} pairs over "
-                             f"{experts} experts padded to {block_m} need {rows_upper_bound(pairs, experts, block_m)}")
+        check_padded_rows(laid, pairs, experts, block_m, f"scheduled dW: {padded}")
     else:
         raise ValueError(f"scheduled dW: padded={padded!r} needs 'x' or 'dy', pairs, and no permute")
     if out is None:

@@ -320,6 +320,15 @@ def rows_upper_bound(pairs: int, experts: int, block_m: int) -> int:
     return (triton.cdiv(pairs, block_m) + experts) * block_m
 
 
+def check_padded_rows(t: torch.Tensor, pairs: int, experts: int, padded_to: int, name: str) -> None:
+    """ValueError (one line) where `t`, in rows padded per expert to `padded_to`, is shorter than that layout can
+    need: TMA would read zeros past its end without a word."""
+    need = rows_upper_bound(pairs, experts, padded_to)
+    if t.shape[0] < need:
+        raise ValueError(f"{name} padded per expert to {padded_to} rows has {t.shape[0]} rows; {pairs} pairs over "
+                         f"{experts} experts need {need}")
+
+
 def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, topk: int, experts: int,
           name: str) -> int:
     """P, the grouped rows of a launch whose input `t` is in token order (permuted: T·topk rows), grouped, or padded
@@ -332,9 +341,7 @@ def _rows(t: torch.Tensor, pairs: int | None, padded_to: int, permuted: bool, to
         raise ValueError(f"{name} padded per expert needs pairs, its grouped row count")
     if padded_to not in (16, 32, 64, 128, 256):
         raise ValueError(f"{name} padded to {padded_to} rows: expected 16, 32, 64, 128 or 256")
-    if t.shape[0] < rows_upper_bound(pairs, experts, padded_to):
-        raise ValueError(f"{name} padded per expert to {padded_to} rows has {t.shape[0]} rows; {pairs} pairs over "
-                         f"{experts} experts need {rows_upper_bound(pairs, experts, padded_to)}")
+    check_padded_rows(t, pairs, experts, padded_to, name)
     return pairs
 
 
