@@ -241,6 +241,8 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
                 row.update({f"ours_{k}": v for k, v in eager_and_graph([fn], reps=reps).items()})
         except Exception as err:  # noqa: BLE001 - a variant the kernels reject is a result, not a crash
             row[f"{name}_error"] = _error(err)
+    if getattr(args, "grouped", False) and quant == "none":
+        _time_grouped(row, h, w, tw, ti, rel_err, timed)
     try:
         if quant == "per_token":
             raise ValueError("no per_token peer in this benchmark (issue 14 compares per_token with our bf16)")
@@ -259,6 +261,23 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
     except Exception as err:  # noqa: BLE001
         row["vllm_error"] = _error(err)
     return row
+
+
+def _time_grouped(row: dict, h, w: dict, tw, ti, rel_err, timed) -> None:
+    """--grouped: the same MoE through the training MLP's kernels (`ops.moe_mlp` under inference_mode: the routing
+    sort, the grouped gate_up GEMM, SwiGLU, the grouped down GEMM, the top-k sum), whose GEMMs take every routed row
+    of an expert as one group instead of the fused op's padded blocks: is that a faster inference path?"""
+    from tritune.ops.moe_mlp import moe_mlp
+
+    def fn():
+        with torch.inference_mode():
+            return moe_mlp(h, w["w1"], w["w2"], tw.to(h.dtype), ti)
+
+    try:
+        row["grouped_rel_err"] = rel_err(fn())
+        row["grouped_us"] = timed(fn)
+    except Exception as err:  # noqa: BLE001
+        row["grouped_error"] = _error(err)
 
 
 def tune_spec(text: str) -> tuple[str, str, int]:
@@ -325,7 +344,8 @@ def fp8_speedups(rows: list[dict]) -> list[str]:
 
 def table(rows: list[dict], labels: list[str], tuned: bool = False) -> list[str]:
     """The markdown table of `rows`: one column per --variant label (and the tuned row's choice when `tuned`)."""
-    extra = [f"variant {v}" for v in labels] + (["tuned"] if tuned else [])
+    extra = [f"variant {v}" for v in labels] + (["tuned"] if tuned else []) + (
+        ["grouped"] if any("grouped_us" in r or "grouped_error" in r for r in rows) else [])
     head = ["shape", "quant", "tokens", "ours µs", "vLLM µs", "ours/vLLM", "floor µs", "ours/floor",
             "ours eager / graph µs", "vLLM config"] + [f"{k} µs (/ours)" for k in extra]
 
@@ -370,6 +390,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a tuned fused-MoE CSV: every row also times the op's choice read from it alone")
     ap.add_argument("--write-untuned", type=pathlib.Path, metavar="CSV",
                     help="write the untuned rows of these points (for `tritune moe -i`) and exit; no GPU needed")
+    ap.add_argument("--grouped", action="store_true",
+                    help="bf16 rows also time the training MLP's grouped kernels (ops.moe_mlp, inference mode)")
     ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant (median)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no row after this many seconds")
     args = ap.parse_args(argv)

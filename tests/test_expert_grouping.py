@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tritune.kernels.expert_grouping import CHUNK, group_by_expert_triton
+from tritune.kernels.expert_grouping import CHUNK, SCAN_FROM_COUNTS, group_by_expert_triton, scans
 from tritune.kernels.grouped_gemm import group_by_expert, group_by_expert_reference
 from tritune.knobs import interpreting
 
@@ -38,6 +38,11 @@ def test_the_triton_sort_equals_the_stable_argsort(tokens, topk, experts, used, 
     m_ref, g_ref = group_by_expert_reference(ids, experts)
     assert m_sizes.dtype == gather.dtype == torch.int32
     assert torch.equal(m_sizes, m_ref) and torch.equal(gather, g_ref)
+
+
+def test_the_scan_starts_where_the_count_table_reaches_the_measured_crossing():
+    assert not scans(1023, 8) and scans(1024, 16) and not scans(127, 128) and scans(128, 128)
+    assert scans(1, SCAN_FROM_COUNTS) and not scans(1, SCAN_FROM_COUNTS - 1)
 
 
 def test_one_expert_taking_every_pair_keeps_token_order():

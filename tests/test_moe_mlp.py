@@ -148,6 +148,9 @@ def test_config_selection_without_a_gpu_is_the_documented_heuristic():
     assert configs.origins == ("heuristic",) * 3
     assert configs.forward.permute_x and not configs.forward.use_tma_load_w  # no TMA in the interpreter
     assert select_configs(10, w, 2, True, False) is configs  # cached per process
+    # An empty batch looks up the 1-token configs (the tuned store refuses a token count of 0)
+    assert select_configs(0, w, 2, True, False) is select_configs(1, w, 2, True, False)
+    assert select_configs(0, w, 2, False, True) is select_configs(2, w, 2, False, True)
     assert gemm_role(True, False) == "gate_up" and gemm_role(False, True) == "down"
     with pytest.raises(ValueError, match="never both"):
         gemm_role(True, True)

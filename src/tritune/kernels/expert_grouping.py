@@ -5,11 +5,11 @@ Why: torch's stable argsort, zeros, scatter_add and casts were about 125 µs of 
 seven-odd launches (a cub radix sort among them), the largest single host cost of a small training step after the
 GEMMs (profile_moe_mlp_host.py, fourteenth session). Here each chunk of CHUNK pairs is counted (tl.histogram), then
 each chunk places its pairs: the expert's first grouped row, plus the same expert's pairs in earlier chunks, plus
-its rank among the chunk's pairs of that expert (a sort of (expert, position) keys keeps token order). Up to
-SCAN_FROM_CHUNKS chunks, each chunk reads every chunk's counts itself (two launches; the reads grow with the square
-of the chunk count). From there, one program per expert scans its column of counts first (three launches, linear:
-a step of 64K tokens at top-8 has 2048 chunks). No host sync; the result equals the stable argsort's exactly. Expert
-ids must lie in [0, num_experts), as a router gives them.
+its rank among the chunk's pairs of that expert (a sort of (expert, position) keys keeps token order). While the
+count table is small, each chunk reads every chunk's counts itself (two launches; the reads grow with the square of
+the chunk count). From SCAN_FROM_COUNTS counts (chunks times experts), one program per expert scans its column of
+counts first (three launches, linear: a step of 64K tokens at top-8 has 2048 chunks). No host sync; the result
+equals the stable argsort's exactly. Expert ids must lie in [0, num_experts), as a router gives them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import triton.language as tl
 from tritune.kernels.grouped_launch import launch
 
 CHUNK = 256  # pairs a program counts and places
-# From this many chunks (131072 pairs), a scan launch replaces every chunk reading all the counts. The two-launch
-# path took 15.6 µs of GPU time at 256 chunks (Qwen3-30B-A3B, 8192 tokens, H100) and grows with the square of the
-# count; the scan path is not yet timed on a GPU, so it starts where the square would reach about 60 µs.
-SCAN_FROM_CHUNKS = 512
+# From this many counts (chunks × experts rounded up to a power of two), a scan launch replaces every chunk reading
+# all the counts. Measured on the H100 (probe_expert_grouping.py, fifteenth session), the two paths cross there for
+# 8, 64 and 128 experts alike: at 8192 counts the two launches win by 0.3-1.6 µs (E 8 at 1024 chunks ties: 14.5
+# against 14.1), at 16384 the scan wins (E 128, 128 chunks: 11.2 against 11.8 µs), and by 2048 chunks of E 128 the
+# two launches take 727 µs against the scan's 25.5.
+SCAN_FROM_COUNTS = 16384
 SCAN_BLOCK = 1024  # chunks an expert's scan program sums at once
 HELPER_LAUNCH = {"num_warps": 4, "num_stages": 1}
 
@@ -95,10 +97,16 @@ def _place_pairs_kernel(ids_ptr, counts_ptr, bases_ptr, m_sizes_ptr, gather_ptr,
     tl.store(gather_ptr + base + tl.arange(0, CHUNK), (c * CHUNK + keys % CHUNK).to(tl.int32), mask=real)
 
 
+def scans(chunks: int, e_pow2: int) -> bool:
+    """Whether the sort runs its scan launch for this many chunks and (power-of-two) experts."""
+    return chunks * e_pow2 >= SCAN_FROM_COUNTS
+
+
 def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int,
                            scan_from_chunks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(m_sizes int32 [E], gather_indices int32 [T·topk]) for topk_ids [T, topk]: `grouped_gemm.group_by_expert`'s
-    result, in two launches, or three from `scan_from_chunks` chunks of CHUNK pairs (default SCAN_FROM_CHUNKS)."""
+    result, in two launches, or three (the scan) where `scans` says, or from `scan_from_chunks` chunks of CHUNK
+    pairs when given (the probe and the tests force either path so)."""
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
@@ -114,7 +122,7 @@ def group_by_expert_triton(topk_ids: torch.Tensor, num_experts: int,
     gather = torch.empty(pairs, device=flat.device, dtype=torch.int32)
     launch(_chunk_counts_kernel, (chunks,), dict(ids_ptr=flat, counts_ptr=counts, P=pairs, E_POW2=e_pow2,
                                                  CHUNK=CHUNK), **HELPER_LAUNCH)
-    scanned = chunks >= (SCAN_FROM_CHUNKS if scan_from_chunks is None else scan_from_chunks)
+    scanned = scans(chunks, e_pow2) if scan_from_chunks is None else chunks >= scan_from_chunks
     if scanned:
         launch(_expert_scan_kernel, (num_experts,), dict(counts_ptr=counts, bases_ptr=bases, m_sizes_ptr=m_sizes,
                                                          num_chunks=chunks, E_POW2=e_pow2, SCAN_BLOCK=SCAN_BLOCK),

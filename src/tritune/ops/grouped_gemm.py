@@ -127,9 +127,10 @@ def _select(device: torch.device, num_experts: int, n: int, k: int, topk: int, t
 
 def select_configs(x_rows: int, w: torch.Tensor, topk: int, permute_x: bool, permute_y: bool) -> GroupedGemmConfigs:
     """Configs for a grouped GEMM with weights w [E, N, K] over `x_rows` rows of X as given (tokens when permute_x,
-    else grouped rows); cached per process (`reload_grouped_gemm_configs` clears it)."""
+    else grouped rows); cached per process (`reload_grouped_gemm_configs` clears it). An empty batch (an expert-parallel
+    rank can get none) takes the 1-token configs: nothing launches, but the lookup wants a token count >= 1."""
     num_experts, n, k = w.shape
-    tokens = x_rows if permute_x else max(1, x_rows // topk)
+    tokens = max(1, x_rows if permute_x else x_rows // topk)
     return _select(w.device, num_experts, n, k, topk, tokens, w.dtype, permute_x, permute_y)
 
 
