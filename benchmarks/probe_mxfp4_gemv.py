@@ -16,6 +16,12 @@ takes the stage-1 and stage-2 GEMMs of one expert set out of the op and times, o
   fp32, multiply-add with the rows (at most 2), sum the block in the thread, scale the sum once, and reduce across
   threads only after the K loop (the `fma` modes reduce across threads every step);
 - `gemv_asm`: `gemv` with the decode in PTX (`_E2M1_F32_PTX`: 5 integer ops and one multiply a weight).
+- `swap_asm`: the weights as the MMA's left operand, Cᵀ = W·Xᵀ: the tile decoded to bf16 through packed PTX
+  (`_e2m1_pairs`, as `kernels.mxfp4.mxfp4_tile` under TRITUNE_MXFP4_DECODE=asm), then `tl.dot(w, xᵀ)` with 16
+  token columns. Hopper's wgmma takes its left operand from registers, so the decoded tile need not pass through
+  shared memory (the right operand must): the orientation triton_kernels' Hopper MXFP4 matmul runs (its SWAP_XW).
+- `swap_ops`: `swap_asm` with Triton's own integer decode (`mxfp4_tile`'s default).
+- `swap_dot_scaled`, `swap_bf16`: the same orientation through `tl.dot_scaled` on the codes, and with bf16 weights.
 
 Split-K programs add their partial sums with fp32 atomics into a zeroed output. Each variant is checked against
 x · dequant(w)ᵀ in fp32 first (rel. L2 in the JSON); `load` is checked against its own checksum.
@@ -42,12 +48,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
 from probe_util import checked_time  # noqa: E402
 
-from tritune.kernels.mxfp4 import decode_e2m1, e8m0_to_fp32  # noqa: E402
+from tritune.kernels.mxfp4 import (  # noqa: E402
+    _HIGH_NIBBLES_PTX,
+    _LOW_NIBBLES_PTX,
+    _e2m1_pairs,
+    decode_e2m1,
+    e8m0_to_fp32,
+    mxfp4_codes,
+    mxfp4_tile,
+)
 
 MODES = {"load": 0, "bf16": 1, "fma": 2, "fma_blockscale": 3, "dot_scaled": 4, "dot_bf16": 5, "gemv": 6,
-         "gemv_asm": 7}
-MMA_MODES = ("dot_scaled", "dot_bf16")
-ASM_MODES = ("gemv_asm",)
+         "gemv_asm": 7, "swap_asm": 8, "swap_dot_scaled": 9, "swap_bf16": 10, "swap_ops": 11}
+MMA_MODES = ("dot_scaled", "dot_bf16", "swap_asm", "swap_dot_scaled", "swap_bf16", "swap_ops")
+ASM_MODES = ("gemv_asm", "swap_asm")
 GEMV_MODES = ("gemv", "gemv_asm")
 BYTES_PER_S = 3.0e12  # measured H100 copy bandwidth, as the other benchmarks
 # gpt-oss-120b (D = I = 2880): stage 1 is [2I, D] per expert, stage 2 [D, I].
@@ -145,10 +159,13 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, wb_ptr, out_ptr, N, K,
     s_rows = s_ptr + e * N * (K // 32) + rows_c[:, None] * (K // 32)
     x_rows = x_ptr + e * M * K + ms[:, None] * K
     m_ok = ms[:, None] < M
+    ms16 = tl.arange(0, 16)
+    a_rows = x_ptr + e * M * K + ms16[:, None] * K
     if MODE == 4 or MODE == 5:
         acc = tl.zeros([16, BLOCK_N], tl.float32)
-        ms16 = tl.arange(0, 16)
-        a_rows = x_ptr + e * M * K + ms16[:, None] * K
+    elif MODE >= 8:
+        acc_t = tl.zeros([BLOCK_N, 16], tl.float32)
+        acc = tl.zeros([16, BLOCK_N], tl.float32)
     else:
         acc = tl.zeros([M_PAD, BLOCK_N], tl.float32)
     chk = tl.zeros([BLOCK_N], tl.int32)
@@ -189,6 +206,27 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, wb_ptr, out_ptr, N, K,
                             mask=(k // 2 + jb)[:, None] < K // 2, other=0)
             scales = tl.load(s_rows + (k // 32 + js)[None, :], mask=ks_ok, other=127)
             acc = tl.dot_scaled(a, None, "bf16", codes, scales, "e2m1", acc)
+        elif MODE >= 8:
+            xt = tl.trans(tl.load(a_rows + (k + jk)[None, :], mask=(ms16[:, None] < M) & k_ok, other=0.0)
+                          .to(tl.bfloat16))  # [BLOCK_K, 16]
+            if MODE == 8:
+                packed, sc = mxfp4_codes(w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32), rows_c, k, K // 2,
+                                         K // 32, K, BLOCK_K)
+                sb = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
+                                (BLOCK_N, BLOCK_K // 2))
+                w = tl.interleave(_e2m1_pairs(packed, sb, _LOW_NIBBLES_PTX), _e2m1_pairs(packed, sb, _HIGH_NIBBLES_PTX))
+                acc_t = tl.dot(w, xt, acc_t)
+            elif MODE == 11:
+                w = mxfp4_tile(w_ptr + e * N * (K // 2), s_ptr + e * N * (K // 32), rows_c, k, K // 2, K // 32, K,
+                               BLOCK_N, BLOCK_K, tl.bfloat16)
+                acc_t = tl.dot(w, xt, acc_t)
+            elif MODE == 9:
+                codes = tl.load(w_rows + (k // 2 + jb)[None, :], mask=kb_ok, other=0)  # [BLOCK_N, BLOCK_K/2]
+                scales = tl.load(s_rows + (k // 32 + js)[None, :], mask=ks_ok, other=127)
+                acc_t = tl.dot_scaled(codes, scales, "e2m1", xt, None, "bf16", acc_t)
+            else:
+                w = tl.load(wb_ptr + e * N * K + rows_c[:, None] * K + (k + jk)[None, :], mask=k_ok, other=0.0)
+                acc_t = tl.dot(w, xt, acc_t)
         elif MODE == 6 or MODE == 7:
             g0, g1 = _gemv_step(w_rows3, s_rows, xs_ptr + e * M * K, k, K, M, BLOCK_K, MODE == 7, g0, g1)
         else:
@@ -200,7 +238,9 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, wb_ptr, out_ptr, N, K,
         acc += chk.to(tl.float32)[None, :]
     if MODE == 6 or MODE == 7:
         acc += tl.where(ms[:, None] == 0, tl.sum(g0, axis=1)[None, :], tl.sum(g1, axis=1)[None, :])
-    if MODE == 4 or MODE == 5:
+    if MODE >= 8:
+        acc = tl.trans(acc_t)
+    if MODE == 4 or MODE == 5 or MODE >= 8:
         out_m = tl.arange(0, 16)
     else:
         out_m = ms
@@ -260,14 +300,14 @@ def problem_rows(label: str, experts: int, m: int, n: int, k: int, tiles: list[d
         if mode in GEMV_MODES and m > 2:
             continue  # they keep one accumulator per row, two at most
         want = load_checksum(w, s, m, tile).to(device) if mode == "load" else (
-            ref_b if mode in ("bf16", "dot_bf16") else ref)
+            ref_b if mode in ("bf16", "dot_bf16", "swap_bf16") else ref)
         res = checked_time(lambda mode=mode, tile=tile: run_variant(mode, x, w, s, wb, tile), want, timer)
         row = {"point": label, "problem": f"{n}x{k}", "mode": mode, **tile}
         if isinstance(res, str):
             row["error"] = res
         else:
             us, err = res
-            floor = (bf_bytes if mode in ("bf16", "dot_bf16") else mx_bytes) / BYTES_PER_S * 1e6
+            floor = (bf_bytes if mode in ("bf16", "dot_bf16", "swap_bf16") else mx_bytes) / BYTES_PER_S * 1e6
             row |= {"us": us, "rel_l2": err, "floor_us": round(floor, 1), "x_floor": round(us / floor, 2),
                     "mxfp4_floor_us": round(mx_bytes / BYTES_PER_S * 1e6, 1)}
         rows.append(row)
