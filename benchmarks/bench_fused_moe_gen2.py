@@ -241,7 +241,7 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
                 row.update({f"ours_{k}": v for k, v in eager_and_graph([fn], reps=reps).items()})
         except Exception as err:  # noqa: BLE001 - a variant the kernels reject is a result, not a crash
             row[f"{name}_error"] = _error(err)
-    if getattr(args, "grouped", False) and quant == "none":
+    if args.grouped and quant == "none":
         _time_grouped(row, h, w, tw, ti, rel_err, timed)
     try:
         if quant == "per_token":

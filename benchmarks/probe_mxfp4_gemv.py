@@ -163,9 +163,8 @@ def _gemv_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, wb_ptr, out_ptr, N, K,
     a_rows = x_ptr + e * M * K + ms16[:, None] * K
     if MODE == 4 or MODE == 5:
         acc = tl.zeros([16, BLOCK_N], tl.float32)
-    elif MODE >= 8:
+    elif MODE >= 8:  # swapped: accumulates Cᵀ, transposed into acc after the loop
         acc_t = tl.zeros([BLOCK_N, 16], tl.float32)
-        acc = tl.zeros([16, BLOCK_N], tl.float32)
     else:
         acc = tl.zeros([M_PAD, BLOCK_N], tl.float32)
     chk = tl.zeros([BLOCK_N], tl.int32)
