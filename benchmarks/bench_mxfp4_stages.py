@@ -4,10 +4,10 @@ Measures the MXFP4 GEMM paths issue 16 asks about: stage 1 + stage 2 (`moe_stage
 the sort itself is not timed) with MXFP4 weights against the same stages with bf16 weights, on gpt-oss-120b's MoE
 shape (E 128, top-4, D 2880, I 2880) at 1-4096 tokens. Configs: the rule table's bf16 choice for all (MXFP4 without
 TMA, BLOCK_K >= 32). MXFP4 three ways: the weight tile decoded in registers, the same through tl.dot_scaled, and fp8
-per-token activations through tl.dot_scaled (per_1x32_a8); also "mxfp4 rule", the rule table's own MXFP4 tiles (what
-the op runs untuned, `heuristics.MXFP4_WIDE_PAIRS`); with --sweep also 12 tile configs per 16-bit path at
-<= 256 tokens (what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2 byte, scales
-1/32 byte per weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
+per-token activations through tl.dot_scaled (per_1x32_a8); also "mxfp4 rule", the rule table's own MXFP4 tiles
+(what the op runs untuned: the swapped GEMM, `heuristics._mxfp4_swapped`); with --sweep also 12 tile configs per
+16-bit path at <= 256 tokens (what a tuner would find first). Floor: the routed experts' MXFP4 weights (values 1/2
+byte, scales 1/32 byte per weight) and the bf16 activations at the copy bandwidth, or the FLOPs at the bf16 peak.
 
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --out $OUT/bench_mxfp4_stages.json      # on the GPU
     PYTHONPATH=src python benchmarks/bench_mxfp4_stages.py --tiny --out F                          # interpreter
@@ -41,6 +41,19 @@ FMA_TILES = [dict(BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, KSPLIT=ks, num_warps=w, num_
                                        (64, 128, 4, 4, 3), (128, 128, 1, 8, 3), (256, 64, 1, 8, 4))]
 
 
+# --swap: the swapped MXFP4 GEMM (fused_moe._mxfp4_swap_dot) on these tiles besides the rule table's, up to
+# SWEEP_TOKENS tokens (the probe's best at 1 and 64 tokens was BN 64, BK 128, 4 warps, 3 stages; split-K 4 at 1 token).
+SWAP_TILES = [dict(BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, KSPLIT=ks, num_warps=w, num_stages=st)
+              for bn, bk, ks, w, st in ((64, 128, 1, 4, 3), (64, 128, 4, 4, 3), (64, 128, 2, 4, 3), (128, 128, 1, 8, 3),
+                                        (64, 256, 1, 4, 3), (32, 256, 1, 4, 3), (64, 128, 1, 4, 4), (128, 64, 1, 4, 4))]
+
+# Above SWEEP_TOKENS: taller blocks, so one decoded weight tile serves more rows (the swapped dot's N is the block).
+SWAP_TILES_LARGE = [dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, KSPLIT=1, num_warps=w, num_stages=st)
+                    for bm, bn, bk, w, st in ((32, 64, 64, 4, 4), (64, 64, 64, 4, 3), (64, 64, 128, 4, 3),
+                                              (128, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
+                                              (128, 64, 128, 4, 2))]
+
+
 def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_weight: float) -> float:
     flops = 2.0 * tokens * topk * 3 * d * inter
     weights = routed * 3 * d * inter * bytes_per_weight
@@ -48,7 +61,7 @@ def floor_us(tokens: int, d: int, inter: int, topk: int, routed: int, bytes_per_
 
 
 def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int, sweep: bool = False,
-          fma: bool = False, sweep_warps: tuple[int, ...] = ()) -> dict:
+          fma: bool = False, sweep_warps: tuple[int, ...] = (), swap: bool = False) -> dict:
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -90,7 +103,8 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
         rel = float((call().float() - ref).norm() / ref.norm().clamp_min(1e-30))
         return rel, time_kernel(call, iters=iters, warmup=min(3, iters)).median_us
 
-    mx = lambda c: dataclasses.replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
+    replace = dataclasses.replace
+    mx = lambda c: replace(c, USE_TMA=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))  # noqa: E731
     # The op's own MXFP4 choice (its rule table's MXFP4 entries), through the path the op takes by default.
     _, r1, r2 = moe_heuristic(tokens, d, inter, e, topk, fm.MXFP4, one_stage=False)
     contestants = {"bf16": ("none", False, c1, c2, b1, b2, None, None),
@@ -109,6 +123,12 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
                 contestants[f"mxfp4 dot_scaled w{w} sweep {i}"] = (
                     fm.MXFP4, True, dataclasses.replace(mx(c1), num_warps=w, **fields),
                     dataclasses.replace(mx(c2), num_warps=w, **fields), q1, q2, s1, s2)
+    if swap:  # the rule table's MXFP4 tiles with the weights as the dot's left operand, and SWAP_TILES on them
+        contestants["mxfp4 swap"] = (fm.MXFP4, False, replace(r1, SWAP_AB=1), replace(r2, SWAP_AB=1), q1, q2, s1, s2)
+        if device == "cuda":
+            for i, fields in enumerate(SWAP_TILES if tokens <= SWEEP_TOKENS else SWAP_TILES_LARGE):
+                contestants[f"mxfp4 swap {i}"] = (fm.MXFP4, False, replace(r1, SWAP_AB=1, **fields),
+                                                  replace(r2, SWAP_AB=1, **fields), q1, q2, s1, s2)
     pairs_per_expert = math.ceil(tokens * topk / e)
     if fma and pairs_per_expert <= 8:
         bm = 1 << (pairs_per_expert - 1).bit_length()  # the power of two holding them
@@ -122,8 +142,9 @@ def point(tokens: int, dims: tuple[int, int, int, int], device: str, iters: int,
             row[f"{name}_configs"] = [cfg1.name("stage1", quant), cfg2.name("stage2", quant)]
         except Exception as err:  # noqa: BLE001 - a config the compiler refuses is a result
             row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
-    swept = [v for k, v in row.items() if k.startswith("mxfp4") and k.endswith("_us")]
-    row["mxfp4_best_us"] = min(swept) if swept else math.nan
+    swept = {k[:-3]: v for k, v in row.items() if k.startswith("mxfp4") and k.endswith("_us")}
+    row["mxfp4_best"] = min(swept, key=swept.get) if swept else "none"
+    row["mxfp4_best_us"] = swept.get(row["mxfp4_best"], math.nan)
     bf16_fma = [v for k, v in row.items() if k.startswith("bf16 fma") and k.endswith("_us")]
     row["bf16_fma_best_us"] = min(bf16_fma) if bf16_fma else math.nan
     return row
@@ -151,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"also 12 MXFP4 tile configs per path up to {SWEEP_TOKENS} tokens")
     ap.add_argument("--fma", action="store_true", help="also the stage kernels' multiply-add path (BLOCK_SIZE_M under "
                     "16) in a few tiles, bf16 and MXFP4, where an expert gets at most 8 pairs")
+    ap.add_argument("--swap", action="store_true", help="also the swapped MXFP4 GEMM (the weights as the dot's left "
+                    f"operand, packed PTX decode) on the rule table's tiles and {len(SWAP_TILES)} more up to "
+                    f"{SWEEP_TOKENS} tokens, {len(SWAP_TILES_LARGE)} taller ones above")
     ap.add_argument("--padded-grid", action="store_true",
                     help="MoE GEMM grids over every block of the padded sort (the baseline of the tight grids)")
     args = ap.parse_args(argv)
@@ -164,20 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for t in tokens:
         rows.append(point(t, dims, device, 1 if device == "cpu" else args.iters, args.sweep, args.fma,
-                          args.sweep_warps))
+                          args.sweep_warps, args.swap))
         args.out.write_text(json.dumps({"dims": dims, "device": device, "padded_grid": args.padded_grid, "rows": rows},
                                        indent=1))
     print("| tokens | floor MXFP4 µs | bf16 stages µs | bf16 multiply-add best µs | MXFP4 decode µs | "
-          "MXFP4 dot_scaled µs | MXFP4 rule table µs | MXFP4 fp8 A µs | MXFP4 best µs | best / floor | "
-          "bf16 / MXFP4 best |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "MXFP4 dot_scaled µs | MXFP4 rule table µs | MXFP4 swapped (rule tiles) µs | MXFP4 fp8 A µs | MXFP4 best µs "
+          "| best / floor | bf16 / MXFP4 best | best MXFP4 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         best = r["mxfp4_best_us"]
         print(f"| {r['tokens']} | {r['floor_mxfp4_us']:.1f} | {r.get('bf16_us', math.nan):.1f} | "
               f"{r['bf16_fma_best_us']:.1f} | {r.get('mxfp4_us', math.nan):.1f} | "
               f"{r.get('mxfp4 dot_scaled_us', math.nan):.1f} | {r.get('mxfp4 rule_us', math.nan):.1f} | "
-              f"{r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
-              f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} |")
+              f"{r.get('mxfp4 swap_us', math.nan):.1f} | {r.get('mxfp4 a8_us', math.nan):.1f} | {best:.1f} | "
+              f"{best / r['floor_mxfp4_us']:.2f} | {r.get('bf16_us', math.nan) / best:.2f} | {r['mxfp4_best']} |")
     return 0
 
 

@@ -71,14 +71,53 @@ def test_stage2_with_mxfp4_weights_matches_the_dequantized_reference(ksplit, mxf
     assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
 
 
-@pytest.mark.parametrize("quant", [fm.MXFP4, fm.MXFP4_A8])
-@pytest.mark.parametrize("kernel", ["stage1", "stage2"])
-def test_swap_ab_is_refused_for_mxfp4_weights(kernel, quant):
-    """Measured slower (dot_scaled) or not compiling (the decoded tile as the left operand) on the H100."""
-    from tritune.kernels.fused_moe_config import check_config
+DTYPES = [pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16", marks=pytest.mark.skipif(
+              DEVICE == "cpu", reason="bf16 (the packed PTX decode) needs a GPU: the interpreter runs no PTX and its "
+              "bf16 tl.dot is wrong"))]
 
-    with pytest.raises(ValueError, match=r"SWAP_AB is not for MXFP4 weights \(per_1x32\)$"):
-        check_config(dataclasses.replace(CFG, SWAP_AB=1), kernel, quant)
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("gated", "ksplit"), [(True, 1), (True, 2), (False, 1)], ids=["gated", "gated-ks2", "plain"])
+def test_swap_ab_stage1_with_mxfp4_weights(gated, ksplit, dtype, mxfp4_gemm):
+    """SWAP_AB: the decoded weight tile as the dot's left operand (w · aᵀ, transposed once at the end), whichever
+    path MXFP4_DOT_SCALED names for the unswapped case; K 96 is not a multiple of BLOCK_K 64, N 40 under a tile."""
+    inter = 64 if not gated else INTER
+    hidden, w1, _, ids, weights = operands(dtype=dtype, gated=gated, inter=inter)
+    q1, s1 = quantize_weights(w1, fm.MXFP4)
+    cfg = dataclasses.replace(CFG, SWAP_AB=1, KSPLIT=ksplit)
+    check_config(cfg, "stage1", fm.MXFP4)
+    sorting = moe_align_block_size(ids.to(DEVICE), cfg.BLOCK_SIZE_M, E)
+    out = moe_stage1(hidden.to(DEVICE), q1.to(DEVICE), weights.to(DEVICE), sorting, cfg, inter_dim=inter,
+                     quant=fm.MXFP4, w1_scale=s1.to(DEVICE))
+    ref = stage1_reference(hidden, q1, weights, ids, inter_dim=inter, quant=fm.MXFP4, w1_scale=s1)
+    assert out.shape == (TOKENS * TOPK, inter) and out.dtype == dtype
+    assert rel_l2(out.cpu(), ref) < (2e-3 if dtype == torch.float16 else 1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
+    """Both stages swapped as the bound 2-stage call, with the sorted intermediate and the top-k atomics."""
+    from tritune.kernels.fused_moe import fused_moe_2stage
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(dtype=dtype, inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}):
+        cfg1 = dataclasses.replace(CFG, SWAP_AB=1, **levers)
+        cfg2 = dataclasses.replace(cfg1, BLOCK_SIZE_K=32)
+        out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
+        assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < (2e-3 if dtype == torch.float16 else 1e-2), levers
+
+
+@pytest.mark.parametrize("kernel", ["stage1", "stage2"])
+def test_swap_ab_is_refused_for_mxfp4_with_fp8_activations(kernel):
+    """The swapped tile would have to decode to e4m3: not built."""
+    with pytest.raises(ValueError, match=r"SWAP_AB is not for MXFP4 weights with fp8 activations \(per_1x32_a8\)$"):
+        check_config(dataclasses.replace(CFG, SWAP_AB=1), kernel, fm.MXFP4_A8)
+    check_config(dataclasses.replace(CFG, SWAP_AB=1), kernel, fm.MXFP4)
 
 
 def test_the_reference_is_the_plain_moe_on_the_dequantized_weights():

@@ -72,12 +72,12 @@ ONE = MoeProblem(shape(token=16, model_dim=512, inter_dim=256), "1stage")  # 32 
 P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per thread (128 on 4 warps)"
 # (rule, problem, device, config): the config breaks that rule and no other.
 MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
+MX8 = MoeProblem(shape("per_1x32", q_dtype_a="fp8", q_dtype_w="fp4x2"), "stage1")  # per_1x32_a8: fp8 activations
+SWAP_RULE = "SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: BLOCK_SIZE_N >= 64; not per_1x32_a8)"
 STAGE_RULES = [
     ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
-    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)", BIG, DEV,
-     stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
-    ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (not MXFP4)", MX, DEV,
-     stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=64)),  # measured slower / not compiling for MXFP4
+    (SWAP_RULE, BIG, DEV, stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
+    (SWAP_RULE, MX8, DEV, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=64)),  # no e4m3 decode for the swap
     ("shared memory > device limit", BIG, DEV,
      stage_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_warps=8, num_stages=4)),  # 4*(64+2*128)*128*2 B = 320 KiB
     ("accumulator registers per thread > 128", BIG, DEV,
@@ -154,6 +154,15 @@ def test_the_interpreter_keeps_per_token_stages_with_its_small_block_k() -> None
     otherwise prune every stage candidate of a per_token row, leaving only the 1-stage kernel."""
     rules = stage_constraints(MoeProblem(shape("per_token"), "stage1"), dataclasses.replace(GPU, interpreter=True))
     assert "fp8 per_token with BLOCK_SIZE_K 64" not in _failing(rules, stage_config())
+
+
+def test_mxfp4_with_16_bit_activations_may_swap_at_any_block_height() -> None:
+    """The packed-PTX decode feeds the swapped dot (fused_moe._mxfp4_swap_dot) from registers: any BLOCK_SIZE_M, a
+    64-row weight tile at least; fp8 activations are refused."""
+    rules = stage_constraints(MX, DEV)
+    for bm in (32, 64):  # 128 pairs per expert
+        assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64)) == []
+    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32)) == [SWAP_RULE]
 
 
 def test_every_rule_has_a_case() -> None:

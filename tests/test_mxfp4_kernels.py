@@ -171,3 +171,32 @@ def test_empty_rows():
 def test_bad_inputs(packed, scales, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dequantize_mxfp4_triton(packed, scales, **kwargs)
+
+
+@triton.jit
+def _tile_asm_probe(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    OUT_DTYPE: tl.constexpr):
+    """The whole [N, K] weight through mxfp4_tile(ASM=True), one [BLOCK_N, BLOCK_K] tile a program."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = mxfp4_tile(w_ptr, s_ptr, n % N, k0, K // 2, K // 32, K, BLOCK_N, BLOCK_K, OUT_DTYPE, True)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=(n[:, None] < N) & (k[None, :] < K))
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the packed PTX decode runs on a GPU only (the interpreter runs no PTX)")
+@pytest.mark.parametrize(("dtype", "out_tl", "codes"), [(torch.bfloat16, tl.bfloat16, (2, 253)),
+                                                         (torch.float16, tl.float16, (104, 141))],
+                         ids=["bf16", "fp16"])
+def test_packed_ptx_tile_decode_is_exact(dtype, out_tl, codes):
+    """mxfp4_tile(ASM=True), as the swapped fused-MoE GEMM decodes (bf16, and fp16 for fp16 activations), equal bit
+    for bit to the spec's dequantizer over every e2m1 code and the scale codes each type holds exactly; K 160 leaves
+    the second 128-wide tile half past K."""
+    gen = torch.Generator().manual_seed(5)
+    n, k = 37, 160
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(codes[0], codes[1], (n, k // 32), generator=gen, dtype=torch.uint8)
+    out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
+    _tile_asm_probe[(triton.cdiv(n, 16), triton.cdiv(k, 128))](packed.to(DEVICE), scales.to(DEVICE), out, n, k,
+                                                               BLOCK_N=16, BLOCK_K=128, OUT_DTYPE=out_tl)
+    _assert_bits_equal(out.cpu(), dequantize_mxfp4(packed, scales, dtype))

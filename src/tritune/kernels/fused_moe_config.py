@@ -163,10 +163,11 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
-    if config.SWAP_AB and quant in MXFP4_QUANTS:
-        # Measured on the H100 (gpt-oss-120b's shape, 1-64 tokens): w · aᵀ through tl.dot_scaled ran 1.85-1.89x
-        # slower than a · wᵀ, and the decoded tile as tl.dot's left operand does not compile on Triton 3.6.
-        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is not for MXFP4 weights (per_1x32)")
+    if config.SWAP_AB and quant == MXFP4_A8:
+        # MXFP4 with 16-bit activations swaps through the packed PTX decode (fused_moe._mxfp4_swap_dot); with fp8
+        # activations the tile would have to decode to e4m3, which nothing here does.
+        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is not for MXFP4 weights with fp8 activations "
+                         f"({MXFP4_A8})")
     if kernel == "1stage":
         d = config.BLOCK_SIZE_D
         if d < 16 or d & (d - 1) or config.KSPLIT != 1:

@@ -45,41 +45,59 @@ _OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.flo
 # fp32 multiply. Fixed when this module is imported: a jitted function's globals must not change once it compiled.
 # Never in the interpreter, which cannot run PTX.
 ASM_DECODE = tl.constexpr(mxfp4_decode() == "asm" and not interpreting())
+# Whether PTX can run at all (a caller asking for the packed decode gets Triton's integer ops in the interpreter).
+PTX_OK = tl.constexpr(not interpreting())
 
-# Two e2m1 codes per 32-bit register, as bf16 bits: a code's sign (bit 3) goes to bit 15 of its half and its three
-# magnitude bits (exponent, mantissa) to bits 6-8, the low bits of bf16's exponent and the top of its mantissa. The
-# bf16 so built is the code's value times 2**-126 for every code, the subnormal 0.5 (exponent 0, mantissa 1) and zero
-# included: exponent e >= 1 reads 2**(e - 127) (1 + m/2) = 2**-126 · 2**(e - 1) (1 + m/2), and exponent 0 with the
-# mantissa's top bit reads 2**-127 = 2**-126 · 0.5. One exact multiply by 2**126 (bf16 0x7E80) restores the value,
+# Two e2m1 codes per 32-bit register, as bf16 (or fp16) bits: a code's sign (bit 3) goes to bit 15 of its half and
+# its three magnitude bits (exponent, mantissa) to bits 6-8 (fp16: 9-11), the low bits of the 16-bit exponent and the
+# top of its mantissa. The number so built is the code's value times 2**-126 (fp16: 2**-14) for every code, the
+# subnormal 0.5 (exponent 0, mantissa 1) and zero included: exponent e >= 1 reads 2**(e - 127) (1 + m/2) =
+# 2**-126 · 2**(e - 1) (1 + m/2), and exponent 0 with the mantissa's top bit reads 2**-127 = 2**-126 · 0.5 (fp16:
+# bias 15, the same with 2**-14). One exact multiply by 2**126 (bf16 0x7E80; fp16 2**14, 0x7400) restores the value,
 # one more applies the e8m0 scale (both fma with -0.0, so -0 stays -0). Bytes 0, 1 of the input register go to the
-# halves of the first output register and bytes 2, 3 to the second (prmt); SHIFT_MAG / SHIFT_SIGN 6 / 12 take the
-# low nibbles, 2 / 8 the high ones.
+# halves of the first output register and bytes 2, 3 to the second (prmt); the shifts take the low or high nibbles.
 _E2M1_PAIRS_PTX = """
 {
 .reg .b32 x, y, t, u, z, bias, negz;
 mov.b32 z, 0;
-mov.b32 bias, 0x7E807E80;
+mov.b32 bias, BIAS;
 mov.b32 negz, 0x80008000;
 prmt.b32 x, $2, z, 0x4140;
 prmt.b32 y, $2, z, 0x4342;
 shl.b32 t, x, SHIFT_MAG;
-and.b32 t, t, 0x01C001C0;
+and.b32 t, t, MAG_MASK;
 shl.b32 u, x, SHIFT_SIGN;
 and.b32 u, u, 0x80008000;
 or.b32 $0, t, u;
 shl.b32 t, y, SHIFT_MAG;
-and.b32 t, t, 0x01C001C0;
+and.b32 t, t, MAG_MASK;
 shl.b32 u, y, SHIFT_SIGN;
 and.b32 u, u, 0x80008000;
 or.b32 $1, t, u;
-fma.rn.bf16x2 $0, $0, bias, negz;
-fma.rn.bf16x2 $1, $1, bias, negz;
-fma.rn.bf16x2 $0, $0, $3, negz;
-fma.rn.bf16x2 $1, $1, $4, negz;
+fma.rn.TYPE $0, $0, bias, negz;
+fma.rn.TYPE $1, $1, bias, negz;
+fma.rn.TYPE $0, $0, $3, negz;
+fma.rn.TYPE $1, $1, $4, negz;
 }
 """
-_LOW_NIBBLES_PTX = tl.constexpr(_E2M1_PAIRS_PTX.replace("SHIFT_MAG", "6").replace("SHIFT_SIGN", "12"))
-_HIGH_NIBBLES_PTX = tl.constexpr(_E2M1_PAIRS_PTX.replace("SHIFT_MAG", "2").replace("SHIFT_SIGN", "8"))
+
+
+def _pairs_ptx(fp16: bool, high: bool) -> str:
+    """The PTX for one nibble of each byte (`high`) into bf16 or fp16 pairs."""
+    mag_bit = 9 if fp16 else 6  # where the magnitude's lowest bit goes
+    fields = {"SHIFT_MAG": mag_bit - (4 if high else 0), "SHIFT_SIGN": 12 - (4 if high else 0),
+              "MAG_MASK": "0x0E000E00" if fp16 else "0x01C001C0", "BIAS": "0x74007400" if fp16 else "0x7E807E80",
+              "TYPE": "f16x2" if fp16 else "bf16x2"}
+    text = _E2M1_PAIRS_PTX
+    for name, value in fields.items():
+        text = text.replace(name, str(value))
+    return text
+
+
+_LOW_NIBBLES_PTX = tl.constexpr(_pairs_ptx(False, False))
+_HIGH_NIBBLES_PTX = tl.constexpr(_pairs_ptx(False, True))
+_LOW_NIBBLES_F16_PTX = tl.constexpr(_pairs_ptx(True, False))
+_HIGH_NIBBLES_F16_PTX = tl.constexpr(_pairs_ptx(True, True))
 
 
 @triton.jit
@@ -108,7 +126,7 @@ def e8m0_to_fp32(scales):
 
 @triton.jit
 def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr, ASM: tl.constexpr = False):
     """Load and decode the MXFP4 weight tile rows offs_n, K indices [k0, k0 + BLOCK_K) -> [BLOCK_N, BLOCK_K] OUT_DTYPE.
 
     w_ptr: packed uint8, row n at w_ptr + n * stride_wn, K/2 contiguous bytes along K. scale_ptr: uint8, row n at
@@ -120,14 +138,23 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
 
     The tile is [BLOCK_N, BLOCK_K], the weight's own row-major orientation: a kernel computing tl.dot(a, w) with
     a [BLOCK_M, BLOCK_K] wants w as [BLOCK_K, BLOCK_N], so it calls tl.dot(a, mxfp4_tile(...).T).
+    ASM: decode a bf16 or fp16 tile through the packed PTX (`_e2m1_pairs`) whatever TRITUNE_MXFP4_DECODE says (not
+    in the interpreter, which runs no PTX).
     """
     packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
-    if ASM_DECODE and OUT_DTYPE == tl.bfloat16:
+    if (ASM_DECODE or (ASM and PTX_OK)) and OUT_DTYPE == tl.bfloat16:
         # Each byte's scale (16 bytes share one) as bf16: exact, bf16 having fp32's exponent range.
         sb = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
                         (BLOCK_N, BLOCK_K // 2))
         low = _e2m1_pairs(packed, sb, _LOW_NIBBLES_PTX)
         high = _e2m1_pairs(packed, sb, _HIGH_NIBBLES_PTX)
+        return tl.interleave(low, high)
+    if ASM and PTX_OK and OUT_DTYPE == tl.float16:
+        # As fp16 (exact for the scale codes the module docstring gives, as the integer decode's cast is).
+        sh = tl.reshape(tl.broadcast_to(sc.to(tl.float16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
+                        (BLOCK_N, BLOCK_K // 2))
+        low = _e2m1_pairs_f16(packed, sh, _LOW_NIBBLES_F16_PTX)
+        high = _e2m1_pairs_f16(packed, sh, _HIGH_NIBBLES_F16_PTX)
         return tl.interleave(low, high)
     low = decode_e2m1(packed & 0xF)  # elements k0 + 2j
     high = decode_e2m1(packed >> 4)  # elements k0 + 2j + 1
@@ -141,6 +168,12 @@ def _e2m1_pairs(packed, scales, PTX: tl.constexpr):
     """bf16 scale · value of one nibble of each byte of `packed` (uint8; `PTX` picks the low or high nibbles),
     `scales` bf16 of the same shape; four bytes an instance of `PTX` (see _E2M1_PAIRS_PTX)."""
     return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scales], dtype=tl.bfloat16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _e2m1_pairs_f16(packed, scales, PTX: tl.constexpr):
+    """`_e2m1_pairs` into fp16 (`scales` fp16)."""
+    return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scales], dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit

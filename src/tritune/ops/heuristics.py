@@ -59,9 +59,13 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   tokens; at I 768 and 1536 stage 2 is 0.99-1.02x, left to the tuner);
 - fp8 per_token and per_1x128 take both together under the same conditions, never the sorted intermediate alone
   (H100, E 128 top-8 I 384, whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024);
-- MXFP4 (per_1x32): the bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32;
-  with 16-bit activations on 16-row blocks from MXFP4_WIDE_PAIRS (4) routed pairs, BN 64, BK 128 and 3 stages on
-  both stages instead (H100, gpt-oss-120b, 1-64 tokens: the stage pair 0.68-0.92× the time of the bf16 tiles);
+- MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
+  packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
+  H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
+  256 tokens on the 64 × 128 tiles against 940 / 1997 / 1477 for the same tiles through tl.dot_scaled, and taller
+  blocks from 1024 tokens (BM 32: 1918 against the bf16 rule's 64-row swapped tiles' 2245; BM 64 at 4096: 4089
+  against 5723); with fp8 activations (per_1x32_a8) the bf16/fp16 choice as a 2-stage plan without TMA or the
+  sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -88,12 +92,6 @@ SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before spli
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
-# MXFP4 on 16-row blocks takes the 64 x 128 weight tile, 3 stages, on both stages from this many routed pairs. H100,
-# gpt-oss-120b, stage pair through tl.dot_scaled (2026-11-27): 104.7 / 254.0 / 594.6 / 1252.7 us at 4 / 16 / 64 / 256
-# pairs against 114.2 / 319.8 / 847.5 / 1842.6 with the bf16 tiles (32 / 64 x 256, 4 stages), and within 1.6% of the
-# best of the 12-tile sweep at each. Fewer than 4 pairs, and MXFP4 with fp8 activations (it keeps the bf16 tiles), are
-# not measured.
-MXFP4_WIDE_PAIRS = 4
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 # bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
 # (N, K), M 256-8192, 2026-11-27: 128x128 at 6 stages ran about 0.93 of 128x256, 64-row and 64-column tiles 0.65-0.85).
@@ -245,6 +243,30 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
 # ---------------------------------------------------------------------------------------------------- fused MoE
 
 
+def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
+                   sm_count: int) -> tuple[MoeConfig, MoeConfig]:
+    """Both stage configs for MXFP4 weights with 16-bit activations: the swapped GEMM (SWAP_AB, module docstring).
+
+    BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on the gated
+    stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N); BLOCK_K 128 on 16-row blocks,
+    64 on taller ones.
+    When the routed experts' 64-wide N tiles give under 2 programs an SM: BLOCK_N 128 split 2 along K (under one
+    program an SM, as the tuner's split-K rule wants). H100, gpt-oss-120b at one token (4 experts x 45 tiles): the
+    tuner's winners were BN 128 split 2 and 4 (86 us the op), the 64-wide tiles unsplit 100 us the stage pair."""
+    bm = min(64, max(16, _p2(_cdiv(pairs, experts))))
+    blocks = min(pairs, experts) * _cdiv(_cdiv(pairs, experts), bm)
+    configs = []
+    for n, k in ((inter_dim, model_dim), (model_dim, inter_dim)):  # stage 1's N: gate and up share each program
+        bn = 64
+        bk = max(32, min(128 if bm == 16 else 64, _p2(k)))
+        split = 1
+        if blocks * _cdiv(n, bn) < 2 * sm_count and n > 64 and k >= 4 * bk:
+            bn, split = 128, 2
+        configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=4,
+                                 num_stages=3, KSPLIT=split, SWAP_AB=1))
+    return configs[0], configs[1]
+
+
 def _moe_block_m(m: float, quant: str) -> int:
     if m <= 12:
         return 16
@@ -288,6 +310,13 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights) | "per_1x32_a8" (and
     fp8 activations). `one_stage` False:
     never the 1-stage kernel. Rules: module docstring."""
+    if quant not in fm.ALL_QUANTS:
+        raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
+    if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
+        raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
+                         f"experts={experts} topk={topk}")
+    if quant == fm.MXFP4:
+        return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count)
     if quant in fm.MXFP4_QUANTS:
         # Weights upcast in the kernel: the bf16 tiles (fp8 activations too: not measured apart yet), 2-stage (the
         # MXFP4 1-stage kernel is the tuner's to pick: not measured), without TMA (the weights load by pointers) or
@@ -296,16 +325,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
                                   gated=gated, capability=capability, one_stage=False)
         s1, s2 = (replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
                   for c in (s1, s2))
-        if quant == fm.MXFP4 and s1.BLOCK_SIZE_M == 16 and tokens * topk >= MXFP4_WIDE_PAIRS:
-            s1, s2 = (replace(c, num_stages=3, BLOCK_SIZE_N=max(16, min(64, _p2(n))),
-                              BLOCK_SIZE_K=max(32, min(128, _p2(k))))
-                      for c, n, k in ((s1, inter_dim, model_dim), (s2, model_dim, inter_dim)))  # (config, N, K)
         return False, s1, s2
-    if quant not in fm.QUANT_TYPES:
-        raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
-    if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
-        raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
-                         f"experts={experts} topk={topk}")
     elt = 1 if quant != "none" else 2
     pairs = tokens * topk
     halves = 2 if gated else 1
