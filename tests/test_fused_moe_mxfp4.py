@@ -112,6 +112,30 @@ def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
         assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < (2e-3 if dtype == torch.float16 else 1e-2), levers
 
 
+@pytest.mark.parametrize(("swap1", "swap2", "ksplit1", "bn1"), [(1, 0, 1, 32), (0, 1, 1, 32), (1, 1, 2, 32),
+                                                               (0, 1, 2, 32), (0, 1, 1, 16), (0, 1, 2, 16)],
+                         ids=["stage1-only", "stage2-only", "both-ks2", "stage2-only-ks2", "bn16", "bn16-ks2"])
+def test_swapped_stages_mixed_with_plain_ones(swap1, swap2, ksplit1, bn1):
+    """The swapped stages read A in the K32 order: hidden is copied so when stage 1 swaps, and stage 1 writes the
+    intermediate so when stage 2 swaps (its tile reordered in registers, or from a 16-wide tile column by column;
+    through split-K's partials and finish too); every mix gives the reference."""
+    from tritune.kernels.fused_moe import fused_moe_2stage
+    from tritune.kernels.fused_moe_launch import MoeLaunch
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    cfg1 = dataclasses.replace(CFG, SWAP_AB=swap1, KSPLIT=ksplit1, BLOCK_SIZE_N=bn1)
+    cfg2 = dataclasses.replace(CFG, SWAP_AB=swap2, BLOCK_SIZE_K=32)
+    out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
+    launch = MoeLaunch(*on[:5], on[5], on[6], stage1=cfg1, stage2=cfg2, quant=fm.MXFP4)
+    names = [bound.name for bound, _ in launch.calls]
+    assert ("_k32_permute_kernel" in names) == bool(swap1), names
+
+
 @pytest.mark.parametrize("kernel", ["stage1", "stage2"])
 def test_swap_ab_is_refused_for_mxfp4_with_fp8_activations(kernel):
     """The swapped tile would have to decode to e4m3: not built."""

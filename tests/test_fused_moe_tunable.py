@@ -73,7 +73,8 @@ P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per threa
 # (rule, problem, device, config): the config breaks that rule and no other.
 MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
 MX8 = MoeProblem(shape("per_1x32", q_dtype_a="fp8", q_dtype_w="fp4x2"), "stage1")  # per_1x32_a8: fp8 activations
-SWAP_RULE = "SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: BLOCK_SIZE_N >= 64; not per_1x32_a8)"
+SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
+             "not per_1x32_a8)")
 STAGE_RULES = [
     ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
     (SWAP_RULE, BIG, DEV, stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
@@ -106,7 +107,8 @@ STAGE_RULES = [
     ("BLOCK_SIZE_K 256 only with BLOCK_SIZE_M <= 32", BIG, DEV, stage_config(BLOCK_SIZE_K=256, num_stages=2)),
     ("BLOCK_SIZE_K x KSPLIT > K", FEW, DEV,
      stage_config(BLOCK_SIZE_M=16, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, KSPLIT=4)),  # 512 > K=256; grid of 32 blocks
-    ("split-K on a grid that already fills the GPU", BIG, DEV, stage_config(KSPLIT=2)),  # 16 x 16 blocks >= 132 SMs
+    ("split-K on a grid that already fills the GPU (MXFP4: twice)", BIG, DEV,
+     stage_config(KSPLIT=2)),  # 16 x 16 blocks >= 132 SMs
     ("num_stages beyond the K steps", FEW, DEV,
      stage_config(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_stages=4)),  # 1 K step
     ("GROUP_SIZE_M > 1 with one block per expert", FEW, DEV, stage_config(BLOCK_SIZE_M=16)),
@@ -163,6 +165,20 @@ def test_mxfp4_with_16_bit_activations_may_swap_at_any_block_height() -> None:
     for bm in (32, 64):  # 128 pairs per expert
         assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64)) == []
     assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32)) == [SWAP_RULE]
+    # two 64-row wgmmas a warp group raced on the H100: 128 wide on 8 warps only
+    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128)) == [SWAP_RULE]
+    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, num_warps=8)) == []
+
+
+def test_mxfp4_splits_k_on_grids_under_two_waves() -> None:
+    """MXFP4's decode loops split along K while the grid is under two programs an SM (other quants: one)."""
+    one_token = MoeProblem(shape("per_1x32", token=1, expert=128, topk=4, model_dim=2880, inter_dim=2880,
+                                 q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # 4 experts x 45 tiles: 180
+    fields = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, KSPLIT=2, GROUP_SIZE_M=1)
+    rule = "split-K on a grid that already fills the GPU (MXFP4: twice)"
+    assert rule not in _failing(stage_constraints(one_token, DEV), stage_config(SWAP_AB=1, **fields))
+    bf16 = MoeProblem(shape(token=1, expert=128, topk=4, model_dim=2880, inter_dim=2880), "stage1")
+    assert rule in _failing(stage_constraints(bf16, DEV), stage_config(**fields))
 
 
 def test_every_rule_has_a_case() -> None:

@@ -471,6 +471,7 @@ def _refuses_warp_spec(quant: str, dims: tuple[int, int], stage1: MoeConfig, sta
     ("stage2", dataclasses.replace(SL, USE_TMA=1, WARP_SPEC=1), "none"),  # warp-specialised, every load TMA
     ("stage1", S, "per_1x32"),  # MXFP4: packed uint8 weights (K/2 per row), uint8 scales [E, N, K/32]
     ("stage2", dataclasses.replace(S, KSPLIT=2), "per_1x32"),
+    ("stage1", dataclasses.replace(S, SWAP_AB=1), "per_1x32"),  # swapped MXFP4: A copied in the K32 order first
 ])
 def test_compile_only_builds_the_specialization_the_op_binds(monkeypatch, kernel, cfg, quant):
     """compile_only's pointer dtypes, descriptors, integers and constexprs are the ones MoeLaunch binds its GEMM

@@ -13,7 +13,15 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.kernels.mxfp4 import decode_e2m1, dequantize_mxfp4_triton, e8m0_to_fp32, mxfp4_tile
+from tritune.kernels.mxfp4 import (
+    decode_e2m1,
+    dequantize_mxfp4_triton,
+    e8m0_to_fp32,
+    k32_permute,
+    k32_permute_triton,
+    mxfp4_tile,
+    mxfp4_tile_k32,
+)
 from tritune.kernels.mxfp4_format import dequantize_mxfp4, e2m1_values, pack_e2m1, quantize_mxfp4, unpack_e2m1
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where the data is; compared on the CPU
@@ -200,3 +208,53 @@ def test_packed_ptx_tile_decode_is_exact(dtype, out_tl, codes):
     _tile_asm_probe[(triton.cdiv(n, 16), triton.cdiv(k, 128))](packed.to(DEVICE), scales.to(DEVICE), out, n, k,
                                                                BLOCK_N=16, BLOCK_K=128, OUT_DTYPE=out_tl)
     _assert_bits_equal(out.cpu(), dequantize_mxfp4(packed, scales, dtype))
+
+
+def test_k32_order_in_torch_and_triton_agree():
+    """k32_permute (torch) puts K index 8t + 4g + 2i + h of each 32-chunk at position 16g + 8h + 2t + i; the Triton
+    copy (which stores by k32_position, the inverse map) gives the same tensor; K not a multiple of 32 is refused."""
+    x = torch.arange(3 * 96, dtype=torch.float32).reshape(3, 96)
+    y = k32_permute(x)
+    for c in range(96):
+        q, r = divmod(c, 32)
+        g, h, t, i = r // 16, (r // 8) % 2, (r // 2) % 4, r % 2
+        assert torch.equal(y[:, c], x[:, 32 * q + 8 * t + 4 * g + 2 * i + h]), c
+    assert sorted(y[0].tolist()) == x[0].tolist()  # a permutation
+    h16 = torch.randn(5, 160, generator=torch.Generator().manual_seed(2)).half()
+    assert torch.equal(k32_permute_triton(h16.to(DEVICE)).cpu(), k32_permute(h16))
+    with pytest.raises(ValueError, match="the last dimension 40 is not a multiple of 32"):
+        k32_permute(torch.zeros(2, 40))
+    with pytest.raises(ValueError, match=r"K must be a multiple of 32 with unit stride"):
+        k32_permute_triton(torch.zeros(2, 48, device=DEVICE))
+
+
+@triton.jit
+def _tile_k32_probe(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    OUT_DTYPE: tl.constexpr):
+    """The whole [N, K] weight through mxfp4_tile_k32, stored as the tiles come (columns in the K32 order)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = mxfp4_tile_k32(w_ptr, s_ptr, n % N, k0, K // 2, K // 32, K, BLOCK_N, BLOCK_K, OUT_DTYPE)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=(n[:, None] < N) & (k[None, :] < K))
+
+
+K32_DTYPES = [pytest.param(torch.float16, tl.float16, (104, 141), id="fp16"),
+              pytest.param(torch.bfloat16, tl.bfloat16, (2, 253), id="bf16", marks=pytest.mark.skipif(
+                  DEVICE == "cpu", reason="bf16 (the packed PTX decode) on a GPU only: the interpreter's fp32 -> bf16 "
+                  "cast is wrong for tiny results (module docstring)"))]
+
+
+@pytest.mark.parametrize(("dtype", "out_tl", "codes"), K32_DTYPES)
+def test_tile_decode_in_the_k32_order_is_the_permuted_dequantized_weight(dtype, out_tl, codes):
+    """mxfp4_tile_k32, as the swapped stage GEMM decodes (packed PTX on a GPU, the integer decode in the
+    interpreter), equals the spec's dequantizer put in the K32 order, bit for bit; K 160 leaves the second tile of
+    128 half past K."""
+    gen = torch.Generator().manual_seed(7)
+    n, k = 37, 160
+    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(codes[0], codes[1], (n, k // 32), generator=gen, dtype=torch.uint8)
+    out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
+    _tile_k32_probe[(triton.cdiv(n, 16), triton.cdiv(k, 128))](packed.to(DEVICE), scales.to(DEVICE), out, n, k,
+                                                               BLOCK_N=16, BLOCK_K=128, OUT_DTYPE=out_tl)
+    _assert_bits_equal(out.cpu(), k32_permute(dequantize_mxfp4(packed, scales, dtype)))

@@ -34,7 +34,15 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting, gemm_blocks
-from tritune.kernels.mxfp4 import decode_e2m1, mxfp4_codes, mxfp4_dot_scaled, mxfp4_tile
+from tritune.kernels.mxfp4 import (
+    decode_e2m1,
+    k32_permute_triton,
+    k32_position,
+    mxfp4_codes,
+    mxfp4_dot_scaled,
+    mxfp4_tile,
+    mxfp4_tile_k32,
+)
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
@@ -45,6 +53,11 @@ _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3, MXFP4_A8: 5}
 # shape, bench_mxfp4_stages.py) its stage pair ran 113 / 842 / 1849 us at 1 / 16 / 64 tokens against the register
 # decode's 127 / 1002 / 2190. The decode stays as the switch's other side (tests run both).
 MXFP4_DOT_SCALED = True
+
+
+def k32_input(config: MoeConfig, quant: str) -> bool:
+    """Whether a stage kernel with `config` reads its A in the K32 order (kernels/mxfp4.py): the swapped MXFP4 GEMM."""
+    return quant == MXFP4 and bool(config.SWAP_AB)
 
 
 def quant_id(quant: str) -> int:
@@ -178,13 +191,14 @@ def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, a
 def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, BLOCK_SIZE_N: tl.constexpr,
                     BLOCK_SIZE_K: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] plus this K step's w · a_t (a_t = aᵀ, [BLOCK_K, BLOCK_M]) for MXFP4 rows `rows`: the
-    tile decoded by packed PTX (bf16; Triton's integer decode otherwise) and fed as the dot's left operand.
+    tile decoded by packed PTX in the K32 order (`mxfp4_tile_k32`; A's columns must be in that order too) and fed
+    as the dot's left operand.
 
     Why this orientation: Hopper's wgmma reads its left operand from registers, so the decoded weights go from the
     decode straight into the MMA, and its 64 rows come from N rather than a block of a few pairs. On the H100
     (probe_mxfp4_gemv.py, gpt-oss-120b's GEMMs) it ran 21-22% faster than tl.dot_scaled at 64 tokens, 8-9% at 1.
     """
-    w = mxfp4_tile(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, True)
+    w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
     return tl.dot(w, a_t, acc)
 
 
@@ -359,6 +373,7 @@ def _moe_gemm_kernel(
     ATOMIC_TOPK: tl.constexpr = 0,  # stage 2: topk > 0 adds weight·row into fp32 out row pair // topk; 0 stores
     SWAP_AB: tl.constexpr = False,  # accumulate w · aᵀ (a wgmma's 64 rows from N), transposed at the end; not QUANT 5
     WARP_SPEC: tl.constexpr = False,  # stage 2, A and w through TMA: a warp-specialised K loop
+    OUT_K32: tl.constexpr = False,  # stage 1: output columns in the K32 order (stage 2's swapped MXFP4 reads them so)
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -391,6 +406,13 @@ def _moe_gemm_kernel(
                                WARP_SPEC)
     n_ok = (offs_n_out < N)[None, :]
     mask = row_ok[:, None] & n_ok
+    if OUT_K32:  # stage 2 reads the intermediate in the K32 order (N a multiple of 32: the order stays within N)
+        if BLOCK_SIZE_N >= 32:  # reorder the tile in registers and store it contiguously
+            acc_g = _k32_columns(acc_g, BLOCK_SIZE_M, BLOCK_SIZE_N)
+            if GATED:
+                acc_u = _k32_columns(acc_u, BLOCK_SIZE_M, BLOCK_SIZE_N)
+        else:  # a 16-wide tile holds half a chunk: store each column where it goes
+            offs_n_out = k32_position(offs_n_out)
     if OUT_SORTED:
         rows = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)).to(tl.int64)[:, None]
     else:
@@ -427,6 +449,14 @@ def _moe_gemm_kernel(
         tl.store(base, acc_g, mask=mask)
         if GATED:
             tl.store(base + N, acc_u, mask=mask)
+
+
+@triton.jit
+def _k32_columns(x, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """x [BLOCK_M, BLOCK_N] (columns in K order, BLOCK_N a multiple of 32) with its columns in the K32 order: column
+    8t + 4g + 2i + h of each 32 moves to 16g + 8h + 2t + i, as `k32_permute` does on the host."""
+    x = tl.reshape(x, (BLOCK_SIZE_M, BLOCK_SIZE_N // 32, 4, 2, 2, 2))
+    return tl.reshape(tl.permute(x, (0, 1, 3, 5, 2, 4)), (BLOCK_SIZE_M, BLOCK_SIZE_N))
 
 
 def gated_of(w1: torch.Tensor, w2: torch.Tensor) -> bool:
@@ -561,6 +591,8 @@ def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor, topk_weights: torch.Tenso
     _check_sorting(sorting, config, topk_weights.numel())
     tokens, model_dim = hidden.shape
     a, a_scale = quantize_activations(hidden, quant)
+    if k32_input(config, quant):  # the swapped MXFP4 GEMM reads A in the K32 order (the output stays in K order)
+        a = k32_permute_triton(a)
     if out is None:
         out = torch.empty((sorting.numel, inter_dim), device=hidden.device, dtype=hidden.dtype)
     return _launch_gemm(a, a_scale, w1, w1_scale, out, sorting, topk_weights.reshape(-1), n=inter_dim, k=model_dim,
@@ -579,6 +611,8 @@ def moe_stage2(inter: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor
     tokens, topk = topk_weights.shape
     model_dim = w2.shape[1]
     a, a_scale = quantize_activations(inter, quant)
+    if k32_input(config, quant):  # into the K32 order (the 2-stage call has stage 1 write it so)
+        a = k32_permute_triton(a)
     if out is None:
         out = torch.empty((tokens, model_dim), device=inter.device, dtype=inter.dtype)
     direct = topk == 1 and config.KSPLIT == 1

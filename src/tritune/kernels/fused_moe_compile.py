@@ -59,8 +59,9 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
     binary lands in Triton's cache under the key of the real launch (the small sort, quantize and sum kernels are
     left to the first real launch: they are few and shared by every config). A config with the plan-level options
     (SORTED_INTER, TOPK_ATOMIC) compiles the variant `MoeLaunch` binds for it; the fp8 intermediate quantized inside
-    the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch. Returns the binary
-    (Triton's CompiledKernel: its `asm` is what benchmarks/ir_census.py counts).
+    the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch, and so does a stage 1
+    writing its output in the K32 order for a swapped MXFP4 stage 2 (OUT_K32: it depends on the other stage).
+    Returns the binary (Triton's CompiledKernel: its `asm` is what benchmarks/ir_census.py counts).
     """
     from triton.runtime.jit import MockTensor
 
@@ -126,7 +127,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
-        num_warps=cfg.num_warps,
+        OUT_K32=False, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, grid=(1,))
 
 

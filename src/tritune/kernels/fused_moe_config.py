@@ -163,6 +163,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
+    if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:
+        # H100, Triton 3.6: BM 64 BN 128 BK 64 on 4 warps (two 64-row wgmmas a warp group, the A operand from
+        # registers) gave a different stage-2 output on 7 of 30 identical runs, with non-finite values; 8 warps and
+        # 64-wide tiles were bit-identical on all 30 (benchmarks/RESULTS.md, sixteenth session).
+        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB with MXFP4 needs BLOCK_SIZE_N <= 16 x num_warps "
+                         "(one 64-row wgmma a warp group: wider tiles raced on the H100)")
     if config.SWAP_AB and quant == MXFP4_A8:
         # MXFP4 with 16-bit activations swaps through the packed PTX decode (fused_moe._mxfp4_swap_dot); with fp8
         # activations the tile would have to decode to e4m3, which nothing here does.

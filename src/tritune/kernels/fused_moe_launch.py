@@ -31,6 +31,7 @@ from tritune.kernels.fused_moe import (
     act_group,
     check_config,
     check_plan,
+    k32_input,
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
@@ -41,6 +42,7 @@ from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
+from tritune.kernels.mxfp4 import K32_BLOCK, _k32_permute_kernel, k32_grid
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -254,7 +256,8 @@ class MoeLaunch:
               amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool, n: int, k: int, numel: int,
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
-              out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None) -> None:
+              out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None,
+              out_k32: bool = False) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
         num_pid_m = self.align.gemm_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
@@ -276,7 +279,7 @@ class MoeLaunch:
             stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, quant_id(quant), cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk, bool(cfg.SWAP_AB),
-            bool(cfg.WARP_SPEC))]
+            bool(cfg.WARP_SPEC), out_k32)]
         tiles = num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N)
         if cfg.PERSISTENT:  # same arguments; one program a SM walks the tiles (fused_moe_persistent)
             if quant_on_load:
@@ -308,6 +311,11 @@ class MoeLaunch:
         quantized = quant in FP8_QUANTS  # the activations and the intermediate; MXFP4 keeps them 16-bit
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
+        if k32_input(cfg1, quant):  # the swapped MXFP4 stage 1 reads hidden in the K32 order: one copy launch
+            hk = pieces.add(hidden.dtype, tokens * model_dim)
+            self._bind(_k32_permute_kernel, k32_grid(tokens, model_dim), [a1, ("p", hk)] + [
+                ("v", v) for v in (model_dim, hidden.stride(0), K32_BLOCK)], example, pieces, 4, 1)
+            a1 = ("p", hk)
         gathered_rows = None
         if cfg1.GATHER_A:  # stage 1's A (and its scales) copied into the sort's order, then read through TMA
             gathered_rows = self.align.sorted_rows
@@ -336,7 +344,7 @@ class MoeLaunch:
                    stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
                    act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
                    scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter),
-                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows)
+                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows, out_k32=k32_input(cfg2, quant))
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),

@@ -36,6 +36,7 @@ def _moe_gemm_persistent_kernel(
     AMAX_OUT: tl.constexpr = 0, A_QUANT_ON_LOAD: tl.constexpr = False, OUT_SORTED: tl.constexpr = False,
     A_SORTED: tl.constexpr = 0, ATOMIC_TOPK: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
     WARP_SPEC: tl.constexpr = False,
+    OUT_K32: tl.constexpr = False,  # the stage-1 option of _moe_gemm_kernel's signature: never set here
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column
     of N tiles; each program takes every tl.num_programs(0)-th tile.

@@ -163,6 +163,95 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
     return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(OUT_DTYPE)
 
 
+# The K32 order (the swapped stage GEMM's, `mxfp4_tile_k32`). Within every 32 consecutive K indices (one scale
+# block), position c = 16g + 8h + 2t + i holds K index 8t + 4g + 2i + h (t < 4; g, h, i < 2). Read in that order, the
+# standard packed bytes decode straight into the wgmma's register fragment: a thread's four consecutive bytes are the
+# K pairs its fragment wants, and each output register holds the low (or high) nibbles of two neighbouring bytes,
+# which is what the packed PTX writes, so no byte-wise shared-memory reads and no interleaving permutes. The
+# activations are put in the same order instead of the weights (`k32_permute`; stage 1 writes the intermediate so,
+# `k32_position`), which leaves the product unchanged and the weight format standard. H100 (Triton 3.6, gpt-oss-120b's
+# GEMMs at 16-256 tokens' rows per expert): 14-17% faster than the standard order's decode and interleave.
+K32 = 32
+
+
+def k32_permute(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (K a multiple of 32) -> a contiguous copy in the K32 order: y[..., c] = x[..., K index of c]."""
+    k = x.shape[-1]
+    if k % K32:
+        raise ValueError(f"k32_permute: the last dimension {k} is not a multiple of {K32}")
+    lead = x.shape[:-1]
+    # x's chunk index 8t + 4g + 2i + h is (t, g, i, h) row-major; y's position 16g + 8h + 2t + i is (g, h, t, i).
+    y = x.reshape(*lead, k // K32, 4, 2, 2, 2)
+    d = len(lead) + 1  # the first of the (t, g, i, h) dimensions
+    y = y.permute(*range(d), d + 1, d + 3, d, d + 2)
+    return y.reshape(*lead, k).contiguous()
+
+
+@triton.jit
+def k32_position(k):
+    """Where K index k sits in the K32 order (the inverse of the order's map; any integer tensor)."""
+    r = k % 32
+    return k - r + ((r // 4) % 2) * 16 + (r % 2) * 8 + (r // 8) * 2 + (r // 2) % 2
+
+
+@triton.jit
+def _k32_permute_kernel(x_ptr, y_ptr, K, stride_x, BLOCK: tl.constexpr):
+    """Row program_id(0) of x [rows, K] (row stride stride_x) into y [rows, K] contiguous, in the K32 order."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < K
+    v = tl.load(x_ptr + row * stride_x + k, mask=ok)
+    tl.store(y_ptr + row * K + k32_position(k), v, mask=ok)
+
+
+K32_BLOCK = 1024
+
+
+def k32_grid(rows: int, k: int) -> tuple[int, int]:
+    return rows, triton.cdiv(k, K32_BLOCK)
+
+
+def k32_permute_triton(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`k32_permute` of a 2-D x (unit stride along K) in one Triton launch, into `out` when given."""
+    rows, k = x.shape
+    if k % K32 or x.stride(1) != 1:
+        raise ValueError(f"k32_permute_triton: x {tuple(x.shape)} stride {x.stride()}: K must be a multiple of "
+                         f"{K32} with unit stride")
+    out = torch.empty((rows, k), dtype=x.dtype, device=x.device) if out is None else out
+    if rows and k:
+        _k32_permute_kernel[k32_grid(rows, k)](x, out, k, x.stride(0), BLOCK=K32_BLOCK, num_warps=4)
+    return out
+
+
+@triton.jit
+def mxfp4_tile_k32(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """`mxfp4_tile` (bf16 or fp16) with its columns in the K32 order: column c of the tile is K index k0 + the K32
+    order's index at c, from the standard packed bytes. The packed PTX decodes it on a GPU (Triton's integer decode
+    in the interpreter); operand conventions as `mxfp4_tile`."""
+    packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
+    if PTX_OK:
+        s16 = tl.reshape(tl.broadcast_to(sc.to(OUT_DTYPE)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
+                         (BLOCK_N, BLOCK_K // 2))
+        if OUT_DTYPE == tl.bfloat16:
+            lo = _e2m1_pairs(packed, s16, _LOW_NIBBLES_PTX)
+            hi = _e2m1_pairs(packed, s16, _HIGH_NIBBLES_PTX)
+        else:
+            lo = _e2m1_pairs_f16(packed, s16, _LOW_NIBBLES_F16_PTX)
+            hi = _e2m1_pairs_f16(packed, s16, _HIGH_NIBBLES_F16_PTX)
+    else:
+        s32 = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+        lo = (decode_e2m1(packed & 0xF) * s32).to(OUT_DTYPE)
+        hi = (decode_e2m1(packed >> 4) * s32).to(OUT_DTYPE)
+    # Byte 4t + 2g + i of a 16-byte chunk (K pair 4t + 2g + i) goes to columns 16g + 2t + i (low) and + 8 (high).
+    lo = tl.reshape(tl.permute(tl.reshape(lo, (BLOCK_N, BLOCK_K // 32, 4, 2, 2)), (0, 1, 3, 2, 4)),
+                    (BLOCK_N, BLOCK_K // 32, 2, 8))
+    hi = tl.reshape(tl.permute(tl.reshape(hi, (BLOCK_N, BLOCK_K // 32, 4, 2, 2)), (0, 1, 3, 2, 4)),
+                    (BLOCK_N, BLOCK_K // 32, 2, 8))
+    w = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [BLOCK_N, chunk, g, h, 8]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
 @triton.jit
 def _e2m1_pairs(packed, scales, PTX: tl.constexpr):
     """bf16 scale · value of one nibble of each byte of `packed` (uint8; `PTX` picks the low or high nibbles),

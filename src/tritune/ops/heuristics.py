@@ -248,20 +248,17 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     """Both stage configs for MXFP4 weights with 16-bit activations: the swapped GEMM (SWAP_AB, module docstring).
 
     BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on the gated
-    stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N); BLOCK_K 128 on 16-row blocks,
-    64 on taller ones.
-    When the routed experts' 64-wide N tiles give under 2 programs an SM: BLOCK_N 128 split 2 along K (under one
-    program an SM, as the tuner's split-K rule wants). H100, gpt-oss-120b at one token (4 experts x 45 tiles): the
-    tuner's winners were BN 128 split 2 and 4 (86 us the op), the 64-wide tiles unsplit 100 us the stage pair."""
+    stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider on 4 warps raced,
+    check_config); BLOCK_K 128 on 16-row blocks, 64 on taller ones. Split 2 along K when the routed experts' N tiles
+    give under 2 programs an SM (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair split,
+    105 unsplit; at 16 tokens, 2880 programs, splitting lost)."""
     bm = min(64, max(16, _p2(_cdiv(pairs, experts))))
     blocks = min(pairs, experts) * _cdiv(_cdiv(pairs, experts), bm)
     configs = []
     for n, k in ((inter_dim, model_dim), (model_dim, inter_dim)):  # stage 1's N: gate and up share each program
         bn = 64
         bk = max(32, min(128 if bm == 16 else 64, _p2(k)))
-        split = 1
-        if blocks * _cdiv(n, bn) < 2 * sm_count and n > 64 and k >= 4 * bk:
-            bn, split = 128, 2
+        split = 2 if blocks * _cdiv(n, bn) < 2 * sm_count and k >= 4 * bk else 1
         configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=4,
                                  num_stages=3, KSPLIT=split, SWAP_AB=1))
     return configs[0], configs[1]

@@ -38,7 +38,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # kernels/mxfp4_format.py), so the kernel and the reference differ only in accumulation order and the rounding of
 # the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
 REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2, fm.MXFP4_A8: 3e-2}
-SWAP_RULE = "SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: BLOCK_SIZE_N >= 64; not {a8})"
+SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
+             "not {a8})")
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
 
 # BLOCK_SIZE_M values of the stage kernels' multiply-add path (fused_moe_config.is_fma), in the space only with
@@ -182,11 +183,12 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
                    lambda c: quant not in fm.MXFP4_QUANTS or not c["USE_TMA"]),
         # vLLM's rule on Hopper: the weight tile becomes the wgmma's 64-row operand when a block has fewer pairs.
         # MXFP4 swaps for another reason, at any block height: the decoded tile goes to the wgmma from registers
-        # (fused_moe._mxfp4_swap_dot), and one decode serves all BLOCK_SIZE_M rows. Not with fp8 activations
-        # (check_config says why).
+        # (fused_moe._mxfp4_swap_dot), and one decode serves all BLOCK_SIZE_M rows; one 64-row wgmma a warp group
+        # (wider raced: check_config). Not with fp8 activations (check_config says why).
         Constraint(SWAP_RULE.format(a8=fm.MXFP4_A8),
                    lambda c: not c["SWAP_AB"] or (quant != fm.MXFP4_A8 and (
-                       c["BLOCK_SIZE_N"] >= 64 if quant == fm.MXFP4 else c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]))),
+                       64 <= c["BLOCK_SIZE_N"] <= 16 * c["num_warps"] if quant == fm.MXFP4
+                       else c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]))),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
@@ -225,8 +227,11 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("BLOCK_SIZE_K 256 only with BLOCK_SIZE_M <= 32",
                    lambda c: c["BLOCK_SIZE_K"] < 256 or c["BLOCK_SIZE_M"] <= 32),
         Constraint("BLOCK_SIZE_K x KSPLIT > K", lambda c: c["BLOCK_SIZE_K"] * c["KSPLIT"] <= max(k, c["BLOCK_SIZE_K"])),
-        Constraint("split-K on a grid that already fills the GPU",
-                   lambda c: c["KSPLIT"] == 1 or blocks(c) * triton.cdiv(n, c["BLOCK_SIZE_N"]) < dev.sm_count),
+        # MXFP4's programs are long decode loops: splitting a grid of under two waves still pays (H100, gpt-oss-120b
+        # at one token, 180 programs of 64 columns: 74 us the stage pair split 2 against 105 unsplit).
+        Constraint("split-K on a grid that already fills the GPU (MXFP4: twice)",
+                   lambda c: c["KSPLIT"] == 1 or blocks(c) * triton.cdiv(n, c["BLOCK_SIZE_N"])
+                   < dev.sm_count * (2 if quant in fm.MXFP4_QUANTS else 1)),
         Constraint("num_stages beyond the K steps",
                    lambda c: c["num_stages"] <= 2 + triton.cdiv(k, c["BLOCK_SIZE_K"] * c["KSPLIT"])),
         Constraint("GROUP_SIZE_M > 1 with one block per expert",
