@@ -181,35 +181,6 @@ def test_bad_inputs(packed, scales, kwargs, match):
         dequantize_mxfp4_triton(packed, scales, **kwargs)
 
 
-@triton.jit
-def _tile_asm_probe(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    OUT_DTYPE: tl.constexpr):
-    """The whole [N, K] weight through mxfp4_tile(ASM=True), one [BLOCK_N, BLOCK_K] tile a program."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    w = mxfp4_tile(w_ptr, s_ptr, n % N, k0, K // 2, K // 32, K, BLOCK_N, BLOCK_K, OUT_DTYPE, True)
-    k = k0 + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=(n[:, None] < N) & (k[None, :] < K))
-
-
-@pytest.mark.skipif(DEVICE == "cpu", reason="the packed PTX decode runs on a GPU only (the interpreter runs no PTX)")
-@pytest.mark.parametrize(("dtype", "out_tl", "codes"), [(torch.bfloat16, tl.bfloat16, (2, 253)),
-                                                         (torch.float16, tl.float16, (104, 141))],
-                         ids=["bf16", "fp16"])
-def test_packed_ptx_tile_decode_is_exact(dtype, out_tl, codes):
-    """mxfp4_tile(ASM=True), as the swapped fused-MoE GEMM decodes (bf16, and fp16 for fp16 activations), equal bit
-    for bit to the spec's dequantizer over every e2m1 code and the scale codes each type holds exactly; K 160 leaves
-    the second 128-wide tile half past K."""
-    gen = torch.Generator().manual_seed(5)
-    n, k = 37, 160
-    packed = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
-    scales = torch.randint(codes[0], codes[1], (n, k // 32), generator=gen, dtype=torch.uint8)
-    out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
-    _tile_asm_probe[(triton.cdiv(n, 16), triton.cdiv(k, 128))](packed.to(DEVICE), scales.to(DEVICE), out, n, k,
-                                                               BLOCK_N=16, BLOCK_K=128, OUT_DTYPE=out_tl)
-    _assert_bits_equal(out.cpu(), dequantize_mxfp4(packed, scales, dtype))
-
-
 def test_k32_order_in_torch_and_triton_agree():
     """k32_permute (torch) puts K index 8t + 4g + 2i + h of each 32-chunk at position 16g + 8h + 2t + i; the Triton
     copy (which stores by k32_position, the inverse map) gives the same tensor; K not a multiple of 32 is refused."""
@@ -239,6 +210,8 @@ def _tile_k32_probe(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K:
     tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=(n[:, None] < N) & (k[None, :] < K))
 
 
+# Scale codes each type holds exactly (module docstring of kernels/mxfp4.py): bf16 all but 0, 1 and 253-255 here;
+# fp16 104-140.
 K32_DTYPES = [pytest.param(torch.float16, tl.float16, (104, 141), id="fp16"),
               pytest.param(torch.bfloat16, tl.bfloat16, (2, 253), id="bf16", marks=pytest.mark.skipif(
                   DEVICE == "cpu", reason="bf16 (the packed PTX decode) on a GPU only: the interpreter's fp32 -> bf16 "

@@ -126,7 +126,7 @@ def e8m0_to_fp32(scales):
 
 @triton.jit
 def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr, ASM: tl.constexpr = False):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """Load and decode the MXFP4 weight tile rows offs_n, K indices [k0, k0 + BLOCK_K) -> [BLOCK_N, BLOCK_K] OUT_DTYPE.
 
     w_ptr: packed uint8, row n at w_ptr + n * stride_wn, K/2 contiguous bytes along K. scale_ptr: uint8, row n at
@@ -138,23 +138,14 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
 
     The tile is [BLOCK_N, BLOCK_K], the weight's own row-major orientation: a kernel computing tl.dot(a, w) with
     a [BLOCK_M, BLOCK_K] wants w as [BLOCK_K, BLOCK_N], so it calls tl.dot(a, mxfp4_tile(...).T).
-    ASM: decode a bf16 or fp16 tile through the packed PTX (`_e2m1_pairs`) whatever TRITUNE_MXFP4_DECODE says (not
-    in the interpreter, which runs no PTX).
     """
     packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
-    if (ASM_DECODE or (ASM and PTX_OK)) and OUT_DTYPE == tl.bfloat16:
+    if ASM_DECODE and OUT_DTYPE == tl.bfloat16:
         # Each byte's scale (16 bytes share one) as bf16: exact, bf16 having fp32's exponent range.
         sb = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
                         (BLOCK_N, BLOCK_K // 2))
         low = _e2m1_pairs(packed, sb, _LOW_NIBBLES_PTX)
         high = _e2m1_pairs(packed, sb, _HIGH_NIBBLES_PTX)
-        return tl.interleave(low, high)
-    if ASM and PTX_OK and OUT_DTYPE == tl.float16:
-        # As fp16 (exact for the scale codes the module docstring gives, as the integer decode's cast is).
-        sh = tl.reshape(tl.broadcast_to(sc.to(tl.float16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
-                        (BLOCK_N, BLOCK_K // 2))
-        low = _e2m1_pairs_f16(packed, sh, _LOW_NIBBLES_F16_PTX)
-        high = _e2m1_pairs_f16(packed, sh, _HIGH_NIBBLES_F16_PTX)
         return tl.interleave(low, high)
     low = decode_e2m1(packed & 0xF)  # elements k0 + 2j
     high = decode_e2m1(packed >> 4)  # elements k0 + 2j + 1
