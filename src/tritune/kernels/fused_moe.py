@@ -93,7 +93,8 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
 
     SWAP_AB: the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come from the
     weight's N instead of a block of fewer than 64 pairs (the caller transposes them back once). With MXFP4 weights
-    (QUANT 3 or 4) the tile is decoded by packed PTX and is the dot's left operand (`_mxfp4_swap_dot`).
+    (QUANT 3 or 4) the tile is decoded by packed PTX in the K32 order and is the dot's left operand
+    (`_mxfp4_swap_dot`): `a` must hold its columns in that order too (`k32_input`).
 
     QUANT 3 (per_1x32): w is MXFP4 (packed e2m1 [.., K/2], e8m0 scales [.., K/32] at w_scale_ptr, row stride
     stride_wsn) and each tile is decoded into A's dtype before the dot (Hopper has no fp4 MMA; kernels/mxfp4.py);
