@@ -141,9 +141,8 @@ def mxfp4_tile(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
     """
     packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
     if ASM_DECODE and OUT_DTYPE == tl.bfloat16:
-        # Each byte's scale (16 bytes share one) as bf16: exact, bf16 having fp32's exponent range.
-        sb = tl.reshape(tl.broadcast_to(sc.to(tl.bfloat16)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
-                        (BLOCK_N, BLOCK_K // 2))
+        # Each byte's scale as bf16: exact, bf16 having fp32's exponent range.
+        sb = _byte_scales(sc.to(tl.bfloat16), BLOCK_N, BLOCK_K)
         low = _e2m1_pairs(packed, sb, _LOW_NIBBLES_PTX)
         high = _e2m1_pairs(packed, sb, _HIGH_NIBBLES_PTX)
         return tl.interleave(low, high)
@@ -202,13 +201,13 @@ def k32_grid(rows: int, k: int) -> tuple[int, int]:
     return rows, triton.cdiv(k, K32_BLOCK)
 
 
-def k32_permute_triton(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`k32_permute` of a 2-D x (unit stride along K) in one Triton launch, into `out` when given."""
+def k32_permute_triton(x: torch.Tensor) -> torch.Tensor:
+    """`k32_permute` of a 2-D x (unit stride along K) in one Triton launch."""
     rows, k = x.shape
     if k % K32 or x.stride(1) != 1:
         raise ValueError(f"k32_permute_triton: x {tuple(x.shape)} stride {x.stride()}: K must be a multiple of "
                          f"{K32} with unit stride")
-    out = torch.empty((rows, k), dtype=x.dtype, device=x.device) if out is None else out
+    out = torch.empty((rows, k), dtype=x.dtype, device=x.device)
     if rows and k:
         _k32_permute_kernel[k32_grid(rows, k)](x, out, k, x.stride(0), BLOCK=K32_BLOCK, num_warps=4)
     return out
@@ -222,38 +221,41 @@ def mxfp4_tile_k32(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
     in the interpreter); operand conventions as `mxfp4_tile`."""
     packed, sc = mxfp4_codes(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
     if PTX_OK:
-        s16 = tl.reshape(tl.broadcast_to(sc.to(OUT_DTYPE)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
-                         (BLOCK_N, BLOCK_K // 2))
+        s16 = _byte_scales(sc.to(OUT_DTYPE), BLOCK_N, BLOCK_K)
         if OUT_DTYPE == tl.bfloat16:
             lo = _e2m1_pairs(packed, s16, _LOW_NIBBLES_PTX)
             hi = _e2m1_pairs(packed, s16, _HIGH_NIBBLES_PTX)
         else:
-            lo = _e2m1_pairs_f16(packed, s16, _LOW_NIBBLES_F16_PTX)
-            hi = _e2m1_pairs_f16(packed, s16, _HIGH_NIBBLES_F16_PTX)
+            lo = _e2m1_pairs(packed, s16, _LOW_NIBBLES_F16_PTX)
+            hi = _e2m1_pairs(packed, s16, _HIGH_NIBBLES_F16_PTX)
     else:
-        s32 = tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+        s32 = _byte_scales(sc, BLOCK_N, BLOCK_K)
         lo = (decode_e2m1(packed & 0xF) * s32).to(OUT_DTYPE)
         hi = (decode_e2m1(packed >> 4) * s32).to(OUT_DTYPE)
-    # Byte 4t + 2g + i of a 16-byte chunk (K pair 4t + 2g + i) goes to columns 16g + 2t + i (low) and + 8 (high).
-    lo = tl.reshape(tl.permute(tl.reshape(lo, (BLOCK_N, BLOCK_K // 32, 4, 2, 2)), (0, 1, 3, 2, 4)),
-                    (BLOCK_N, BLOCK_K // 32, 2, 8))
-    hi = tl.reshape(tl.permute(tl.reshape(hi, (BLOCK_N, BLOCK_K // 32, 4, 2, 2)), (0, 1, 3, 2, 4)),
-                    (BLOCK_N, BLOCK_K // 32, 2, 8))
-    w = tl.permute(tl.join(lo, hi), (0, 1, 2, 4, 3))  # [BLOCK_N, chunk, g, h, 8]
-    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+    w = tl.join(_k32_half(lo, BLOCK_N, BLOCK_K), _k32_half(hi, BLOCK_N, BLOCK_K))  # [BLOCK_N, chunk, g, 8, h]
+    return tl.reshape(tl.permute(w, (0, 1, 2, 4, 3)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _byte_scales(sc, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each packed byte's scale [BLOCK_N, BLOCK_K // 2] from the tile's [BLOCK_N, BLOCK_K // 32] (16 bytes a scale)."""
+    return tl.reshape(tl.broadcast_to(sc[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+
+
+@triton.jit
+def _k32_half(x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One nibble's decoded values [BLOCK_N, BLOCK_K // 2] (byte order) as [BLOCK_N, chunk, g, 8]: byte 4t + 2g + i
+    of each 16-byte chunk goes to column 2t + i of half g, i.e. K32 position 16g + 2t + i (+ 8 for the high nibble)."""
+    x = tl.permute(tl.reshape(x, (BLOCK_N, BLOCK_K // 32, 4, 2, 2)), (0, 1, 3, 2, 4))
+    return tl.reshape(x, (BLOCK_N, BLOCK_K // 32, 2, 8))
 
 
 @triton.jit
 def _e2m1_pairs(packed, scales, PTX: tl.constexpr):
-    """bf16 scale · value of one nibble of each byte of `packed` (uint8; `PTX` picks the low or high nibbles),
-    `scales` bf16 of the same shape; four bytes an instance of `PTX` (see _E2M1_PAIRS_PTX)."""
-    return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scales], dtype=tl.bfloat16, is_pure=True, pack=4)
-
-
-@triton.jit
-def _e2m1_pairs_f16(packed, scales, PTX: tl.constexpr):
-    """`_e2m1_pairs` into fp16 (`scales` fp16)."""
-    return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scales], dtype=tl.float16, is_pure=True, pack=4)
+    """scale · value of one nibble of each byte of `packed` (uint8; `PTX` picks the low or high nibbles, and bf16 or
+    fp16), `scales` of the same shape in `PTX`'s type, which the result takes; four bytes an instance of `PTX` (see
+    _E2M1_PAIRS_PTX)."""
+    return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scales], dtype=scales.dtype, is_pure=True, pack=4)
 
 
 @triton.jit

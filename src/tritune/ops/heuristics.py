@@ -62,10 +62,10 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
-  256 tokens on the 64 × 128 tiles against 940 / 1997 / 1477 for the same tiles through tl.dot_scaled, and taller
-  blocks from 1024 tokens (BM 32: 1918 against the bf16 rule's 64-row swapped tiles' 2245; BM 64 at 4096: 4089
-  against 5723); with fp8 activations (per_1x32_a8) the bf16/fp16 choice as a 2-stage plan without TMA or the
-  sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
+  256 tokens on the 64 × 128 tiles against 940 / 1997 / 1477 for the same tiles through tl.dot_scaled (504.8 / 994.6
+  / 1010.0 once the decode read the K32 order), and taller blocks from 1024 tokens (BM 32: 1918 against the bf16
+  rule's 64-row swapped tiles' 2245; BM 64 at 4096: 4089 against 5723); with fp8 activations (per_1x32_a8) the
+  bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;

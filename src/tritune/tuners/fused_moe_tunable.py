@@ -39,7 +39,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
 REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2, fm.MXFP4_A8: 3e-2}
 SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
-             "not {a8})")
+             f"not {fm.MXFP4_A8})")
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
 
 # BLOCK_SIZE_M values of the stage kernels' multiply-add path (fused_moe_config.is_fma), in the space only with
@@ -185,7 +185,7 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         # MXFP4 swaps for another reason, at any block height: the decoded tile goes to the wgmma from registers
         # (fused_moe._mxfp4_swap_dot), and one decode serves all BLOCK_SIZE_M rows; one 64-row wgmma a warp group
         # (wider raced: check_config). Not with fp8 activations (check_config says why).
-        Constraint(SWAP_RULE.format(a8=fm.MXFP4_A8),
+        Constraint(SWAP_RULE,
                    lambda c: not c["SWAP_AB"] or (quant != fm.MXFP4_A8 and (
                        64 <= c["BLOCK_SIZE_N"] <= 16 * c["num_warps"] if quant == fm.MXFP4
                        else c["BLOCK_SIZE_M"] <= 32 < c["BLOCK_SIZE_N"]))),
