@@ -8,6 +8,7 @@ MXFP4 tiles wider than 16 × num_warps; the probe builds the configs directly, s
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_swap_race.py --runs 30 --out $OUT/swap_race.json      # GPU
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/probe_mxfp4_swap_race.py --tiny --runs 2 --out F
+    ... --tma      # the packed weights through TMA, as the op's swapped tiles load them since the seventeenth session
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--tiny", action="store_true", help="small shapes through the interpreter (fp16)")
+    ap.add_argument("--tma", action="store_true", help="the packed weights through TMA (USE_TMA 1), as the op now runs")
     args = ap.parse_args(argv)
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.fused_moe import MoeConfig
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         tw, ti = sample_routing(tokens, experts, topk, seed=tokens, device=device)
         a = (torch.randn(tokens * topk, inter, generator=gen, device=device) / 2).to(dtype)
         cfg = MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=warps,
-                        num_stages=stages, SWAP_AB=1)
+                        num_stages=stages, SWAP_AB=1, USE_TMA=int(args.tma))
         sorting = moe_align_block_size(ti, bm, experts)
         first = fm.moe_stage2(a, q2, tw, sorting, cfg, quant=fm.MXFP4, w2_scale=s2)
         differing = nonfinite = 0

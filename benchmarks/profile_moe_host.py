@@ -39,7 +39,7 @@ def cases():
                     "forced TMA")
     out = []
     for T, E, topk in ((1, 8, 2), (7, 128, 8), (64, 128, 8), (1024, 8, 2), (4096, 128, 8)):
-        for quant in ("none", "per_token", "per_1x128"):
+        for quant in ("none", "per_token", "per_1x128", "per_1x32"):
             out.append((f"{quant} T={T} E={E} top{topk}", T, E, topk, 128, 128, quant, None))
     out.append(("none T=1024 E=8 top2 TMA both", 1024, 8, 2, 128, 128, "none", tma))
     return out

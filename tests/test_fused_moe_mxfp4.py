@@ -97,7 +97,8 @@ def test_swap_ab_stage1_with_mxfp4_weights(gated, ksplit, dtype, mxfp4_gemm):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
-    """Both stages swapped as the bound 2-stage call, with the sorted intermediate and the top-k atomics."""
+    """Both stages swapped as the bound 2-stage call, with the sorted intermediate and the top-k atomics, and with the
+    packed weights through TMA (rows of 48 and 32 bytes; K 96 is not a multiple of BLOCK_K 64, so TMA zero-fills)."""
     from tritune.kernels.fused_moe import fused_moe_2stage
     from tritune.kernels.moe_reference import fused_moe_reference
 
@@ -105,7 +106,7 @@ def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
     (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
     on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
     ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
-    for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}):
+    for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}, {"USE_TMA": 1}, {"USE_TMA": 1, "KSPLIT": 2}):
         cfg1 = dataclasses.replace(CFG, SWAP_AB=1, **levers)
         cfg2 = dataclasses.replace(cfg1, BLOCK_SIZE_K=32)
         out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
@@ -162,10 +163,15 @@ def test_what_the_mxfp4_gemm_refuses():
     def run(cfg=CFG, scale=s1):
         return moe_stage1(*args, cfg, inter_dim=INTER, quant=fm.MXFP4, w1_scale=scale)
 
-    with pytest.raises(ValueError, match="BLOCK_SIZE_K >= 32 and USE_TMA 0"):
+    with pytest.raises(ValueError, match="needs BLOCK_SIZE_K >= 32, and SWAP_AB with USE_TMA; got BLOCK_SIZE_K=16"):
         run(dataclasses.replace(CFG, BLOCK_SIZE_K=16))
-    with pytest.raises(ValueError, match="BLOCK_SIZE_K >= 32 and USE_TMA 0"):
+    with pytest.raises(ValueError, match="and SWAP_AB with USE_TMA; got BLOCK_SIZE_K=64, USE_TMA=1, SWAP_AB=0"):
         run(dataclasses.replace(CFG, USE_TMA=1))
+    with pytest.raises(ValueError, match=r"MXFP4 weights come through TMA only in the swapped GEMM \(SWAP_AB 1"):
+        check_config(dataclasses.replace(CFG, USE_TMA=1), "stage1", fm.MXFP4)
+    with pytest.raises(ValueError, match="MXFP4 weights come through TMA only in the swapped GEMM"):
+        check_config(dataclasses.replace(CFG, USE_TMA=1, SWAP_AB=1), "stage2", fm.MXFP4_A8)
+    check_config(dataclasses.replace(CFG, USE_TMA=1, SWAP_AB=1), "stage2", fm.MXFP4)
     with pytest.raises(ValueError, match=r"scales must be uint8 e8m0 \(4, 80, 3\); got None"):
         run(scale=None)
     with pytest.raises(ValueError, match="scales must be uint8"):
@@ -288,7 +294,9 @@ def test_the_op_serves_mxfp4_with_the_rule_tables_2_stage_kernels():
     on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
     choice = ops.fused_moe_choice(on[0], on[1], on[2], on[4], quant=fm.MXFP4)
     assert not choice.run_1stage and choice.source == "heuristic"
-    assert all(c.USE_TMA == 0 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32 for c in (choice.stage1, choice.stage2))
+    # the swapped GEMM with its packed weights through TMA (the heuristic's Hopper rule; the interpreter runs it too)
+    assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32
+               for c in (choice.stage1, choice.stage2))
     ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
     first = ops.fused_moe_mxfp4(*on)
     assert first.shape == (TOKENS, D) and rel_l2(first.cpu(), ref) < 2e-3
@@ -311,4 +319,7 @@ def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():
         assert not run_1stage and s2 is not None
         for cfg, kernel in ((s1, "stage1"), (s2, "stage2")):
             check_config(cfg, kernel, fm.MXFP4)
-            assert cfg.USE_TMA == 0 and cfg.SORTED_INTER == 0
+            assert cfg.USE_TMA == 1 and cfg.SWAP_AB == 1 and cfg.SORTED_INTER == 0
+    # before Hopper, no TMA
+    _, s1, s2 = moe_heuristic(64, 2880, 2880, 128, 4, fm.MXFP4, capability=(8, 0))
+    assert s1.USE_TMA == 0 and s2.USE_TMA == 0

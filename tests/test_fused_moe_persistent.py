@@ -86,7 +86,7 @@ def test_what_it_does_not_run_is_refused_in_one_line(kernel: str, cfg: MoeConfig
 
 
 def test_mxfp4_weights_are_refused() -> None:
-    """MXFP4 weights load by pointers (no TMA), so there is no persistent MXFP4 stage 2."""
+    """The persistent stage 2 is not built for MXFP4 weights (their TMA path is the swapped GEMM's alone)."""
     with pytest.raises(ValueError, match="MXFP4"):
         fm.check_config(dataclasses.replace(PS, num_stages=2), "stage2", fm.MXFP4)
     with pytest.raises(ValueError, match="PERSISTENT"):

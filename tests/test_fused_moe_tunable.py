@@ -73,10 +73,13 @@ P1X128_REGS = "per_1x128 accumulators + scaled product > 192 registers per threa
 # (rule, problem, device, config): the config breaks that rule and no other.
 MX = MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # MXFP4 weights, bf16 activations
 MX8 = MoeProblem(shape("per_1x32", q_dtype_a="fp8", q_dtype_w="fp4x2"), "stage1")  # per_1x32_a8: fp8 activations
+TMA_RULE = "MXFP4 weights through TMA exactly when the GEMM swaps (per_1x32 only)"
 SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
              "not per_1x32_a8)")
 STAGE_RULES = [
-    ("MXFP4 weights load by pointers (no TMA)", MX, DEV, stage_config(USE_TMA=1)),
+    (TMA_RULE, MX, DEV, stage_config(USE_TMA=1)),  # MXFP4 through TMA only in the swapped GEMM
+    (TMA_RULE, MX, DEV, stage_config(SWAP_AB=1)),  # and always there
+    (TMA_RULE, MX8, DEV, stage_config(USE_TMA=1)),  # fp8 activations: pointers
     (SWAP_RULE, BIG, DEV, stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
     (SWAP_RULE, MX8, DEV, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=64)),  # no e4m3 decode for the swap
     ("shared memory > device limit", BIG, DEV,
@@ -163,11 +166,11 @@ def test_mxfp4_with_16_bit_activations_may_swap_at_any_block_height() -> None:
     64-row weight tile at least; fp8 activations are refused."""
     rules = stage_constraints(MX, DEV)
     for bm in (32, 64):  # 128 pairs per expert
-        assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64)) == []
-    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32)) == [SWAP_RULE]
+        assert _failing(rules, stage_config(SWAP_AB=1, USE_TMA=1, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64)) == []
+    assert _failing(rules, stage_config(SWAP_AB=1, USE_TMA=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32)) == [SWAP_RULE]
     # two 64-row wgmmas a warp group raced on the H100: 128 wide on 8 warps only
-    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128)) == [SWAP_RULE]
-    assert _failing(rules, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, num_warps=8)) == []
+    assert _failing(rules, stage_config(SWAP_AB=1, USE_TMA=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128)) == [SWAP_RULE]
+    assert _failing(rules, stage_config(SWAP_AB=1, USE_TMA=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, num_warps=8)) == []
 
 
 def test_mxfp4_splits_k_on_grids_under_two_waves() -> None:
@@ -176,7 +179,7 @@ def test_mxfp4_splits_k_on_grids_under_two_waves() -> None:
                                  q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage1")  # 4 experts x 45 tiles: 180
     fields = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, KSPLIT=2, GROUP_SIZE_M=1)
     rule = "split-K on a grid that already fills the GPU (MXFP4: twice)"
-    assert rule not in _failing(stage_constraints(one_token, DEV), stage_config(SWAP_AB=1, **fields))
+    assert rule not in _failing(stage_constraints(one_token, DEV), stage_config(SWAP_AB=1, USE_TMA=1, **fields))
     bf16 = MoeProblem(shape(token=1, expert=128, topk=4, model_dim=2880, inter_dim=2880), "stage1")
     assert rule in _failing(stage_constraints(bf16, DEV), stage_config(**fields))
 

@@ -16,6 +16,7 @@ import triton.language as tl
 from tritune.kernels.mxfp4 import (
     decode_e2m1,
     dequantize_mxfp4_triton,
+    e8m0_to_bf16,
     e8m0_to_fp32,
     k32_permute,
     k32_permute_triton,
@@ -51,6 +52,12 @@ def _e8m0_probe(codes_ptr, out_ptr, N: tl.constexpr):
 
 
 @triton.jit
+def _e8m0_bf16_probe(codes_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, e8m0_to_bf16(tl.load(codes_ptr + i)))
+
+
+@triton.jit
 def _tile_t_probe(w_ptr, s_ptr, out_ptr, k0, K, stride_wn, stride_sn,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One mxfp4_tile at k0, stored transposed as the fused-MoE kernel feeds it to tl.dot: out [BLOCK_K, BLOCK_N]."""
@@ -78,6 +85,19 @@ def test_e8m0_to_fp32_every_code():
         assert out[c].item() == 2.0 ** (c - 127)
     assert out[0].view(torch.int32).item() == 0x00400000
     assert torch.isnan(out[255]) and out[255].view(torch.int32).item() == 0x7FC00000
+
+
+def test_e8m0_to_bf16_every_code():
+    """The integer-only conversion the swapped GEMM's bf16 decode uses: 2**(code - 127) for every code (0 is bf16's
+    subnormal 2**-127), NaN for 255."""
+    codes = torch.arange(256).to(torch.uint8).to(DEVICE)
+    out = torch.zeros(256, dtype=torch.bfloat16, device=DEVICE)
+    _e8m0_bf16_probe[(1,)](codes, out, N=256)
+    out = out.cpu()
+    want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float32).to(torch.bfloat16)
+    _assert_bits_equal(out[:255], want)
+    assert out[0].view(torch.int16).item() == 0x0040 and out[254].item() == 2.0 ** 127
+    assert torch.isnan(out[255]) and out[255].view(torch.int16).item() == 0x7FC0
 
 
 SHAPES = [pytest.param((33, 96), id="N33-K96"), pytest.param((5, 32), id="N5-K32"),

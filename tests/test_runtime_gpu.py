@@ -114,6 +114,10 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
         ("op (selected kernels) bf16 E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "none"), None),
         ("op (selected kernels) fp8 per_token E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "per_token"), None),
         ("op (selected kernels) fp8 per_1x128 E128 top8 I384 1024 tok", (1024, 2048, 384, 128, 8, "per_1x128"), None),
+        # MXFP4: the swapped GEMM (stage 1 writing the K32 order), without split-K, and the rule table's choice
+        ("2-stage MXFP4 swapped", (64, 1024, 512, 32, 4, "per_1x32"),
+         MoeChoice(False, MoeConfig(16, 64, 128, 1, 4, 3, SWAP_AB=1), MoeConfig(16, 64, 128, 1, 4, 3, SWAP_AB=1), "")),
+        ("op (selected kernels) MXFP4 E32 top4 16 tok", (16, 1024, 512, 32, 4, "per_1x32"), None),
     ]
     for name, dims, choice in moe:
         def make(dims=dims, choice=choice):

@@ -31,6 +31,7 @@ from tritune.kernels.fused_moe_config import (  # noqa: F401 (KERNELS, FP8_QUANT
     act_group,
     check_config,
     check_plan,
+    weight_tma_view,
 )
 from tritune.kernels.fused_moe_epilogue import _activation, _amax_out, _stage1_finish_kernel, _topk_sum_kernel
 from tritune.kernels.moe_align import MoeSorting, gemm_blocks
@@ -39,7 +40,9 @@ from tritune.kernels.mxfp4 import (
     k32_permute_triton,
     k32_position,
     mxfp4_codes,
+    mxfp4_decode_k32,
     mxfp4_dot_scaled,
+    mxfp4_scale_codes,
     mxfp4_tile,
     mxfp4_tile_k32,
 )
@@ -108,11 +111,11 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     """
     if (QUANT == 3 or QUANT == 4) and SWAP_AB:
         a_t = tl.trans(a)
-        acc_g = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_N,
-                                BLOCK_SIZE_K)
+        acc_g = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, w_desc, tma_row,
+                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if GATED:
-            acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u,
-                                    BLOCK_SIZE_N, BLOCK_SIZE_K)
+            acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u, w_desc,
+                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
@@ -189,8 +192,8 @@ def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, a
 
 
 @triton.jit
-def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, BLOCK_SIZE_N: tl.constexpr,
-                    BLOCK_SIZE_K: tl.constexpr):
+def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, w_desc, tma_row,
+                    USE_TMA: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] plus this K step's w · a_t (a_t = aᵀ, [BLOCK_K, BLOCK_M]) for MXFP4 rows `rows`: the
     tile decoded by packed PTX in the K32 order (`mxfp4_tile_k32`; A's columns must be in that order too) and fed
     as the dot's left operand.
@@ -199,7 +202,13 @@ def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K,
     decode straight into the MMA, and its 64 rows come from N rather than a block of a few pairs. On the H100
     (probe_mxfp4_gemv.py, gpt-oss-120b's GEMMs) it ran 21-22% faster than tl.dot_scaled at 64 tokens, 8-9% at 1.
     """
-    w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
+    if USE_TMA:  # the packed bytes through `w_desc` ([E·N_W, K/2] uint8, TMA zero-fills past K), the scales by pointers
+        packed = w_desc.load([tma_row, k // 2])
+        w = mxfp4_decode_k32(packed, mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K),
+                             BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
+    else:
+        w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                           a_t.dtype)
     return tl.dot(w, a_t, acc)
 
 
@@ -534,9 +543,11 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
     w_desc = w
     if cfg.USE_TMA:
-        if (k * w.element_size()) % 16:
-            raise ValueError(f"USE_TMA needs rows of 16-byte multiples; K={k} of {w.dtype} is not")
-        w_desc = TensorDescriptor.from_tensor(w.view(-1, k), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+        row, box = weight_tma_view(quant, k, cfg)
+        if (row * w.element_size()) % 16:
+            raise ValueError(f"USE_TMA needs weight rows of 16-byte multiples; K={k} of {w.dtype} "
+                             f"({row * w.element_size()} bytes) is not")
+        w_desc = TensorDescriptor.from_tensor(w.view(-1, row), box)
     _moe_gemm_kernel[grid](
         a, a, a_s, w, w_desc, w_s, target, sorting.sorted_token_ids, sorting.expert_ids, sorting.num_tokens_post_padded,
         weights, weights, numel, n, k, k_per_split, num_pid_m,
@@ -557,7 +568,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
 
 def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: MoeConfig) -> None:
     """One line for what the MXFP4 GEMM cannot run: packed uint8 [E, N, K/2] with uint8 scales [E, N, K/32], K a
-    multiple of 32, BLOCK_SIZE_K >= 32 (whole scale blocks per K step), no TMA (the decode reads bytes by pointers)."""
+    multiple of 32, BLOCK_SIZE_K >= 32 (whole scale blocks per K step), TMA only in the swapped GEMM."""
     if w.dtype != torch.uint8 or w.shape[2] * 2 != k or k % 32:
         raise ValueError(f"{MXFP4}: weights must be packed uint8 [E, N, K/2] with K a multiple of 32; got {w.dtype} "
                          f"{tuple(w.shape)} for K={k}")
@@ -567,9 +578,9 @@ def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: Moe
         raise ValueError(f"{MXFP4}: scales must be uint8 e8m0 {want}; got {got}")
     if w_scale.device != w.device:
         raise ValueError(f"{MXFP4}: scales are on {w_scale.device}, the weights on {w.device}")
-    if cfg.BLOCK_SIZE_K < 32 or cfg.USE_TMA:
-        raise ValueError(f"{MXFP4}: needs BLOCK_SIZE_K >= 32 and USE_TMA 0; got BLOCK_SIZE_K={cfg.BLOCK_SIZE_K}, "
-                         f"USE_TMA={cfg.USE_TMA}")
+    if cfg.BLOCK_SIZE_K < 32 or (cfg.USE_TMA and not cfg.SWAP_AB):
+        raise ValueError(f"{MXFP4}: needs BLOCK_SIZE_K >= 32, and SWAP_AB with USE_TMA; got BLOCK_SIZE_K="
+                         f"{cfg.BLOCK_SIZE_K}, USE_TMA={cfg.USE_TMA}, SWAP_AB={cfg.SWAP_AB}")
 
 
 def _check_sorting(sorting: MoeSorting, config: MoeConfig, numel: int) -> None:

@@ -26,7 +26,7 @@ from tritune.kernels.fused_moe import (
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
-from tritune.kernels.fused_moe_config import check_compiles_here
+from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 from tritune.knobs import interpreting
@@ -107,8 +107,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
     out_dt = f32 if split or atomic else dims.dtype
     w_desc = MockTensor(w_dt)
     if cfg.USE_TMA:
-        w_desc = TensorDescriptor(MockTensor(a_dt), [dims.experts * n_w, k], [k, 1],
-                                  [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+        row, box = weight_tma_view(q, k, cfg)
+        w_desc = TensorDescriptor(MockTensor(w_dt), [dims.experts * n_w, row], [row, 1], box)
     a_sorted = (2 if cfg.GATHER_A else 0) if stage1 else cfg.SORTED_INTER
     a_desc = MockTensor(a_dt)
     if a_sorted == 2:  # stage 1's gathered A has the rows of a sorted intermediate (moe_align.sorted_rows)

@@ -126,6 +126,14 @@ def is_fma(config: MoeConfig) -> bool:
     return config.BLOCK_SIZE_M <= FMA_MAX_BLOCK_M
 
 
+def weight_tma_view(quant: str, k: int, config: MoeConfig) -> tuple[int, list[int]]:
+    """USE_TMA's view of a weight: its row length in its own elements and one tile's box (MXFP4 rows hold K/2 packed
+    bytes)."""
+    if quant in MXFP4_QUANTS:
+        return k // 2, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K // 2]
+    return k, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K]
+
+
 def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
     for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -143,10 +151,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: KSPLIT, num_warps, num_stages, GROUP_SIZE_M must be >= 1")
     if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_K:
         raise ValueError(f"{config.name(kernel, quant)}: per_1x128 needs BLOCK_SIZE_K dividing 128")
-    if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or config.USE_TMA
-                                  or (kernel == "1stage" and config.BLOCK_SIZE_N < 32)):
+    if quant in MXFP4_QUANTS and (config.BLOCK_SIZE_K < 32 or (kernel == "1stage" and config.BLOCK_SIZE_N < 32)):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 (per_1x32) needs BLOCK_SIZE_K >= 32 (whole scale "
-                         "blocks; the 1-stage kernel's BLOCK_SIZE_N too: it slices w2 along K by it) and no TMA")
+                         "blocks; the 1-stage kernel's BLOCK_SIZE_N too: it slices w2 along K by it)")
+    if quant in MXFP4_QUANTS and config.USE_TMA and not (quant == MXFP4 and config.SWAP_AB):
+        raise ValueError(f"{config.name(kernel, quant)}: MXFP4 weights come through TMA only in the swapped GEMM "
+                         "(SWAP_AB 1, 16-bit activations)")
     if config.SORTED_INTER not in (0, 1, 2) or any(getattr(config, f) not in (0, 1)
                                                     for f in ("TOPK_ATOMIC", "SWAP_AB", "GATHER_A")):
         raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC, SWAP_AB and "

@@ -35,7 +35,7 @@ from tritune.kernels.fused_moe import (
     quant_id,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
-from tritune.kernels.fused_moe_config import check_compiles_here
+from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
@@ -270,8 +270,8 @@ class MoeLaunch:
                                       [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, what)
         w_desc = ("t", w)
         if cfg.USE_TMA:
-            w_desc = self._descriptor(("t", w), (w_t.numel() // k, k), w_t.dtype, [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K],
-                                      example, "USE_TMA")
+            row, box = weight_tma_view(quant, k, cfg)
+            w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, box, example, "USE_TMA")
         recipe = [a, a_desc, a_scale, ("t", w), w_desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (

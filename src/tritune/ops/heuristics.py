@@ -64,7 +64,9 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
   256 tokens on the 64 × 128 tiles against 940 / 1997 / 1477 for the same tiles through tl.dot_scaled (504.8 / 994.6
   / 1010.0 once the decode read the K32 order), and taller blocks from 1024 tokens (BM 32: 1918 against the bf16
-  rule's 64-row swapped tiles' 2245; BM 64 at 4096: 4089 against 5723); with fp8 activations (per_1x32_a8) the
+  rule's 64-row swapped tiles' 2245; BM 64 at 4096: 4089 against 5723); its packed weights through TMA on Hopper
+  (417 / 830 / 891 / 1463 / 3580 µs at 16 / 64 / 256 / 1024 / 4096 tokens against 492 / 967 / 1030 / 1597 / 3878 by
+  pointers, seventeenth session); with fp8 activations (per_1x32_a8) the
   bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
@@ -244,14 +246,16 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
 
 
 def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
-                   sm_count: int) -> tuple[MoeConfig, MoeConfig]:
+                   sm_count: int, tma: bool) -> tuple[MoeConfig, MoeConfig]:
     """Both stage configs for MXFP4 weights with 16-bit activations: the swapped GEMM (SWAP_AB, module docstring).
 
     BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on the gated
     stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider on 4 warps raced,
     check_config); BLOCK_K 128 on 16-row blocks, 64 on taller ones. Split 2 along K when the routed experts' N tiles
     give under 2 programs an SM (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair split,
-    105 unsplit; at 16 tokens, 2880 programs, splitting lost)."""
+    105 unsplit; at 16 tokens, 2880 programs, splitting lost). The packed weights through TMA on Hopper (`tma`): its
+    swizzled shared tile reads without the bank conflicts of the pointer path's plain one (26.7M to 0.65M in stage 1
+    at 64 tokens), 7.7-15% off the stage pair at 16-4096 tokens (2026-11-27, seventeenth session)."""
     bm = min(64, max(16, _p2(_cdiv(pairs, experts))))
     blocks = min(pairs, experts) * _cdiv(_cdiv(pairs, experts), bm)
     configs = []
@@ -260,7 +264,7 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
         bk = max(32, min(128 if bm == 16 else 64, _p2(k)))
         split = 2 if blocks * _cdiv(n, bn) < 2 * sm_count and k >= 4 * bk else 1
         configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=4,
-                                 num_stages=3, KSPLIT=split, SWAP_AB=1))
+                                 num_stages=3, KSPLIT=split, SWAP_AB=1, USE_TMA=int(tma)))
     return configs[0], configs[1]
 
 
@@ -313,7 +317,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")
     if quant == fm.MXFP4:
-        return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count)
+        return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9)
     if quant in fm.MXFP4_QUANTS:
         # Weights upcast in the kernel: the bf16 tiles (fp8 activations too: not measured apart yet), 2-stage (the
         # MXFP4 1-stage kernel is the tuner's to pick: not measured), without TMA (the weights load by pointers) or

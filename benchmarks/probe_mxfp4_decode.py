@@ -1,0 +1,198 @@
+"""What each part of the swapped MXFP4 GEMM's weight decode costs (issue 16): the op's stage pair on the rule table's
+tiles (gpt-oss-120b's MoE, a ready sort; stage 1's and stage 2's input copies into the K32 order included) with the
+decode built several ways, each in its own process (a jitted function's globals are fixed once it has compiled):
+
+    shift    the bf16 fields by prmt, two shifts, two masks and an or; the scales to bf16 through fp32 (the op of
+             the sixteenth session)
+    mul      the fields by one multiply (kernels/mxfp4.py); the scales through fp32
+    op       the fields by one multiply; the scales to bf16 by integer ops (`e8m0_to_bf16`): what the op runs
+    noscale  the op's decode with every scale 1, so the scale loads, their layout change and their conversion are
+             gone. Not a contestant (its result is wrong): the bound on what any faster scale path could save.
+    nodecode the packed PTX replaced by two byte moves (the scales still loaded and handed to it): the bound on
+             what any faster decode could save. Not a contestant either.
+    bytes    nodecode and noscale together: the loads, the MMA and the loop alone.
+
+    PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --out $OUT/decode.json             # GPU: every variant
+    PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --tiny --variants op,shift --out F # interpreter
+    ... --set USE_TMA=1,num_stages=4                  # config fields put on both stages' rule-table tiles
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+
+VARIANTS = ("shift", "mul", "op", "noscale", "nodecode", "bytes")
+# nodecode's stand-in for the packed decode: each byte's bits copied into a 16-bit half, nothing else.
+_BYTES_PTX = """
+{
+.reg .b32 z;
+mov.b32 z, 0;
+prmt.b32 $0, $2, z, 0x4140;
+prmt.b32 $1, $2, z, 0x4342;
+}
+"""
+SHAPE = (2880, 2880, 128, 4)  # gpt-oss-120b: model_dim, inter_dim, experts, topk
+TINY = (64, 64, 4, 2)
+TOKENS = (1, 16, 64, 256, 1024, 4096)
+COPY_BYTES_PER_S = 3.0e12  # the H100's measured copy bandwidth, as the other benchmarks
+
+
+def _shift_ptx(high: bool) -> str:
+    """The bf16 PTX the op used before the one-multiply form: the fp16 text with bf16's field and bias."""
+    from tritune.kernels.mxfp4 import _pairs_ptx
+
+    return (_pairs_ptx(True, high).replace("0x0E000E00", "0x01C001C0").replace("0x74007400", "0x7E807E80")
+            .replace("f16x2", "bf16x2").replace(f"shl.b32 t, x, {9 - 4 * high};", f"shl.b32 t, x, {6 - 4 * high};")
+            .replace(f"shl.b32 t, y, {9 - 4 * high};", f"shl.b32 t, y, {6 - 4 * high};"))
+
+
+def apply_variant(name: str) -> None:
+    """Rebind the decode's pieces in kernels.mxfp4 before anything compiles."""
+    import triton
+    import triton.language as tl
+
+    from tritune.kernels import mxfp4
+
+    @triton.jit
+    def via_fp32(codes):
+        return mxfp4.e8m0_to_fp32(codes).to(tl.bfloat16)
+
+    @triton.jit
+    def ones(codes):
+        return tl.full(codes.shape, 1.0, tl.bfloat16)
+
+    if name not in VARIANTS:
+        raise SystemExit(f"probe_mxfp4_decode: unknown variant {name!r}; expected one of {', '.join(VARIANTS)}")
+    if name == "shift":
+        mxfp4._LOW_NIBBLES_PTX = tl.constexpr(_shift_ptx(False))
+        mxfp4._HIGH_NIBBLES_PTX = tl.constexpr(_shift_ptx(True))
+    if name in ("shift", "mul"):
+        mxfp4.e8m0_to_bf16 = via_fp32
+    if name in ("noscale", "bytes"):
+        mxfp4.e8m0_to_bf16 = ones
+    if name in ("nodecode", "bytes"):
+        mxfp4._LOW_NIBBLES_PTX = tl.constexpr(_BYTES_PTX)
+        mxfp4._HIGH_NIBBLES_PTX = tl.constexpr(_BYTES_PTX)
+
+
+def _weights(experts: int, rows: int, cols: int, device: str, seed: int):
+    """Seeded N(0, 1/cols) weights [experts, rows, cols], quantized to MXFP4 a few experts at a time."""
+    from tritune.kernels import fused_moe as fm
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    packed, scales = [], []
+    for lo in range(0, experts, 16):
+        w = torch.randn(min(16, experts - lo), rows, cols, generator=gen, device=device) / cols**0.5
+        q, s = fm.quantize_weights(w, fm.MXFP4)
+        packed.append(q)
+        scales.append(s)
+    return torch.cat(packed), torch.cat(scales)
+
+
+def parse_set(text: str) -> dict[str, int]:
+    """--set FIELD=INT,...: MoeConfig fields put on both stages' rule-table configs."""
+    from tritune.kernels.fused_moe import MoeConfig
+
+    known = {f.name for f in dataclasses.fields(MoeConfig)}
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        if name not in known or not value.lstrip("-").isdigit():
+            raise SystemExit(f"probe_mxfp4_decode: --set {part!r}: want FIELD=INT with FIELD a MoeConfig field")
+        out[name] = int(value)
+    return out
+
+
+def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: dict[str, int]) -> list[dict]:
+    apply_variant(name)
+    from tritune.kernels import fused_moe as fm
+    from tritune.kernels.moe_align import moe_align_block_size
+    from tritune.kernels.moe_reference import fused_moe_reference
+    from tritune.ops.heuristics import moe_heuristic
+    from tritune.ops.routing import sample_routing
+    from tritune.tuning.bench import time_kernel
+
+    device = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
+    d, inter, experts, topk = TINY if tiny else SHAPE
+    q1, s1 = _weights(experts, 2 * inter, d, device, 1)
+    q2, s2 = _weights(experts, d, inter, device, 2)
+    rows = []
+    for t in tokens:
+        gen = torch.Generator(device=device).manual_seed(t)
+        hidden = (torch.randn(t, d, generator=gen, device=device) / 2).to(dtype)
+        tw, ti = sample_routing(t, experts, topk, seed=t, device=device)
+        _, c1, c2 = moe_heuristic(t, d, inter, experts, topk, fm.MXFP4, one_stage=False,
+                                  capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
+        c1, c2 = (dataclasses.replace(c, **fields) for c in (c1, c2))
+        sorting = moe_align_block_size(ti, c1.BLOCK_SIZE_M, experts)
+
+        def call(hidden=hidden, tw=tw, sorting=sorting, c1=c1, c2=c2):
+            mid = fm.moe_stage1(hidden, q1, tw, sorting, c1, inter_dim=inter, w1_scale=s1, quant=fm.MXFP4)
+            return fm.moe_stage2(mid, q2, tw, sorting, c2, w2_scale=s2, quant=fm.MXFP4)
+
+        ref = fused_moe_reference(hidden, q1, q2, tw, ti, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+        rel = float((call().float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        routed = int(torch.unique(ti).numel())
+        floor = routed * 3 * d * inter * (4.25 / 8) / COPY_BYTES_PER_S * 1e6
+        us = time_kernel(call, iters=iters, warmup=min(3, iters)).median_us
+        label = name + (f"[{','.join(f'{k}={v}' for k, v in fields.items())}]" if fields else "")
+        rows.append({"variant": label, "tokens": t, "us": us, "floor_us": floor, "rel_l2": rel,
+                     "configs": [c1.name("stage1", fm.MXFP4), c2.name("stage2", fm.MXFP4)]})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variant", default=None, help="run this one variant here (what the driver starts)")
+    ap.add_argument("--tokens", default=None, help="comma list (default 1..4096, or 3,9 with --tiny)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (fp16)")
+    ap.add_argument("--set", default="", help="FIELD=INT,...: put on both stages' configs (e.g. USE_TMA=1)")
+    args = ap.parse_args(argv)
+    fields = parse_set(args.set)
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
+    if args.variant:
+        args.out.write_text(json.dumps(run_variant(args.variant, tokens, args.tiny, args.iters, fields), indent=1))
+        return 0
+    names = args.variants.split(",")
+    for name in names:
+        if name not in VARIANTS:
+            ap.error(f"--variants: unknown {name!r}; expected some of {', '.join(VARIANTS)}")
+    rows = []
+    for name in names:
+        part = args.out.with_suffix(f".{name}.json")
+        cmd = [sys.executable, __file__, "--variant", name, "--out", str(part), "--tokens", ",".join(map(str, tokens)),
+               "--iters", str(args.iters), "--set", args.set] + (["--tiny"] if args.tiny else [])
+        done = subprocess.run(cmd, env=os.environ.copy())
+        rows += json.loads(part.read_text()) if done.returncode == 0 else [{"variant": name, "error": done.returncode}]
+    args.out.write_text(json.dumps({"shape": TINY if args.tiny else SHAPE, "rows": rows}, indent=1))
+    by = {(r["variant"].split("[")[0], r["tokens"]): r for r in rows if "us" in r}
+    print("| tokens | floor µs | " + " | ".join(f"{n} µs" for n in names) + " | op / shift | rel_l2 (op) |")
+    print("|---|---|" + "---|" * len(names) + "---|---|")
+    for t in tokens:
+        cells = [f"{by[(n, t)]['us']:.1f}" if (n, t) in by else "—" for n in names]
+        op, shift = by.get(("op", t)), by.get(("shift", t))
+        ratio = f"{op['us'] / shift['us']:.3f}" if op and shift else "—"
+        floor = next((r["floor_us"] for r in rows if r.get("tokens") == t and "floor_us" in r), math.nan)
+        rel = f"{op['rel_l2']:.2e}" if op else "—"
+        print(f"| {t} | {floor:.1f} | " + " | ".join(cells) + f" | {ratio} | {rel} |")
+    return 0 if all("us" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
