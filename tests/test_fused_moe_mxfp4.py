@@ -113,6 +113,22 @@ def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
         assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < (2e-3 if dtype == torch.float16 else 1e-2), levers
 
 
+def test_swapped_tma_tiles_past_n_and_k():
+    """The packed weights through TMA where a tile passes N (stage 1's gate tile reads the up half's first rows,
+    stage 2's last tile the next expert's or nothing; decoded, never stored) and K (zero-filled): N 96 and K 96 on
+    64-wide tiles, both stages, fp16 in the interpreter."""
+    from tritune.kernels.fused_moe import fused_moe_2stage
+    from tritune.kernels.moe_reference import fused_moe_reference
+
+    hidden, w1, w2, ids, weights = operands(inter=96)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
+    ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    cfg = dataclasses.replace(CFG, BLOCK_SIZE_N=64, SWAP_AB=1, USE_TMA=1)
+    out = fused_moe_2stage(*on[:5], cfg, cfg, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
+    assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
+
+
 @pytest.mark.parametrize(("swap1", "swap2", "ksplit1", "bn1"), [(1, 0, 1, 32), (0, 1, 1, 32), (1, 1, 2, 32),
                                                                (0, 1, 2, 32), (0, 1, 1, 16), (0, 1, 2, 16)],
                          ids=["stage1-only", "stage2-only", "both-ks2", "stage2-only-ks2", "bn16", "bn16-ks2"])
