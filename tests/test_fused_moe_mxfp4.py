@@ -98,7 +98,8 @@ def test_swap_ab_stage1_with_mxfp4_weights(gated, ksplit, dtype, mxfp4_gemm):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
     """Both stages swapped as the bound 2-stage call, with the sorted intermediate and the top-k atomics, and with the
-    packed weights through TMA (rows of 48 and 32 bytes; K 96 is not a multiple of BLOCK_K 64, so TMA zero-fills)."""
+    packed weights through TMA (rows of 48 and 32 bytes; K 96 is not a multiple of BLOCK_K 64, so TMA zero-fills),
+    also with stage 2 reading the sorted K32 intermediate through TMA (SORTED_INTER 2)."""
     from tritune.kernels.fused_moe import fused_moe_2stage
     from tritune.kernels.moe_reference import fused_moe_reference
 
@@ -106,7 +107,8 @@ def test_swap_ab_whole_call_with_mxfp4_weights(dtype):
     (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
     on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
     ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
-    for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}, {"USE_TMA": 1}, {"USE_TMA": 1, "KSPLIT": 2}):
+    for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}, {"USE_TMA": 1}, {"USE_TMA": 1, "KSPLIT": 2},
+                   {"USE_TMA": 1, "SORTED_INTER": 2}):
         cfg1 = dataclasses.replace(CFG, SWAP_AB=1, **levers)
         cfg2 = dataclasses.replace(cfg1, BLOCK_SIZE_K=32)
         out = fused_moe_2stage(*on[:5], cfg1, cfg2, quant=fm.MXFP4, w1_scale=on[5], w2_scale=on[6])
