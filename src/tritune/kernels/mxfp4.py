@@ -156,9 +156,9 @@ def e8m0_to_fp32(scales):
 @triton.jit
 def e8m0_to_bf16(scales):
     """e8m0 scale codes (uint8; any shape) -> bf16 2**(code - 127), exact, by integer ops alone (no trip through
-    fp32: 2.4-2.6% fewer instructions in the swapped stage kernels' K step, sm90): the code is bf16's biased exponent too, so the bits are
-    code << 7; code 0 is the subnormal 2**-127 (0x0040: the max), code 255 NaN (0x7FC0: (code + 1) >> 2 reaches
-    0x40 only there)."""
+    fp32: 2.4-2.6% fewer instructions in the swapped stage kernels' K step, sm90): the code is bf16's biased
+    exponent too, so the bits are code << 7; code 0 is the subnormal 2**-127 (0x0040: the max), code 255 NaN
+    (0x7FC0: (code + 1) >> 2 reaches 0x40 only there)."""
     c = scales.to(tl.int32)
     bits = tl.maximum(c << 7, 0x40) | (((c + 1) >> 2) & 0x40)
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
