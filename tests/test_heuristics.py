@@ -256,14 +256,15 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     """MXFP4 with 16-bit activations: SWAP_AB on both stages (H100, gpt-oss-120b: 1.6-1.8x faster than tl.dot_scaled
     at 16-256 tokens), BLOCK_M the power of two holding the pairs per expert (16-64), BLOCK_K 128 up to 32-row blocks
     and 64 on 64-row ones, where stage 2 takes 128 x 128 tiles on 8 warps (tuned so through TMA); split 2 where the
-    routed experts' 64-wide tiles would not give 2 programs an SM."""
+    routed experts' 64-wide tiles would not give 2 programs an SM (4 where each split keeps 4 K steps)."""
     def plan(tokens, dims=(2880, 2880, 128, 4)):
         run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32")
         assert not run_1stage
         check_plan(s1, s2, "per_1x32")
         return [(*tile(c), c.KSPLIT, c.SWAP_AB) for c in (s1, s2)]
 
-    assert plan(1) == [(16, 64, 128, 2, 1)] * 2  # 4 experts x 45 tiles of 64 = 180 programs
+    assert plan(1) == [(16, 64, 128, 4, 1)] * 2  # 4 experts x 45 tiles of 64 = 180 programs; K 2880 >= 16 x 128
+    assert plan(1, (512, 512, 128, 4)) == [(16, 64, 128, 2, 1)] * 2  # K 512: 4 steps a split at 2 splits, not 4
     for tokens in (16, 64, 256):
         assert plan(tokens) == [(16, 64, 128, 1, 1)] * 2, tokens
     assert plan(1024) == [(32, 64, 128, 1, 1)] * 2  # 32 pairs per expert
