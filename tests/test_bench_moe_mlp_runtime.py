@@ -4,37 +4,23 @@ compares every output of a call."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from benchmark_module import load_benchmark
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal; the GPU runs them")
 
 
 @pytest.mark.parametrize("name", ["bench_moe_mlp_runtime", "profile_moe_mlp_host"])
 def test_refuses_without_a_gpu(name, tmp_path, capsys):
-    assert _load(name).main(["--out", str(tmp_path / "x.json")]) == 2
+    assert load_benchmark(name).main(["--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
 
 
 def test_the_models_are_the_ones_the_grouped_bench_knows():
-    bench = _load("bench_moe_mlp_runtime")
-    grouped = _load("bench_grouped_gemm")
+    bench = load_benchmark("bench_moe_mlp_runtime")
+    grouped = load_benchmark("bench_grouped_gemm")
     for model, shape in bench.MODELS.items():
         assert grouped.MODELS[model] == shape

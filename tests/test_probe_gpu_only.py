@@ -4,32 +4,21 @@ their docstrings promise."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_module import load_benchmark
 
 
 @pytest.mark.parametrize("name", ["probe_wgmma_small_n", "probe_moe_graph_gap"])
 def test_refuses_without_a_gpu(name, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match=f"{name}: needs a GPU"):
-        _load(name).main(["--out", str(tmp_path / "x.json")])
+        load_benchmark(name).main(["--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
 
 
 def test_wgmma_probe_tiles_cover_narrow_and_full_n():
-    probe = _load("probe_wgmma_small_n")
+    probe = load_benchmark("probe_wgmma_small_n")
     assert {bm for _, bm, _ in probe.TILES} == {16, 32, 64, 128}
     assert all(bn % 64 == 0 and bk % 16 == 0 for bn, _, bk in probe.TILES)  # whole m64 wgmmas, whole k16 steps
     assert probe.PEAK_MAC_PER_SM_CYCLE == round(989.4e12 / 2 / 132 / 1.83e9)

@@ -4,22 +4,17 @@ unknown variant is refused, and the driver runs one variant in a child process t
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
+from benchmark_module import load_benchmark
 from test_mxfp4_ptx_fields import _every_byte_pair, _shift_fields, _spec_fields
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_mxfp4_decode", ROOT / "benchmarks" / "probe_mxfp4_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("probe_mxfp4_decode")
+
 
 
 @pytest.mark.parametrize("high", [False, True])

@@ -4,27 +4,17 @@ the swapped stage 2 deterministic there."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
+from benchmark_module import load_benchmark
 
 from tritune.kernels.mxfp4_format import pack_e2m1
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_host_reorder_puts_each_k_pair_where_the_probe_says():
-    probe = _load("probe_mxfp4_byte_order")
+    probe = load_benchmark("probe_mxfp4_byte_order")
     codes = torch.randint(0, 16, (3, 2, 64), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
     moved = probe.host_reorder(pack_e2m1(codes))
     assert moved.shape == (3, 2, 32) and moved.dtype == torch.uint8
@@ -40,7 +30,7 @@ def test_host_reorder_puts_each_k_pair_where_the_probe_says():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter check; the GPU runs the probe itself")
 def test_swap_race_probe_runs_its_tiny_shapes(tmp_path):
     out = tmp_path / "race.json"
-    assert _load("probe_mxfp4_swap_race").main(["--tiny", "--runs", "2", "--out", str(out)]) == 0
+    assert load_benchmark("probe_mxfp4_swap_race").main(["--tiny", "--runs", "2", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2
     assert all(r["differing_runs"] == 0 and r["nonfinite_elements"] == 0 and r["runs"] == 2 for r in rows)
@@ -49,5 +39,5 @@ def test_swap_race_probe_runs_its_tiny_shapes(tmp_path):
 def test_byte_order_probe_says_it_needs_a_gpu(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the probe runs for real")
-    assert _load("probe_mxfp4_byte_order").main(["--out", str(tmp_path / "x.json")]) == 2
+    assert load_benchmark("probe_mxfp4_byte_order").main(["--out", str(tmp_path / "x.json")]) == 2
     assert "needs a GPU" in capsys.readouterr().err

@@ -3,22 +3,14 @@ covers every pair once, and the two-launch stage pair equals the torch reference
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from benchmark_module import load_benchmark
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_tail_blocks", ROOT / "benchmarks" / "probe_tail_blocks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("probe_tail_blocks")
 
 
 def test_split_covers_every_pair_once_with_whole_main_blocks():
