@@ -2,10 +2,12 @@
 tiles (gpt-oss-120b's MoE, a ready sort; stage 1's and stage 2's input copies into the K32 order included) with the
 decode built several ways, each in its own process (a jitted function's globals are fixed once it has compiled):
 
-    shift    the bf16 fields by prmt, two shifts, two masks and an or; the scales to bf16 through fp32 (the op of
-             the sixteenth session)
-    mul      the fields by one multiply (kernels/mxfp4.py); the scales through fp32
-    op       the fields by one multiply; the scales to bf16 by integer ops (`e8m0_to_bf16`): what the op runs
+    shift    the bf16 fields by prmt, two shifts, two masks and an or, then a multiply by 2**126 and one by the
+             scale, the scales to bf16 through fp32 (the op of the sixteenth session)
+    mul      the fields by one multiply (kernels/mxfp4.py), then the same two multiplies; the scales through fp32
+    nofold   as mul, the scales to bf16 by integer ops (`e8m0_to_bf16`): the op of the seventeenth session
+    op       the 2**126 folded into the scale (K32_FOLD: one multiply a pair, `e8m0_to_bf16_folded`, the
+             accumulator scaled back once): what the op runs
     noscale  the op's decode with every scale 1, so the scale loads, their layout change and their conversion are
              gone. Not a contestant (its result is wrong): the bound on what any faster scale path could save.
     nodecode the packed PTX replaced by two byte moves (the scales still loaded and handed to it): the bound on
@@ -32,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
-VARIANTS = ("shift", "mul", "op", "noscale", "nodecode", "bytes")
+VARIANTS = ("shift", "mul", "nofold", "op", "noscale", "nodecode", "bytes")
 # nodecode's stand-in for the packed decode: each byte's bits copied into a 16-bit half, nothing else.
 _BYTES_PTX = """
 {
@@ -74,16 +76,17 @@ def apply_variant(name: str) -> None:
 
     if name not in VARIANTS:
         raise SystemExit(f"probe_mxfp4_decode: unknown variant {name!r}; expected one of {', '.join(VARIANTS)}")
-    if name == "shift":
-        mxfp4._LOW_NIBBLES_PTX = tl.constexpr(_shift_ptx(False))
-        mxfp4._HIGH_NIBBLES_PTX = tl.constexpr(_shift_ptx(True))
-    if name in ("shift", "mul"):
-        mxfp4.e8m0_to_bf16 = via_fp32
+    if name in ("shift", "mul", "nofold"):  # two multiplies a pair, the tile at its true scale
+        low, high = ((_shift_ptx(False), _shift_ptx(True)) if name == "shift"
+                     else (mxfp4._LOW_NIBBLES_PTX.value, mxfp4._HIGH_NIBBLES_PTX.value))
+        mxfp4._LOW_FOLDED_PTX, mxfp4._HIGH_FOLDED_PTX = tl.constexpr(low), tl.constexpr(high)
+        mxfp4.e8m0_to_bf16_folded = mxfp4.e8m0_to_bf16 if name == "nofold" else via_fp32
+        mxfp4.K32_UNSCALE = tl.constexpr(1.0)
     if name in ("noscale", "bytes"):
-        mxfp4.e8m0_to_bf16 = ones
+        mxfp4.e8m0_to_bf16_folded = ones
     if name in ("nodecode", "bytes"):
-        mxfp4._LOW_NIBBLES_PTX = tl.constexpr(_BYTES_PTX)
-        mxfp4._HIGH_NIBBLES_PTX = tl.constexpr(_BYTES_PTX)
+        mxfp4._LOW_FOLDED_PTX = tl.constexpr(_BYTES_PTX)
+        mxfp4._HIGH_FOLDED_PTX = tl.constexpr(_BYTES_PTX)
 
 
 def _weights(experts: int, rows: int, cols: int, device: str, seed: int):

@@ -14,9 +14,11 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.mxfp4 import (
+    K32_UNSCALE,
     decode_e2m1,
     dequantize_mxfp4_triton,
     e8m0_to_bf16,
+    e8m0_to_bf16_folded,
     e8m0_to_fp32,
     k32_permute,
     k32_permute_triton,
@@ -55,6 +57,12 @@ def _e8m0_probe(codes_ptr, out_ptr, N: tl.constexpr):
 def _e8m0_bf16_probe(codes_ptr, out_ptr, N: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(out_ptr + i, e8m0_to_bf16(tl.load(codes_ptr + i)))
+
+
+@triton.jit
+def _e8m0_folded_probe(codes_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, e8m0_to_bf16_folded(tl.load(codes_ptr + i)))
 
 
 @triton.jit
@@ -98,6 +106,18 @@ def test_e8m0_to_bf16_every_code():
     _assert_bits_equal(out[:255], want)
     assert out[0].view(torch.int16).item() == 0x0040 and out[254].item() == 2.0 ** 127
     assert torch.isnan(out[255]) and out[255].view(torch.int16).item() == 0x7FC0
+
+
+def test_folded_e8m0_to_bf16_every_code():
+    """The folded decode's scale (K32_FOLD): 2**(code - 65) for codes 0-192, inf at 193, NaN above."""
+    codes = torch.arange(256).to(torch.uint8).to(DEVICE)
+    out = torch.zeros(256, dtype=torch.bfloat16, device=DEVICE)
+    _e8m0_folded_probe[(1,)](codes, out, N=256)
+    out = out.cpu()
+    want = torch.tensor([2.0 ** (c - 65) for c in range(193)], dtype=torch.float32).to(torch.bfloat16)
+    _assert_bits_equal(out[:193], want)
+    assert out[0].item() == 2.0 ** -65 and out[192].item() == 2.0 ** 127
+    assert torch.isposinf(out[193]) and bool(torch.isnan(out[194:]).all())
 
 
 SHAPES = [pytest.param((33, 96), id="N33-K96"), pytest.param((5, 32), id="N5-K32"),
@@ -230,10 +250,10 @@ def _tile_k32_probe(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K:
     tl.store(out_ptr + n[:, None] * K + k[None, :], w, mask=(n[:, None] < N) & (k[None, :] < K))
 
 
-# Scale codes each type holds exactly (module docstring of kernels/mxfp4.py): bf16 all but 0, 1 and 253-255 here;
-# fp16 104-140.
+# Scale codes each type holds exactly (module docstring of kernels/mxfp4.py): fp16 104-140; bf16 through the folded
+# PTX (K32_FOLD) 59-192.
 K32_DTYPES = [pytest.param(torch.float16, tl.float16, (104, 141), id="fp16"),
-              pytest.param(torch.bfloat16, tl.bfloat16, (2, 253), id="bf16", marks=pytest.mark.skipif(
+              pytest.param(torch.bfloat16, tl.bfloat16, (59, 193), id="bf16", marks=pytest.mark.skipif(
                   DEVICE == "cpu", reason="bf16 (the packed PTX decode) on a GPU only: the interpreter's fp32 -> bf16 "
                   "cast is wrong for tiny results (module docstring)"))]
 
@@ -250,4 +270,6 @@ def test_tile_decode_in_the_k32_order_is_the_permuted_dequantized_weight(dtype, 
     out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
     _tile_k32_probe[(triton.cdiv(n, 16), triton.cdiv(k, 128))](packed.to(DEVICE), scales.to(DEVICE), out, n, k,
                                                                BLOCK_N=16, BLOCK_K=128, OUT_DTYPE=out_tl)
-    _assert_bits_equal(out.cpu(), k32_permute(dequantize_mxfp4(packed, scales, dtype)))
+    # the folded bf16 tile holds the weights times 2**-64 (exactly: powers of two), fp16 and the interpreter's as is
+    unscale = K32_UNSCALE.value if dtype == torch.bfloat16 and DEVICE == "cuda" else 1.0
+    _assert_bits_equal((out.cpu().float() * unscale).to(dtype), k32_permute(dequantize_mxfp4(packed, scales, dtype)))

@@ -95,3 +95,32 @@ def test_bf16_factor_keeps_each_half_apart(high):
     for v in range(16):
         product = (v << (4 if high else 0)) * factor
         assert product == (v << 6) | (v << 12)
+
+
+def _bf16_value(bits: np.ndarray) -> np.ndarray:
+    """A 16-bit bf16 pattern as its float32 value (bf16 is float32's top half)."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+@pytest.mark.parametrize("high", [False, True], ids=["low-nibbles", "high-nibbles"])
+def test_folded_bf16_ptx_is_the_value_times_2_to_the_minus_64(high):
+    """The swapped GEMM's folded bf16 PTX (K32_FOLD): the fields, then one multiply by the scale 2**(code - 65) that
+    `e8m0_to_bf16_folded` gives, make value · 2**(code - 127) · 2**-64 for every nibble and scale code 66-192 (the
+    normal range; 59-65 go subnormal and are checked on the GPU), exactly: no bias multiply is left."""
+    from tritune.kernels.mxfp4 import K32_FOLD, K32_UNSCALE
+    from tritune.kernels.mxfp4_format import e2m1_values
+
+    ptx = _pairs_ptx(False, high, folded=True)
+    assert "bias" not in ptx and ptx.count("fma.rn.bf16x2") == 2
+    assert K32_UNSCALE.value == 2.0 ** (126 - K32_FOLD.value)
+    words = np.arange(1 << 16, dtype=np.uint64)  # bytes 0 and 1: every pair
+    first, _ = _bf16_fields(ptx, words)
+    values = e2m1_values().numpy()
+    for code in (66, 100, 127, 150, 192):
+        scale = np.float32(2.0 ** (code - 127 + K32_FOLD.value))
+        for half in (0, 1):
+            got = _bf16_value((first >> np.uint64(16 * half)) & np.uint64(0xFFFF)) * scale
+            nibble = (words >> np.uint64(8 * half + (4 if high else 0))) & np.uint64(0xF)
+            want = values[nibble.astype(np.int64)] * np.float32(2.0 ** (code - 127)) / np.float32(K32_UNSCALE.value)
+            assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32)), (code, half)
+            assert not (got.view(np.uint32) & np.uint32(0xFFFF)).any()  # a bf16 holds it: the fma rounds nothing

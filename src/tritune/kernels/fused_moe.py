@@ -39,6 +39,7 @@ from tritune.kernels.mxfp4 import (
     decode_e2m1,
     k32_permute_triton,
     k32_position,
+    k32_unscale,
     mxfp4_codes,
     mxfp4_decode_k32,
     mxfp4_dot_scaled,
@@ -340,6 +341,10 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
+        if QUANT == 3 or QUANT == 4:  # the swapped MXFP4 decode's tiles hold the weights scaled down (K32_FOLD)
+            unscale = k32_unscale(a_ptr.dtype.element_ty)
+            acc_g = acc_g * unscale
+            acc_u = acc_u * unscale
     if QUANT == 1:
         if A_QUANT_ON_LOAD:
             a_s = row_scale[:, None]
