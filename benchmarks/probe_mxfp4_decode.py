@@ -13,6 +13,12 @@ decode built several ways, each in its own process (a jitted function's globals 
     nodecode the packed PTX replaced by two byte moves (the scales still loaded and handed to it): the bound on
              what any faster decode could save. Not a contestant either.
     bytes    nodecode and noscale together: the loads, the MMA and the loop alone.
+    words    the op's decode with each row's four scale codes of a 128-wide K step loaded as one 32-bit word from
+             scale rows padded to 96 bytes (a view of a padded buffer; the op's byte loads are not pipelined by
+             Triton 3.6, 32-bit ones are, TTGIR `async_copy_global_to_local`), split into codes in registers; the
+             op's byte loads where BLOCK_K < 128. A contestant: exact, but it needs the padded rows.
+    records  the op with prepared scales (`prepare_mxfp4_scales`): where the rule table asks for SCALE_TMA the codes
+             come through TMA from their records. Every other variant runs SCALE_TMA 0 (the codes by pointers).
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --out $OUT/decode.json             # GPU: every variant
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --tiny --variants op,shift --out F # interpreter
@@ -34,7 +40,12 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
-VARIANTS = ("shift", "mul", "nofold", "op", "noscale", "nodecode", "bytes")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tritune.kernels.mxfp4 import mxfp4_scale_codes  # noqa: E402
+
+VARIANTS = ("shift", "mul", "nofold", "op", "noscale", "nodecode", "bytes", "words", "records")
 # nodecode's stand-in for the packed decode: each byte's bits copied into a 16-bit half, nothing else.
 _BYTES_PTX = """
 {
@@ -57,6 +68,20 @@ def _shift_ptx(high: bool) -> str:
     return (_pairs_ptx(True, high).replace("0x0E000E00", "0x01C001C0").replace("0x74007400", "0x7E807E80")
             .replace("f16x2", "bf16x2").replace(f"shl.b32 t, x, {9 - 4 * high};", f"shl.b32 t, x, {6 - 4 * high};")
             .replace(f"shl.b32 t, y, {9 - 4 * high};", f"shl.b32 t, y, {6 - 4 * high};"))
+
+
+@triton.jit
+def scale_words(scale_ptr, offs_n, k0, stride_sn, K, BLOCK_K: tl.constexpr):
+    """The words variant's `mxfp4_scale_codes`: rows' 4-byte-aligned codes as int32 loads (padded_scales)."""
+    if BLOCK_K >= 128:  # k0 is a multiple of BLOCK_K: each row's 4 codes of a 128 step are one aligned word
+        words = tl.load(scale_ptr.to(tl.pointer_type(tl.int32)) + offs_n[:, None] * (stride_sn // 4)
+                        + (k0 // 128 + tl.arange(0, BLOCK_K // 128))[None, :])
+        codes = tl.reshape((words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF,
+                           (offs_n.shape[0], BLOCK_K // 32))
+        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        return tl.where(ks[None, :] < K // 32, codes, 127).to(tl.uint8)
+    else:
+        return mxfp4_scale_codes(scale_ptr, offs_n, k0, stride_sn, K, BLOCK_K)
 
 
 def apply_variant(name: str) -> None:
@@ -87,6 +112,18 @@ def apply_variant(name: str) -> None:
     if name in ("nodecode", "bytes"):
         mxfp4._LOW_FOLDED_PTX = tl.constexpr(_BYTES_PTX)
         mxfp4._HIGH_FOLDED_PTX = tl.constexpr(_BYTES_PTX)
+    if name == "words":
+        from tritune.kernels import fused_moe as fm
+
+        fm.mxfp4_scale_codes = scale_words
+
+
+def padded_scales(scales: torch.Tensor, row_bytes: int = 96) -> torch.Tensor:
+    """`scales` [E, N, K/32] as a view of a buffer whose rows are `row_bytes` long (padding 127, scale 1)."""
+    e, n, kb = scales.shape
+    buf = torch.full((e, n, max(row_bytes, -(-kb // 16) * 16)), 127, dtype=torch.uint8, device=scales.device)
+    buf[:, :, :kb] = scales
+    return buf[:, :, :kb]
 
 
 def _weights(experts: int, rows: int, cols: int, device: str, seed: int):
@@ -131,6 +168,13 @@ def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: di
     d, inter, experts, topk = TINY if tiny else SHAPE
     q1, s1 = _weights(experts, 2 * inter, d, device, 1)
     q2, s2 = _weights(experts, d, inter, device, 2)
+    if name == "words":
+        s1, s2 = padded_scales(s1), padded_scales(s2)
+    w1_s, w2_s = s1, s2  # what the stages get: the codes, or (records) both layouts
+    if name == "records":
+        from tritune.kernels.mxfp4_records import prepare_mxfp4_scales
+
+        w1_s, w2_s = prepare_mxfp4_scales(s1), prepare_mxfp4_scales(s2)
     rows = []
     for t in tokens:
         gen = torch.Generator(device=device).manual_seed(t)
@@ -138,12 +182,13 @@ def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: di
         tw, ti = sample_routing(t, experts, topk, seed=t, device=device)
         _, c1, c2 = moe_heuristic(t, d, inter, experts, topk, fm.MXFP4, one_stage=False,
                                   capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
-        c1, c2 = (dataclasses.replace(c, **fields) for c in (c1, c2))
+        c1, c2 = (dataclasses.replace(c, **({} if name == "records" else {"SCALE_TMA": 0}) | fields)
+                  for c in (c1, c2))
         sorting = moe_align_block_size(ti, c1.BLOCK_SIZE_M, experts)
 
         def call(hidden=hidden, tw=tw, sorting=sorting, c1=c1, c2=c2):
-            mid = fm.moe_stage1(hidden, q1, tw, sorting, c1, inter_dim=inter, w1_scale=s1, quant=fm.MXFP4)
-            return fm.moe_stage2(mid, q2, tw, sorting, c2, w2_scale=s2, quant=fm.MXFP4)
+            mid = fm.moe_stage1(hidden, q1, tw, sorting, c1, inter_dim=inter, w1_scale=w1_s, quant=fm.MXFP4)
+            return fm.moe_stage2(mid, q2, tw, sorting, c2, w2_scale=w2_s, quant=fm.MXFP4)
 
         ref = fused_moe_reference(hidden, q1, q2, tw, ti, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
         rel = float((call().float() - ref).norm() / ref.norm().clamp_min(1e-30))

@@ -341,3 +341,28 @@ def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():
     # before Hopper, no TMA
     _, s1, s2 = moe_heuristic(64, 2880, 2880, 128, 4, fm.MXFP4, capability=(8, 0))
     assert s1.USE_TMA == 0 and s2.USE_TMA == 0
+
+
+def test_the_op_refuses_scales_past_the_bf16_decodes_range_once_per_buffer(monkeypatch):
+    """The bf16 decode folds 2**126 into the scale (kernels/mxfp4.py K32_FOLD): codes past 192 would decode to inf or
+    NaN, so the op refuses them with the tensor, the code and where it sits, and checks each scale buffer only once."""
+    import importlib
+
+    from tritune import ops
+
+    op = importlib.import_module("tritune.ops.fused_moe")  # the module (tritune.ops.fused_moe is also the function)
+    hidden, w1, w2, ids, weights = operands(dtype=torch.bfloat16, inter=64)
+    (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
+    bad = s2.clone()
+    bad[2, 5, 1] = 200
+    with pytest.raises(ValueError, match=r"w2_scale: e8m0 code 200 at \[2, 5, 1\] exceeds 192"):
+        ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, s1, bad)
+    edge = s1.clone()
+    edge[0, 0, 0] = 192
+    op._check_mxfp4_scale_range(edge, s2)  # 192 is the last code in range
+    maxes = []
+    monkeypatch.setattr(torch.Tensor, "max", lambda self, *a: maxes.append(1) or torch.amax(self))
+    op._check_mxfp4_scale_range(edge, s2)
+    assert maxes == []  # both buffers were checked above: no second sync
+    op._check_mxfp4_scale_range(edge, s2.clone())
+    assert maxes == [1]

@@ -46,7 +46,7 @@ def shape(quant: str = "none", **changes) -> FmoeShape:
 def stage_config(**changes) -> Config:
     """A stage config passing every rule for BIG (below), with `changes`; every STAGE_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
-                  KSPLIT=1, USE_TMA=0, SWAP_AB=0)
+                  KSPLIT=1, USE_TMA=0, SWAP_AB=0, SCALE_TMA=0)
     params.update(changes)
     assert set(params) == set(STAGE_SPACE)
     return Config.of(**params)
@@ -76,10 +76,18 @@ MX8 = MoeProblem(shape("per_1x32", q_dtype_a="fp8", q_dtype_w="fp4x2"), "stage1"
 TMA_RULE = "MXFP4 weights through TMA exactly when the GEMM swaps (per_1x32 only)"
 SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
              "not per_1x32_a8)")
+SCALE_RULE = ("SCALE_TMA only where the scale records fit the tile (per_1x32 swapped through TMA, BLOCK_K 128, "
+              "BLOCK_N a multiple of 64, stage 1's inter_dim a multiple of 64)")
+MX_SWAP = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, SWAP_AB=1, USE_TMA=1)
 STAGE_RULES = [
     (TMA_RULE, MX, DEV, stage_config(USE_TMA=1)),  # MXFP4 through TMA only in the swapped GEMM
     (TMA_RULE, MX, DEV, stage_config(SWAP_AB=1)),  # and always there
     (TMA_RULE, MX8, DEV, stage_config(USE_TMA=1)),  # fp8 activations: pointers
+    (SCALE_RULE, BIG, DEV, stage_config(SCALE_TMA=1)),  # 16-bit weights have no codes
+    (SCALE_RULE, MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2", token=16), "stage1"), DEV,
+     stage_config(**(MX_SWAP | dict(SCALE_TMA=1, BLOCK_SIZE_K=256)))),  # a record covers 128 along K
+    (SCALE_RULE, MoeProblem(shape("per_1x32", q_dtype_a="bf16", q_dtype_w="fp4x2", token=16, inter_dim=1056),
+                            "stage1"), DEV, stage_config(**MX_SWAP, SCALE_TMA=1)),  # up rows at 1056: not on a record
     (SWAP_RULE, BIG, DEV, stage_config(SWAP_AB=1)),  # 64-row blocks fill a wgmma themselves
     (SWAP_RULE, MX8, DEV, stage_config(SWAP_AB=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=64)),  # no e4m3 decode for the swap
     ("shared memory > device limit", BIG, DEV,

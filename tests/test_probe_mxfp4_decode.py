@@ -39,3 +39,33 @@ def test_driver_runs_a_variant_in_the_interpreter(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["variant"], r["tokens"]) for r in rows] == [("op", 5)]
     assert rows[0]["rel_l2"] < 1e-2 and rows[0]["us"] > 0 and "SW1" in rows[0]["configs"][0]
+
+
+def test_words_variant_reads_padded_scale_rows_exactly(tmp_path):
+    """The 32-bit scale loads (BLOCK_K 128, forced here) give the op's result on rows padded to 96 bytes."""
+    import torch
+
+    probe = _probe()
+    s = torch.randint(100, 140, (2, 3, 5), dtype=torch.uint8)
+    p = probe.padded_scales(s)
+    assert torch.equal(p, s) and p.stride() == (3 * 96, 96, 1)
+    assert int(p.as_strided((2, 3, 96), p.stride())[0, 0, 5]) == 127  # the padding reads scale 1
+    out = tmp_path / "words.json"
+    assert probe.main(["--tiny", "--variants", "op,words", "--tokens", "5", "--iters", "1", "--set", "BLOCK_SIZE_K=128",
+                       "--out", str(out)]) == 0
+    rows = {r["variant"].split("[")[0]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["words"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["words"]["rel_l2"] < 1e-2
+    assert "BK128" in rows["words"]["configs"][0]
+
+
+def test_records_variant_reads_the_codes_through_tma_and_matches_the_op(tmp_path):
+    """The tiny shape's rule tiles take BLOCK_K 64 (no records); forced to 128 with SCALE_TMA, the records variant
+    reads the codes through TMA and gives the op's result."""
+    rows = {}
+    for variant, fields in (("op", "BLOCK_SIZE_K=128"), ("records", "BLOCK_SIZE_K=128,SCALE_TMA=1")):
+        out = tmp_path / f"{variant}.json"
+        assert _probe().main(["--tiny", "--variants", variant, "--tokens", "5", "--iters", "1", "--set", fields,
+                              "--out", str(out)]) == 0
+        rows[variant] = json.loads(out.read_text())["rows"][0]
+    assert "ST1" in rows["records"]["configs"][0] and "ST1" not in rows["op"]["configs"][0]
+    assert rows["records"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["op"]["rel_l2"] < 1e-2

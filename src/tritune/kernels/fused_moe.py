@@ -48,6 +48,14 @@ from tritune.kernels.mxfp4 import (
     mxfp4_tile_k32,
 )
 from tritune.kernels.mxfp4_format import quantize_mxfp4
+from tritune.kernels.mxfp4_records import (
+    RECORD_BYTES,
+    RECORD_ROWS,
+    Mxfp4Scales,
+    records_shape,
+    scale_records,
+    split_scales,
+)
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
@@ -92,7 +100,7 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
                EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
                A_QUANT_ON_LOAD: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-               SWAP_AB: tl.constexpr = False):
+               SWAP_AB: tl.constexpr = False, SCALE_TMA: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
     SWAP_AB: the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come from the
@@ -109,14 +117,21 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     past K, and rows past this expert's N are read but never stored). With A_QUANT_ON_LOAD (per_1x128) `a` is
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
     `quant_tile` would have (the K step lies in one group, BLOCK_K dividing 128).
+    SCALE_TMA (swapped MXFP4 through TMA): w_scale_ptr is the TMA descriptor of the scale records
+    (kernels/mxfp4_records.py) and stride_wsn this tile's gate record at K step 0; records of one K step are
+    ⌈N_W/64⌉ apart, and the up rows' records N/64 after the gate's (N a multiple of 64).
     """
     if (QUANT == 3 or QUANT == 4) and SWAP_AB:
         a_t = tl.trans(a)
+        per_step = tl.cdiv(2 * N if GATED else N, 64)
         acc_g = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, w_desc, tma_row,
-                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step)
         if GATED:
-            acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, stride_wsn, K, acc_u, w_desc,
-                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K)
+            up_scales = stride_wsn  # pointer rows: the row stride; records: the up rows' first record
+            if SCALE_TMA:
+                up_scales = stride_wsn + N // 64
+            acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, up_scales, K, acc_u, w_desc,
+                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step)
     elif QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
@@ -194,7 +209,8 @@ def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, a
 
 @triton.jit
 def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, w_desc, tma_row,
-                    USE_TMA: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+                    USE_TMA: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                    SCALE_TMA: tl.constexpr = False, records_per_step=0):
     """acc [BLOCK_N, BLOCK_M] plus this K step's w · a_t (a_t = aᵀ, [BLOCK_K, BLOCK_M]) for MXFP4 rows `rows`: the
     tile decoded by packed PTX in the K32 order (`mxfp4_tile_k32`; A's columns must be in that order too) and fed
     as the dot's left operand.
@@ -203,10 +219,14 @@ def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K,
     decode straight into the MMA, and its 64 rows come from N rather than a block of a few pairs. On the H100
     (probe_mxfp4_gemv.py, gpt-oss-120b's GEMMs) it ran 21-22% faster than tl.dot_scaled at 64 tokens, 8-9% at 1.
     """
-    if USE_TMA:  # the packed bytes through `w_desc` ([E·N_W, K/2] uint8, TMA zero-fills past K), the scales by pointers
+    if USE_TMA:  # the packed bytes through `w_desc` ([E·N_W, K/2] uint8, TMA zero-fills past K)
         packed = w_desc.load([tma_row, k // 2])
-        w = mxfp4_decode_k32(packed, mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K),
-                             BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
+        if SCALE_TMA:  # the codes too: BLOCK_N / 64 adjacent records of this K step (stride_wsn: step 0's first)
+            codes = tl.reshape(w_scale_ptr.load([stride_wsn + (k // BLOCK_SIZE_K) * records_per_step, 0]),
+                               (BLOCK_SIZE_N, BLOCK_SIZE_K // 32))
+        else:  # by pointers
+            codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
+        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
     else:
         w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
                            a_t.dtype)
@@ -300,7 +320,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                 A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
-                WARP_SPEC: tl.constexpr = False):
+                WARP_SPEC: tl.constexpr = False, SCALE_TMA: tl.constexpr = False):
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
@@ -336,7 +356,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                                       a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g,
                                       acc_u, w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                                      SWAP_AB)
+                                      SWAP_AB, SCALE_TMA)
         a_ptrs += BLOCK_SIZE_K
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
@@ -389,6 +409,8 @@ def _moe_gemm_kernel(
     SWAP_AB: tl.constexpr = False,  # accumulate w · aᵀ (a wgmma's 64 rows from N), transposed at the end; not QUANT 5
     WARP_SPEC: tl.constexpr = False,  # stage 2, A and w through TMA: a warp-specialised K loop
     OUT_K32: tl.constexpr = False,  # stage 1: output columns in the K32 order (stage 2's swapped MXFP4 reads them so)
+    SCALE_TMA: tl.constexpr = False,  # swapped MXFP4: w_scale_ptr is the scale records' TMA descriptor, stride_wse
+    # the records an expert, stride_wsn unused (kernels/mxfp4_records.py)
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -411,14 +433,18 @@ def _moe_gemm_kernel(
     offs_n_out = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_n = offs_n_out % N
     w_base = w_ptr + expert * stride_we
-    ws_base = w_scale_ptr + expert * stride_wse
+    if SCALE_TMA:  # the descriptor itself, and this tile's gate record at K step 0 where the row stride goes
+        ws_base = w_scale_ptr
+        stride_wsn = (expert * stride_wse + pid_n * (BLOCK_SIZE_N // 64)).to(tl.int32)
+    else:
+        ws_base = w_scale_ptr + expert * stride_wse
     tma_row = (expert * (2 * N if GATED else N) + pid_n * BLOCK_SIZE_N).to(tl.int32)
     k_start = pid_k * k_per_split
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
                                tma_row, a_desc, (pid_m * BLOCK_SIZE_M).to(tl.int32), GATED, QUANT, EVEN_K, USE_TMA,
                                BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2, SWAP_AB,
-                               WARP_SPEC)
+                               WARP_SPEC, SCALE_TMA)
     n_ok = (offs_n_out < N)[None, :]
     mask = row_ok[:, None] & n_ok
     if OUT_K32:  # stage 2 reads the intermediate in the K32 order (N a multiple of 32: the order stays within N)
@@ -536,6 +562,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if any(getattr(cfg, name) for name in PLAN_FIELDS):
         raise ValueError(f"{', '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
                          "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
+    w_scale, records = split_scales(w_scale)
     if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
@@ -545,6 +572,11 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     target = out if cfg.KSPLIT == 1 else torch.empty((cfg.KSPLIT, numel, n_w), device=a.device, dtype=torch.float32)
     a_s, stride_asm = _act_scale(a_scale, a.device)
     w_s, stride_wse, stride_wsn = _scale_strides(w_scale, a.device)
+    if cfg.SCALE_TMA:  # the codes through TMA, from their records (re-laid here when the caller has none)
+        check_scale_records(cfg, n, gated)
+        records = scale_records(w_scale) if records is None else records
+        w_s = TensorDescriptor.from_tensor(records.view(-1, RECORD_BYTES), scale_records_box(cfg))
+        stride_wse, stride_wsn = records.shape[1] * records.shape[2], 0
     grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
     w_desc = w
     if cfg.USE_TMA:
@@ -561,7 +593,7 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=quant_id(quant),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
-        SWAP_AB=bool(cfg.SWAP_AB), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWAP_AB=bool(cfg.SWAP_AB), SCALE_TMA=bool(cfg.SCALE_TMA), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.KSPLIT == 1 or act == _ACT_ID["none"]:
         return target
     block = min(triton.next_power_of_2(n), 1024)
@@ -569,6 +601,19 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         target, out, weights, sorting.sorted_token_ids, n, numel, target.stride(0), target.stride(1),
         KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, SORTED=False, num_warps=4)
     return out
+
+
+def check_scale_records(cfg: MoeConfig, n: int, gated: bool) -> None:
+    """SCALE_TMA's one shape rule past check_config: a gated stage's up rows start on a record (N a multiple of
+    64), so the gate's and the up tile's records line up."""
+    if gated and n % RECORD_ROWS:
+        raise ValueError(f"SCALE_TMA: the gated stage 1 needs inter_dim a multiple of {RECORD_ROWS} (its up rows' "
+                         f"scale records start at row inter_dim), got {n}")
+
+
+def scale_records_box(cfg: MoeConfig) -> list[int]:
+    """One K step's records of a BLOCK_N tile: BLOCK_N / 64 of them, 256 bytes each."""
+    return [cfg.BLOCK_SIZE_N // RECORD_ROWS, RECORD_BYTES]
 
 
 def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: MoeConfig) -> None:
@@ -690,12 +735,23 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
             MXFP4 if packed else quant]
         scale_dtype = torch.uint8 if packed else torch.float32
         for name, s, shape in (("w1_scale", w1_scale, wanted[0]), ("w2_scale", w2_scale, wanted[1])):
+            if packed and s is not None and s.dim() == 4:  # the scale records of a SCALE_TMA stage (mxfp4_records)
+                shape = records_shape(shape[0], shape[1], shape[2] * 32)
             if s is None or tuple(s.shape) != shape or s.dtype != scale_dtype or not s.is_contiguous():
                 got = "None" if s is None else f"{tuple(s.shape)} {s.dtype}"
                 raise ValueError(f"{quant} wants {name} {'uint8' if packed else 'fp32'} contiguous {shape}, got {got}")
     if packed and (model_dim % 32 or inter_dim % 32):
         raise ValueError(f"{quant}: model_dim {model_dim} and inter_dim {inter_dim} must be multiples of 32")
     return experts, inter_dim, model_dim
+
+
+def stage_scales(scale: torch.Tensor | Mxfp4Scales | None, scale_tma: int) -> torch.Tensor | None:
+    """The scale tensor a stage's kernel reads: the records with SCALE_TMA (re-laid here when `scale` is only the
+    codes: a copy per call, so hand `prepare_mxfp4_scales` results to repeated calls), else the codes."""
+    codes, records = split_scales(scale)
+    if not scale_tma:
+        return codes
+    return scale_records(codes) if records is None else records
 
 
 def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -710,6 +766,8 @@ def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     """
     from tritune.kernels.fused_moe_launch import MoeLaunch
 
+    w1_scale = stage_scales(w1_scale, stage1.SCALE_TMA)
+    w2_scale = stage_scales(w2_scale, stage2.SCALE_TMA)
     launch = MoeLaunch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=stage1, stage2=stage2,
                        activation=activation, quant=quant, doweight_stage1=doweight_stage1)
     if out is None:

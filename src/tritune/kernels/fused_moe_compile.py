@@ -24,11 +24,13 @@ from tritune.kernels.fused_moe import (
     _moe_gemm_kernel,
     check_config,
     quant_id,
+    scale_records_box,
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
+from tritune.kernels.mxfp4_records import records_shape
 from tritune.knobs import interpreting
 
 
@@ -118,16 +120,21 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     w_row = k // 2 if q in MXFP4_QUANTS else k  # bytes (elements) of a weight row
     kernel_fn = _moe_gemm_persistent_kernel if cfg.PERSISTENT else _moe_gemm_kernel  # the same arguments
+    ws, scale_strides = ws_dt, _mock_scale_strides(q, dims.experts, n_w, k)
+    if cfg.SCALE_TMA:  # the codes' records through TMA (mxfp4_records), as _launch_gemm and MoeLaunch pass them
+        _, kb, nb, rec = records_shape(dims.experts, n_w, k)
+        ws = TensorDescriptor(MockTensor(torch.uint8), [dims.experts * kb * nb, rec], [rec, 1], scale_records_box(cfg))
+        scale_strides = (kb * nb, 0)
     return kernel_fn.warmup(
-        a_dt, a_desc, f32, w_dt, w_desc, ws_dt, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
+        a_dt, a_desc, f32, w_dt, w_desc, ws, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
-        *_mock_scale_strides(q, dims.experts, n_w, k), n_w if split else n, part_rows * n_w if split else 0, 0,
+        *scale_strides, n_w if split else n, part_rows * n_w if split else 0, 0,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul, QUANT=quant_id(q),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
-        OUT_K32=False, num_warps=cfg.num_warps,
+        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, grid=(1,))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
+from tritune.kernels.mxfp4_records import RECORD_K, RECORD_ROWS
 from tritune.kernels.triton_release import triton_release
 
 ACTIVATIONS = ("silu", "gelu")
@@ -26,7 +27,7 @@ SCALE_BLOCK = 128
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC", "GATHER_A")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
-OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT")
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT", "SCALE_TMA")
 
 
 def act_group(quant: str) -> int:
@@ -63,11 +64,12 @@ class MoeConfig:
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
     PERSISTENT: int = 0  # stage 2, every load through TMA: 1 = a persistent program walks tiles (fused_moe_persistent)
+    SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
               "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA",
-              "PERSISTENT": "PS"}
+              "PERSISTENT": "PS", "SCALE_TMA": "ST"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -171,6 +173,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 with every load through "
                          f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no SWAP_AB or WARP_SPEC, quant "
                          f"{' or '.join(PERSISTENT_QUANTS)}")
+    if config.SCALE_TMA not in (0, 1) or (config.SCALE_TMA and not (
+            quant == MXFP4 and config.SWAP_AB and config.USE_TMA and config.BLOCK_SIZE_K == RECORD_K
+            and config.BLOCK_SIZE_N % RECORD_ROWS == 0 and not config.PERSISTENT and kernel != "1stage")):
+        raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
+                         f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
+                         f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
     if config.SWAP_AB and kernel == "1stage":
         raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
     if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:

@@ -31,8 +31,10 @@ from tritune.kernels.fused_moe import (
     act_group,
     check_config,
     check_plan,
+    check_scale_records,
     k32_input,
     quant_id,
+    scale_records_box,
 )
 from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
@@ -43,6 +45,7 @@ from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
 from tritune.kernels.mxfp4 import K32_BLOCK, _k32_permute_kernel, k32_grid
+from tritune.kernels.mxfp4_records import RECORD_BYTES
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -139,6 +142,8 @@ class MoeLaunch:
         self.one_stage = stage2 is None
         if self.one_stage:
             check_config(stage1, "1stage", quant)
+            if any(s is not None and s.dim() == 4 for s in (w1_scale, w2_scale)):
+                raise ValueError("the 1-stage kernel reads the MXFP4 scales as codes [E, N, K/32], not as records")
         else:
             check_plan(stage1, stage2, quant)
         tokens, topk = topk_ids.shape
@@ -272,6 +277,16 @@ class MoeLaunch:
         if cfg.USE_TMA:
             row, box = weight_tma_view(quant, k, cfg)
             w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, box, example, "USE_TMA")
+        scale_t = example[w_scale[1]] if w_scale[0] == "t" else None
+        if bool(cfg.SCALE_TMA) != (scale_t is not None and scale_t.dim() == 4):
+            wants = "SCALE_TMA reads the scales as records" if cfg.SCALE_TMA else "scale records need SCALE_TMA"
+            raise ValueError(f"{cfg.name(kernel, quant)}: {wants} (kernels/mxfp4_records.py prepare_mxfp4_scales); "
+                             f"got {w_scale[1]} {None if scale_t is None else tuple(scale_t.shape)}")
+        if cfg.SCALE_TMA:  # the codes through TMA too: one K step's records of the tile
+            check_scale_records(cfg, n, gated)
+            w_scale = self._descriptor(w_scale, (scale_t.numel() // RECORD_BYTES, RECORD_BYTES), torch.uint8,
+                                       scale_records_box(cfg), example, "SCALE_TMA")
+            scale_strides = (scale_t.shape[1] * scale_t.shape[2], 0)
         recipe = [a, a_desc, a_scale, ("t", w), w_desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (
@@ -279,7 +294,7 @@ class MoeLaunch:
             stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, quant_id(quant), cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk, bool(cfg.SWAP_AB),
-            bool(cfg.WARP_SPEC), out_k32)]
+            bool(cfg.WARP_SPEC), out_k32, bool(cfg.SCALE_TMA))]
         tiles = num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N)
         if cfg.PERSISTENT:  # same arguments; one program a SM walks the tiles (fused_moe_persistent)
             if quant_on_load:

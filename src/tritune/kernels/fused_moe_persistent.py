@@ -37,6 +37,7 @@ def _moe_gemm_persistent_kernel(
     A_SORTED: tl.constexpr = 0, ATOMIC_TOPK: tl.constexpr = 0, SWAP_AB: tl.constexpr = False,
     WARP_SPEC: tl.constexpr = False,
     OUT_K32: tl.constexpr = False,  # the stage-1 option of _moe_gemm_kernel's signature: never set here
+    SCALE_TMA: tl.constexpr = False,  # _moe_gemm_kernel's swapped-MXFP4 option: never set here (check_config)
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column
     of N tiles; each program takes every tl.num_programs(0)-th tile.

@@ -272,8 +272,10 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
         split = 1
         if blocks * _cdiv(n, bn) < 2 * sm_count:  # under two waves: split 4 while each split keeps 4 K steps
             split = 4 if k >= 16 * bk else 2 if k >= 4 * bk else 1
+        # The codes through TMA where their records fit the tile (BLOCK_K 128; stage 1's up rows on a record).
+        scale_tma = int(tma and bk == 128 and (stage2 or n % 64 == 0))
         configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=warps,
-                                 num_stages=3, KSPLIT=split, SWAP_AB=1, USE_TMA=int(tma)))
+                                 num_stages=3, KSPLIT=split, SWAP_AB=1, USE_TMA=int(tma), SCALE_TMA=scale_tma))
     return configs[0], configs[1]
 
 

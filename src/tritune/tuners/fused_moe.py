@@ -45,7 +45,7 @@ from tritune.tuning.types import Measurement, Objective
 # Tiny blocks for Triton's interpreter (no GPU): a correctness run, not a performance one.
 INTERPRETER_STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16,), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "GROUP_SIZE_M": (1,), "num_warps": (4,),
-    "num_stages": (2,), "KSPLIT": (1, 2), "USE_TMA": (0,), "SWAP_AB": (0,),
+    "num_stages": (2,), "KSPLIT": (1, 2), "USE_TMA": (0,), "SWAP_AB": (0,), "SCALE_TMA": (0,),
 }
 INTERPRETER_ONE_STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16,), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "BLOCK_SIZE_D": (32,),

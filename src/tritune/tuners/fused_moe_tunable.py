@@ -21,6 +21,7 @@ from tritune.kernels.fused_moe_config import FMA_QUANTS
 from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
+from tritune.kernels.mxfp4_records import RECORD_K, RECORD_ROWS, Mxfp4Scales, scale_records
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.heuristics import moe_heuristic
@@ -39,6 +40,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the 16-bit intermediate, as on the bf16 path; the quantization error itself never enters the gate.
 REL_L2_BOUND = {"none": 2e-2, "per_token": 3e-2, "per_1x128": 3e-2, fm.MXFP4: 2e-2, fm.MXFP4_A8: 3e-2}
 TMA_RULE = f"MXFP4 weights through TMA exactly when the GEMM swaps ({fm.MXFP4} only)"
+SCALE_RULE = (f"SCALE_TMA only where the scale records fit the tile ({fm.MXFP4} swapped through TMA, BLOCK_K 128, "
+              "BLOCK_N a multiple of 64, stage 1's inter_dim a multiple of 64)")
 SWAP_RULE = ("SWAP_AB only with BLOCK_SIZE_M <= 32 < BLOCK_SIZE_N (MXFP4: 64 <= BLOCK_SIZE_N <= 16 x num_warps; "
              f"not {fm.MXFP4_A8})")
 ONE_STAGE_MAX_PAIRS = 256  # the 1-stage kernel's atomics only pay while the weights dominate
@@ -58,6 +61,7 @@ STAGE_SPACE: dict[str, tuple] = {
     "KSPLIT": (1, 2, 4),
     "USE_TMA": (0, 1),
     "SWAP_AB": (0, 1),
+    "SCALE_TMA": (0, 1),
 }
 ONE_STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32),
@@ -74,7 +78,7 @@ _TILE, _COUNT = Param(16, pow2=True), Param(1)
 STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "GROUP_SIZE_M": _COUNT,
     "num_warps": Param(1, pow2=True), "num_stages": _COUNT, "KSPLIT": _COUNT, "USE_TMA": Param(choices=(0, 1)),
-    "SWAP_AB": Param(choices=(0, 1)),
+    "SWAP_AB": Param(choices=(0, 1)), "SCALE_TMA": Param(choices=(0, 1)),
 }
 ONE_STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
@@ -186,6 +190,11 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint(TMA_RULE,
                    lambda c: quant not in fm.MXFP4_QUANTS or bool(c["USE_TMA"]) == (quant == fm.MXFP4
                                                                                  and bool(c["SWAP_AB"]))),
+        # The codes through TMA (kernels/mxfp4_records.py) are searched beside the pointer loads wherever they fit.
+        Constraint(SCALE_RULE,
+                   lambda c: not c.get("SCALE_TMA", 0) or (
+                       quant == fm.MXFP4 and c["SWAP_AB"] and c["USE_TMA"] and c["BLOCK_SIZE_K"] == RECORD_K
+                       and c["BLOCK_SIZE_N"] % RECORD_ROWS == 0 and (not stage1 or n % RECORD_ROWS == 0))),
         # vLLM's rule on Hopper: the weight tile becomes the wgmma's 64-row operand when a block has fewer pairs.
         # MXFP4 swaps for another reason, at any block height: the decoded tile goes to the wgmma from registers
         # (fused_moe._mxfp4_swap_dot), and one decode serves all BLOCK_SIZE_M rows; one 64-row wgmma a warp group
@@ -364,6 +373,8 @@ class FusedMoeTunable:
         weights, ids = routing(s, problem.skew, device)
         inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
                   "topk_weights": weights, "topk_ids": ids}
+        if s.quant == fm.MXFP4:  # the codes' TMA records too, made once as a user's load would (SCALE_TMA)
+            inputs["w1_scale_records"], inputs["w2_scale_records"] = scale_records(w1_s), scale_records(w2_s)
         if problem.kind == "stage2":
             inputs["inter"] = self._stage1_ref(problem, inputs).to(dt)
         return inputs
@@ -394,7 +405,10 @@ class FusedMoeTunable:
 
     def launcher(self, problem: MoeProblem, inputs: dict, config: Config, out: torch.Tensor) -> Callable[[], None]:
         s, x = problem.shape, inputs
-        kw = {"activation": s.act_type, "quant": s.quant, "w1_scale": x["w1_scale"], "w2_scale": x["w2_scale"],
+        w1_s, w2_s = x["w1_scale"], x["w2_scale"]
+        if "w1_scale_records" in x:  # MXFP4: both layouts, so SCALE_TMA points read their records
+            w1_s, w2_s = Mxfp4Scales(w1_s, x["w1_scale_records"]), Mxfp4Scales(w2_s, x["w2_scale_records"])
+        kw = {"activation": s.act_type, "quant": s.quant, "w1_scale": w1_s, "w2_scale": w2_s,
               "doweight_stage1": s.doweight_stage1}
         args = (x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"])
         if problem.kind in ("e2e", "1stage"):
@@ -412,12 +426,12 @@ class FusedMoeTunable:
             def stage1() -> None:
                 sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
                 fm.moe_stage1(x["hidden"], x["w1"], x["topk_weights"], sorting, cfg, inter_dim=s.inter_dim,
-                              activation=s.act_type, quant=s.quant, w1_scale=x["w1_scale"],
+                              activation=s.act_type, quant=s.quant, w1_scale=w1_s,
                               doweight_stage1=s.doweight_stage1, out=out)
             return stage1
         sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
         return lambda: fm.moe_stage2(x["inter"], x["w2"], x["topk_weights"], sorting, cfg, quant=s.quant,
-                                     w2_scale=x["w2_scale"], doweight_stage1=s.doweight_stage1, out=out)
+                                     w2_scale=w2_s, doweight_stage1=s.doweight_stage1, out=out)
 
     def compile(self, problem: MoeProblem, config: Config) -> None:
         """Into Triton's cache, in the compile pool: the candidate's GEMM kernel, or for an e2e problem its plan's
