@@ -254,9 +254,9 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
 
 def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     """MXFP4 with 16-bit activations: SWAP_AB on both stages (H100, gpt-oss-120b: 1.6-1.8x faster than tl.dot_scaled
-    at 16-256 tokens), BLOCK_M the power of two holding the pairs per expert (16-64), BLOCK_K 128 up to 32-row blocks
-    and 64 on 64-row ones, where stage 2 takes 128 x 128 tiles on 8 warps (tuned so through TMA); split 2 where the
-    routed experts' 64-wide tiles would not give 2 programs an SM (4 where each split keeps 4 K steps)."""
+    at 16-256 tokens); on Hopper the weights and the codes through TMA (SCALE_TMA at BLOCK_K 128), 16-row blocks up
+    to 16 pairs an expert on 4 stages, else 64-row blocks with 128 x 128 x 128 tiles on 8 warps (tuned so); split 2
+    where the routed experts' tiles would not give 2 programs an SM (4 where each split keeps 4 K steps)."""
     def plan(tokens, dims=(2880, 2880, 128, 4)):
         run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32")
         assert not run_1stage
@@ -267,8 +267,14 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     assert plan(1, (512, 512, 128, 4)) == [(16, 64, 128, 2, 1)] * 2  # K 512: 4 steps a split at 2 splits, not 4
     for tokens in (16, 64, 256):
         assert plan(tokens) == [(16, 64, 128, 1, 1)] * 2, tokens
-    assert plan(1024) == [(32, 64, 128, 1, 1)] * 2  # 32 pairs per expert
-    assert plan(4096) == plan(16384) == [(64, 64, 64, 1, 1), (64, 128, 128, 1, 1)]  # 128 and 512: 64 at most
+    assert plan(1024) == plan(4096) == plan(16384) == [(64, 128, 128, 1, 1)] * 2  # past 16 pairs an expert
+    for tokens, stages in ((1, (3, 3)), (64, (4, 4)), (4096, (3, 4))):
+        _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32")
+        assert (s1.num_stages, s2.num_stages) == stages and s1.SCALE_TMA == s2.SCALE_TMA == 1, tokens
+    _, s1, s2 = moe_heuristic(64, 2880, 2880, 128, 4, "per_1x32", capability=(8, 0))  # no TMA before Hopper
+    assert s1.USE_TMA == s1.SCALE_TMA == 0 and tile(s1) == (16, 64, 128)
+    _, s1, _ = moe_heuristic(64, 2880, 2880 + 32, 128, 4, "per_1x32")  # up rows at 2912: not on a record
+    assert s1.SCALE_TMA == 0 and s1.USE_TMA == 1
     _, _, s2 = moe_heuristic(4096, 2880, 2880, 128, 4, "per_1x32")
     assert s2.num_warps == 8 and s2.USE_TMA == 1  # 128 wide: 16 x num_warps (check_config's race rule)
     assert plan(16, (48, 40, 4, 2)) == [(16, 64, 64, 1, 1)] * 2  # BK clipped to K (48, 40); BN 64 past N

@@ -18,6 +18,7 @@ from tritune.kernels.mxfp4_records import Mxfp4Scales, prepare_mxfp4_scales, rec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
+TOL = 1e-2 if DTYPE == torch.bfloat16 else 2e-3  # against the fp32 reference (as test_fused_moe_mxfp4.py)
 TOKENS, D, INTER, E, TOPK = 9, 160, 64, 4, 2  # K 160: a 128 step and a partial one; N_W 128, D 160 past a tile
 ST = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
                SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
@@ -93,7 +94,7 @@ def test_the_whole_call_with_records_matches_the_reference_and_the_pointer_path(
     for levers in ({}, {"SORTED_INTER": 1, "TOPK_ATOMIC": 1}):
         st = dataclasses.replace(ST, **levers)
         got = fused_moe_2stage(hidden, q1, q2, weights, ids, st, st, quant=fm.MXFP4, w1_scale=p1, w2_scale=p2)
-        assert rel_l2(got, ref) < 2e-3, levers
+        assert rel_l2(got, ref) < TOL, levers
         if not levers:
             assert torch.equal(got, want)
     with pytest.raises(ValueError, match="scale records need SCALE_TMA"):
@@ -114,7 +115,7 @@ def test_the_op_takes_prepared_scales_and_turns_scale_tma_off_for_plain_codes():
     plain = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2, choice=choice)
     ref = fused_moe_reference(*(t.cpu() for t in (hidden, q1, q2, weights, ids)), quant=fm.MXFP4,
                               w1_scale=s1.cpu(), w2_scale=s2.cpu())
-    assert torch.equal(forced, plain) and rel_l2(forced, ref) < 2e-3 and rel_l2(prepared, ref) < 2e-3
+    assert torch.equal(forced, plain) and rel_l2(forced, ref) < TOL and rel_l2(prepared, ref) < TOL
     heur = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4)
     # the rule table asks for it where BLOCK_K is 128 (stage 1; stage 2's K of 64 takes BLOCK_K 64)
     assert (heur.stage1.SCALE_TMA, heur.stage2.SCALE_TMA, heur.stage2.BLOCK_SIZE_K) == (1, 0, 64)

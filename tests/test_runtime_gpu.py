@@ -124,6 +124,16 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
             return moe_call(moe_inputs(*dims), choice)
         cases.append((f"fused_moe {name}", make, choice is None or not choice.run_1stage))
 
+    def prepared(tokens: int):  # MXFP4 with prepared scales: the codes through TMA too (SCALE_TMA), the op's choice
+        from tritune.ops import prepare_mxfp4_scales
+
+        x = moe_inputs(tokens, 1024, 512, 32, 4, "per_1x32")
+        x["w1_scale"], x["w2_scale"] = prepare_mxfp4_scales(x["w1_scale"]), prepare_mxfp4_scales(x["w2_scale"])
+        return moe_call(x)
+    for tokens in (16, 1024):
+        cases.append((f"fused_moe op (selected kernels) MXFP4 prepared scales E32 top4 {tokens} tok",
+                      lambda tokens=tokens: prepared(tokens), True))
+
     def grouped(kind: str):
         from tritune.kernels.grouped_gemm import group_by_expert
         from tritune.ops.grouped_gemm import grouped_gemm, run_dw, run_dx, run_forward, select_configs

@@ -249,24 +249,26 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
                    sm_count: int, tma: bool) -> tuple[MoeConfig, MoeConfig]:
     """Both stage configs for MXFP4 weights with 16-bit activations: the swapped GEMM (SWAP_AB, module docstring).
 
-    BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on the gated
-    stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider on 4 warps raced,
-    check_config); BLOCK_K 128 on blocks of up to 32 rows, 64 on 64-row ones, where stage 2 takes 128 x 128 tiles on
-    8 warps. Split along K when the routed experts' N tiles give under 2 programs an SM, in 4 where each split keeps
-    4 K steps, else 2 (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair split 2, 105
-    unsplit; at 16 tokens, 2880 programs, splitting lost; through TMA, the tuner's stages at one token: 4 splits
-    48.5 and 28.5 us, 2 splits 50.8 and 31.6). The packed weights through TMA on Hopper (`tma`): its swizzled shared
-    tile reads without the bank conflicts of the pointer path's plain one (26.7M to 0.65M in stage 1 at 64 tokens),
-    7.7-15% off the stage pair at 16-4096 tokens (2026-11-27, seventeenth session). The tiles past 16 rows follow
-    that session's tuner's measurements through TMA (gpt-oss-120b, each stage alone): at 1024 tokens (BM 32) BK 128
-    took stage 1 from 944 to 909 us and stage 2 from 658 to 649; at 4096 (BM 64) stage 2 on 64 x 64 x 64 tiles ran
-    1619-1669 us, on 128-wide tiles with BK 128 on 8 warps 1254-1283, while stage 1 kept BK 64 (2171-2192 against
-    2315-2415 with 128)."""
-    bm = min(64, max(16, _p2(_cdiv(pairs, experts))))
-    blocks = min(pairs, experts) * _cdiv(_cdiv(pairs, experts), bm)
+    On Hopper (`tma`) the packed weights come through TMA (their swizzled shared tile reads without the pointer
+    path's bank conflicts: 7.7-15% off the stage pair, seventeenth session) and so do the e8m0 codes, from their
+    records (SCALE_TMA at BLOCK_K 128; the op turns it off for plain codes). With the codes prefetched the tuner's own
+    measurements (H100, gpt-oss-120b, eighteenth session, each stage alone) ranked: 16-row blocks up to 16 pairs an
+    expert, 64 x 128-deep tiles on 4 warps, 4 pipeline stages (stage 1 at 64 tokens 438 us, 3 stages 450, the codes
+    by pointers 547); past 16 pairs 64-row blocks with 128 x 128 tiles on 8 warps, BLOCK_K 128, stage 2 on 4 stages
+    (1024 tokens, 32 pairs an expert: stage 1 718 us against 745 on the 32-row block; 4096: 1670 against 1822 on
+    64-wide tiles). Without TMA: BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled:
+    255 registers on the gated stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider
+    on 4 warps raced, check_config); BLOCK_K 128 on blocks of up to 32 rows, 64 on 64-row ones, where stage 2 takes
+    128 x 128 tiles on 8 warps. Split along K when the routed experts' N tiles give under 2 programs an SM, in 4 where
+    each split keeps 4 K steps, else 2 (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair
+    split 2, 105 unsplit; at 16 tokens, 2880 programs, splitting lost; through TMA at one token: 4 splits 48.5 and
+    28.5 us, 2 splits 50.8 and 31.6)."""
+    mean = _cdiv(pairs, experts)
+    bm = (16 if _p2(mean) <= 16 else 64) if tma else min(64, max(16, _p2(mean)))
+    blocks = min(pairs, experts) * _cdiv(mean, bm)
     configs = []
     for stage2, (n, k) in enumerate(((inter_dim, model_dim), (model_dim, inter_dim))):  # stage 1's N: gate and up
-        wide = bool(stage2) and bm == 64
+        wide = bm == 64 and (tma or bool(stage2))
         bn, warps = (128, 8) if wide else (64, 4)
         bk = max(32, min(128 if bm <= 32 or wide else 64, _p2(k)))
         split = 1
@@ -274,8 +276,10 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
             split = 4 if k >= 16 * bk else 2 if k >= 4 * bk else 1
         # The codes through TMA where their records fit the tile (BLOCK_K 128; stage 1's up rows on a record).
         scale_tma = int(tma and bk == 128 and (stage2 or n % 64 == 0))
+        deep = scale_tma and split == 1 and (bm == 16 or stage2) and _cdiv(k, bk) >= 2  # the tuner's cap: steps + 2
+        stages = 4 if deep else 3
         configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=warps,
-                                 num_stages=3, KSPLIT=split, SWAP_AB=1, USE_TMA=int(tma), SCALE_TMA=scale_tma))
+                                 num_stages=stages, KSPLIT=split, SWAP_AB=1, USE_TMA=int(tma), SCALE_TMA=scale_tma))
     return configs[0], configs[1]
 
 
