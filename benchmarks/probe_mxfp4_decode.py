@@ -17,8 +17,9 @@ decode built several ways, each in its own process (a jitted function's globals 
              scale rows padded to 96 bytes (a view of a padded buffer; the op's byte loads are not pipelined by
              Triton 3.6, 32-bit ones are, TTGIR `async_copy_global_to_local`), split into codes in registers; the
              op's byte loads where BLOCK_K < 128. A contestant: exact, but it needs the padded rows.
-    records  the op with prepared scales (`prepare_mxfp4_scales`): where the rule table asks for SCALE_TMA the codes
-             come through TMA from their records. Every other variant runs SCALE_TMA 0 (the codes by pointers).
+    records  the op with prepared scales (`prepare_mxfp4_scales`): the rule table's tiles for them, the codes through
+             TMA from their records where it asks for SCALE_TMA. Every other variant runs the rule table's tiles for
+             plain codes (SCALE_TMA 0, the codes by pointers).
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --out $OUT/decode.json             # GPU: every variant
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --tiny --variants op,shift --out F # interpreter
@@ -181,7 +182,8 @@ def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: di
         hidden = (torch.randn(t, d, generator=gen, device=device) / 2).to(dtype)
         tw, ti = sample_routing(t, experts, topk, seed=t, device=device)
         _, c1, c2 = moe_heuristic(t, d, inter, experts, topk, fm.MXFP4, one_stage=False,
-                                  capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0))
+                                  capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0),
+                                  scale_records=name == "records")  # the rule for what the variant hands the op
         c1, c2 = (dataclasses.replace(c, **({} if name == "records" else {"SCALE_TMA": 0}) | fields)
                   for c in (c1, c2))
         sorting = moe_align_block_size(ti, c1.BLOCK_SIZE_M, experts)

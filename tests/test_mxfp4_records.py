@@ -119,3 +119,20 @@ def test_the_op_takes_prepared_scales_and_turns_scale_tma_off_for_plain_codes():
     heur = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4)
     # the rule table asks for it where BLOCK_K is 128 (stage 1; stage 2's K of 64 takes BLOCK_K 64)
     assert (heur.stage1.SCALE_TMA, heur.stage2.SCALE_TMA, heur.stage2.BLOCK_SIZE_K) == (1, 0, 64)
+
+
+def test_plain_codes_get_the_codes_only_rule_or_the_tuned_tiles_without_scale_tma():
+    import importlib
+
+    from tritune.ops.fused_moe import MoeChoice
+
+    op = importlib.import_module("tritune.ops.fused_moe")
+    codes, records = torch.zeros(4, 128, 5, dtype=torch.uint8), torch.zeros(4, 2, 2, 256, dtype=torch.uint8)
+    rule = MoeChoice(False, ST, ST, "heuristic")
+    plain = dataclasses.replace(ST, SCALE_TMA=0)
+    codes_rule = MoeChoice(False, dataclasses.replace(plain, num_stages=3), plain, "heuristic")
+    assert op._scale_tma_as_given(rule, codes, codes, lambda: codes_rule) is codes_rule
+    assert op._scale_tma_as_given(rule, records, records, lambda: codes_rule) is rule  # records: as chosen
+    tuned = op._scale_tma_as_given(MoeChoice(False, ST, ST, "tuned: f.csv, row 1"), codes, records, None)
+    assert (tuned.stage1.SCALE_TMA, tuned.stage2.SCALE_TMA) == (0, 1) and "SCALE_TMA off" in tuned.source
+    assert dataclasses.replace(tuned.stage1, SCALE_TMA=1) == ST  # the tuned tile kept

@@ -54,12 +54,14 @@ class MoeChoice:
 
 
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
-                         sm_count: int = 132, max_shared: int = 232448, gated: bool = True) -> MoeChoice:
-    """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape."""
+                         sm_count: int = 132, max_shared: int = 232448, gated: bool = True,
+                         scale_records: bool = True) -> MoeChoice:
+    """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape
+    (`scale_records` False: MXFP4 scales as codes only)."""
     if quant not in OP_QUANTS:
         raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
-                                               max_shared, gated=gated)
+                                               max_shared, gated=gated, scale_records=scale_records)
     return MoeChoice(run_1stage, stage1, stage2, "heuristic")
 
 
@@ -225,7 +227,14 @@ def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_
     if choice is None:
         choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
                                   doweight_stage1=doweight_stage1)
-    choice = _scale_tma_as_given(choice, w1_scale, w2_scale)
+    def codes_rule() -> MoeChoice:
+        shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
+        cu_num, max_shared, _ = _device_facts(_index(hidden_states.device))
+        return heuristic_moe_choice(shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, quant,
+                                    sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
+                                    scale_records=False)
+
+    choice = _scale_tma_as_given(choice, w1_scale, w2_scale, codes_rule)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     stage2 = None if choice.run_1stage else choice.stage2
@@ -234,15 +243,18 @@ def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_
                          stage2=stage2, activation=activation, quant=quant, doweight_stage1=doweight_stage1)
 
 
-def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale) -> MoeChoice:
-    """`choice` with SCALE_TMA off on a stage whose scales came as codes: the records it reads through TMA are made
-    once per weight (`prepare_mxfp4_scales`), never per call; the same tile then reads the codes by pointers."""
+def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> MoeChoice:
+    """`choice` for a call whose MXFP4 scales came as codes only: the records SCALE_TMA reads are made once per
+    weight (`prepare_mxfp4_scales`), never per call. The rule table's choice becomes its codes-only one
+    (`codes_rule()`: its tiles differ); a tuned choice keeps its tiles with SCALE_TMA off (the codes by pointers)."""
     if choice.run_1stage:
         return choice
     plain = [s is not None and s.dim() == 3 and c.SCALE_TMA for s, c in ((w1_scale, choice.stage1),
                                                                           (w2_scale, choice.stage2))]
     if not any(plain):
         return choice
+    if choice.source == "heuristic":
+        return codes_rule()
     s1, s2 = (dataclasses.replace(c, SCALE_TMA=0) if off else c
               for off, c in zip(plain, (choice.stage1, choice.stage2), strict=True))
     return MoeChoice(False, s1, s2, choice.source + " (SCALE_TMA off: the scales came as codes)")

@@ -246,7 +246,7 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
 
 
 def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
-                   sm_count: int, tma: bool) -> tuple[MoeConfig, MoeConfig]:
+                   sm_count: int, tma: bool, records: bool = True) -> tuple[MoeConfig, MoeConfig]:
     """Both stage configs for MXFP4 weights with 16-bit activations: the swapped GEMM (SWAP_AB, module docstring).
 
     On Hopper (`tma`) the packed weights come through TMA (their swizzled shared tile reads without the pointer
@@ -262,20 +262,24 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     128 x 128 tiles on 8 warps. Split along K when the routed experts' N tiles give under 2 programs an SM, in 4 where
     each split keeps 4 K steps, else 2 (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair
     split 2, 105 unsplit; at 16 tokens, 2880 programs, splitting lost; through TMA at one token: 4 splits 48.5 and
-    28.5 us, 2 splits 50.8 and 31.6)."""
+    28.5 us, 2 splits 50.8 and 31.6). `records` False (the caller has the codes only, no records): the TMA rule of
+    before the records, the weights through TMA and the codes by pointers (seventeenth session: past 32 pairs an
+    expert stage 1 kept BLOCK_K 64; with the codes by pointers the 128-wide tiles ran 1780 against 1337 us at 1024
+    tokens)."""
     mean = _cdiv(pairs, experts)
-    bm = (16 if _p2(mean) <= 16 else 64) if tma else min(64, max(16, _p2(mean)))
+    tma_codes = tma and records
+    bm = (16 if _p2(mean) <= 16 else 64) if tma_codes else min(64, max(16, _p2(mean)))
     blocks = min(pairs, experts) * _cdiv(mean, bm)
     configs = []
     for stage2, (n, k) in enumerate(((inter_dim, model_dim), (model_dim, inter_dim))):  # stage 1's N: gate and up
-        wide = bm == 64 and (tma or bool(stage2))
+        wide = bm == 64 and (tma_codes or bool(stage2))
         bn, warps = (128, 8) if wide else (64, 4)
         bk = max(32, min(128 if bm <= 32 or wide else 64, _p2(k)))
         split = 1
         if blocks * _cdiv(n, bn) < 2 * sm_count:  # under two waves: split 4 while each split keeps 4 K steps
             split = 4 if k >= 16 * bk else 2 if k >= 4 * bk else 1
         # The codes through TMA where their records fit the tile (BLOCK_K 128; stage 1's up rows on a record).
-        scale_tma = int(tma and bk == 128 and (stage2 or n % 64 == 0))
+        scale_tma = int(tma_codes and bk == 128 and (stage2 or n % 64 == 0))
         deep = scale_tma and split == 1 and (bm == 16 or stage2) and _cdiv(k, bk) >= 2  # the tuner's cap: steps + 2
         stages = 4 if deep else 3
         configs.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1, num_warps=warps,
@@ -320,19 +324,21 @@ def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str
 def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str,
                   sm_count: int = 132, max_shared: int = 232448, *,
                   gated: bool = True, capability: tuple[int, int] = (9, 0),
-                  one_stage: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
+                  one_stage: bool = True, scale_records: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
     """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
     hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
     model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights) | "per_1x32_a8" (and
     fp8 activations). `one_stage` False:
-    never the 1-stage kernel. Rules: module docstring."""
+    never the 1-stage kernel. `scale_records` False: MXFP4 scales given as codes only (no SCALE_TMA tiles). Rules:
+    module docstring."""
     if quant not in fm.ALL_QUANTS:
         raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
     if min(tokens, model_dim, inter_dim, experts, topk) < 1 or topk > experts:
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")
     if quant == fm.MXFP4:
-        return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9)
+        return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9,
+                                      scale_records)
     if quant in fm.MXFP4_QUANTS:
         # Weights upcast in the kernel: the bf16 tiles (fp8 activations too: not measured apart yet), 2-stage (the
         # MXFP4 1-stage kernel is the tuner's to pick: not measured), without TMA (the weights load by pointers) or
