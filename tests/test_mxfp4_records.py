@@ -136,3 +136,25 @@ def test_plain_codes_get_the_codes_only_rule_or_the_tuned_tiles_without_scale_tm
     tuned = op._scale_tma_as_given(MoeChoice(False, ST, ST, "tuned: f.csv, row 1"), codes, records, None)
     assert (tuned.stage1.SCALE_TMA, tuned.stage2.SCALE_TMA) == (0, 1) and "SCALE_TMA off" in tuned.source
     assert dataclasses.replace(tuned.stage1, SCALE_TMA=1) == ST  # the tuned tile kept
+
+
+def test_the_op_settles_each_stages_scale_form_once_per_scales_and_shape(monkeypatch):
+    """Prepared scales: the choice and each stage's form are looked up once per (scales, call shape), not per call;
+    another object (even with the same tensors) is a new entry; one prepared and one plain both run as codes."""
+    import importlib
+
+    from tritune import ops
+
+    op = importlib.import_module("tritune.ops.fused_moe")
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    p1, p2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    calls = []
+    real = op.fused_moe_choice
+    monkeypatch.setattr(op, "fused_moe_choice", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, p1, p2)
+    assert torch.equal(ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, p1, p2), first)
+    assert len(calls) == 1
+    ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, Mxfp4Scales(s1, p1.records), p2)
+    assert len(calls) == 2
+    s1_, s2_, choice = op._scale_forms(hidden, q1, q2, ids, p1, s2, "silu", fm.MXFP4, False, None)
+    assert s1_ is s1 and s2_ is s2 and choice is None  # mixed: codes for both, the op's usual path

@@ -42,7 +42,7 @@ def records_shape(experts: int, rows: int, k: int) -> tuple[int, int, int, int]:
     return experts, -(-k // RECORD_K), -(-rows // RECORD_ROWS), RECORD_BYTES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: the op keys its per-call caches on the object
 class Mxfp4Scales:
     """One MXFP4 weight's scales in both layouts: `codes` [E, N, K/32] (every MXFP4 kernel reads these) and
     `records` (scale_records: the swapped GEMM's TMA path, config SCALE_TMA). Made once per weight, at load time, by
