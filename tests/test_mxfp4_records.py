@@ -112,7 +112,8 @@ def test_the_op_takes_prepared_scales_and_turns_scale_tma_off_for_plain_codes():
                                    ops.prepare_mxfp4_scales(s2))  # the rule table's own choice
     forced = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=ops.prepare_mxfp4_scales(s1),
                            w2_scale=ops.prepare_mxfp4_scales(s2), choice=choice)
-    plain = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2, choice=choice)
+    with pytest.warns(UserWarning, match="SCALE_TMA"):  # a forced choice with records' tiles, given codes
+        plain = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2, choice=choice)
     ref = fused_moe_reference(*(t.cpu() for t in (hidden, q1, q2, weights, ids)), quant=fm.MXFP4,
                               w1_scale=s1.cpu(), w2_scale=s2.cpu())
     assert torch.equal(forced, plain) and rel_l2(forced, ref) < TOL and rel_l2(prepared, ref) < TOL
@@ -133,7 +134,9 @@ def test_plain_codes_get_the_codes_only_rule_or_the_tuned_tiles_without_scale_tm
     codes_rule = MoeChoice(False, dataclasses.replace(plain, num_stages=3), plain, "heuristic")
     assert op._scale_tma_as_given(rule, codes, codes, lambda: codes_rule) is codes_rule
     assert op._scale_tma_as_given(rule, records, records, lambda: codes_rule) is rule  # records: as chosen
-    tuned = op._scale_tma_as_given(MoeChoice(False, ST, ST, "tuned: f.csv, row 1"), codes, records, None)
+    with pytest.warns(UserWarning, match=r"tuned: f.csv, row 1 reads the MXFP4 codes through TMA .* "
+                                         r"tritune.ops.prepare_mxfp4_scales"):
+        tuned = op._scale_tma_as_given(MoeChoice(False, ST, ST, "tuned: f.csv, row 1"), codes, records, None)
     assert (tuned.stage1.SCALE_TMA, tuned.stage2.SCALE_TMA) == (0, 1) and "SCALE_TMA off" in tuned.source
     assert dataclasses.replace(tuned.stage1, SCALE_TMA=1) == ST  # the tuned tile kept
 

@@ -282,7 +282,9 @@ def _weak(obj):
 def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> MoeChoice:
     """`choice` for a call whose MXFP4 scales came as codes only: the records SCALE_TMA reads are made once per
     weight (`prepare_mxfp4_scales`), never per call. The rule table's choice becomes its codes-only one
-    (`codes_rule()`: its tiles differ); a tuned choice keeps its tiles with SCALE_TMA off (the codes by pointers)."""
+    (`codes_rule()`: its tiles differ); a tuned choice keeps its tiles with SCALE_TMA off (the codes by pointers),
+    with one warning a plan: those tiles were timed with the records (gpt-oss-120b's 128-wide ones ran 1.3x slower
+    by pointers on the H100)."""
     if choice.run_1stage:
         return choice
     plain = [s is not None and s.dim() == 3 and c.SCALE_TMA for s, c in ((w1_scale, choice.stage1),
@@ -293,6 +295,9 @@ def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> Mo
         return codes_rule()
     s1, s2 = (dataclasses.replace(c, SCALE_TMA=0) if off else c
               for off, c in zip(plain, (choice.stage1, choice.stage2), strict=True))
+    warnings.warn(f"tritune: {choice.source} reads the MXFP4 codes through TMA (SCALE_TMA) but the scales came as "
+                  "codes: running its tiles with the codes by pointers; pass tritune.ops.prepare_mxfp4_scales(...) "
+                  "results (made once per weight) for the tuned speed", stacklevel=4)
     return MoeChoice(False, s1, s2, choice.source + " (SCALE_TMA off: the scales came as codes)")
 
 
