@@ -30,6 +30,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from tritune.kernels.mxfp4 import k32_unscale, mxfp4_decode_k32, mxfp4_scale_codes  # noqa: E402
+from tritune.kernels.mxfp4_records import RECORD_BYTES, scale_records  # noqa: E402
 
 MODES = {"bytes": 0, "tma": 1, "none": 2}
 BN, BK, BM = 64, 128, 16  # the rule table's swapped tile at <= 16 rows a block
@@ -41,15 +42,10 @@ TINY = {"tiny": (128, 160)}
 COPY_BYTES_PER_S = 3.0e12
 
 
-def tile_scales(scales: torch.Tensor, block_n: int = BN, block_k: int = BK) -> torch.Tensor:
-    """scales uint8 [N, K/32] -> [⌈K/block_k⌉ · ⌈N/block_n⌉, block_n · block_k/32]: record (kb, nb) holds rows
-    nb·block_n.. of K step kb, each row's block_k/32 codes contiguous; past N or K the codes are 127 (scale 1)."""
-    n, kc = scales.shape
-    per = block_k // 32
-    nb, kb = -(-n // block_n), -(-kc // per)
-    full = torch.full((nb * block_n, kb * per), 127, dtype=torch.uint8, device=scales.device)
-    full[:n, :kc] = scales
-    return full.reshape(nb, block_n, kb, per).permute(2, 0, 1, 3).reshape(kb * nb, block_n * per).contiguous()
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """scales uint8 [N, K/32] -> the op's scale records of that one weight (kernels/mxfp4_records.py), viewed
+    [⌈K/128⌉ · ⌈N/64⌉, 256]: record (kb, nb) holds rows nb·64.. of K step kb, 127 past N or K."""
+    return scale_records(scales[None]).view(-1, RECORD_BYTES)
 
 
 @triton.jit

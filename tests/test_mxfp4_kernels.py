@@ -42,27 +42,10 @@ def _assert_bits_equal(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @triton.jit
-def _decode_probe(codes_ptr, out_ptr, N: tl.constexpr):
+def _map_probe(codes_ptr, out_ptr, N: tl.constexpr, FN: tl.constexpr):
+    """out[i] = FN(codes[i]): one launch for each element-wise decode helper under test."""
     i = tl.arange(0, N)
-    tl.store(out_ptr + i, decode_e2m1(tl.load(codes_ptr + i)))
-
-
-@triton.jit
-def _e8m0_probe(codes_ptr, out_ptr, N: tl.constexpr):
-    i = tl.arange(0, N)
-    tl.store(out_ptr + i, e8m0_to_fp32(tl.load(codes_ptr + i)))
-
-
-@triton.jit
-def _e8m0_bf16_probe(codes_ptr, out_ptr, N: tl.constexpr):
-    i = tl.arange(0, N)
-    tl.store(out_ptr + i, e8m0_to_bf16(tl.load(codes_ptr + i)))
-
-
-@triton.jit
-def _e8m0_folded_probe(codes_ptr, out_ptr, N: tl.constexpr):
-    i = tl.arange(0, N)
-    tl.store(out_ptr + i, e8m0_to_bf16_folded(tl.load(codes_ptr + i)))
+    tl.store(out_ptr + i, FN(tl.load(codes_ptr + i)))
 
 
 @triton.jit
@@ -78,14 +61,14 @@ def _tile_t_probe(w_ptr, s_ptr, out_ptr, k0, K, stride_wn, stride_sn,
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
 def test_decode_e2m1_all_codes(dtype):
     out = torch.full((16,), float("nan"), device=DEVICE)
-    _decode_probe[(1,)](torch.arange(16).to(dtype).to(DEVICE), out, N=16)
+    _map_probe[(1,)](torch.arange(16).to(dtype).to(DEVICE), out, N=16, FN=decode_e2m1)
     _assert_bits_equal(out.cpu(), e2m1_values())  # entry 8 is -0.0: the bit compare checks the sign
 
 
 def test_e8m0_to_fp32_every_code():
     codes = torch.arange(256).to(torch.uint8).to(DEVICE)
     out = torch.zeros(256, device=DEVICE)
-    _e8m0_probe[(1,)](codes, out, N=256)
+    _map_probe[(1,)](codes, out, N=256, FN=e8m0_to_fp32)
     out = out.cpu()
     want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float32)  # 2**-127 is fp32's subnormal
     _assert_bits_equal(out[:255], want)
@@ -100,7 +83,7 @@ def test_e8m0_to_bf16_every_code():
     subnormal 2**-127), NaN for 255."""
     codes = torch.arange(256).to(torch.uint8).to(DEVICE)
     out = torch.zeros(256, dtype=torch.bfloat16, device=DEVICE)
-    _e8m0_bf16_probe[(1,)](codes, out, N=256)
+    _map_probe[(1,)](codes, out, N=256, FN=e8m0_to_bf16)
     out = out.cpu()
     want = torch.tensor([2.0 ** (c - 127) for c in range(255)], dtype=torch.float32).to(torch.bfloat16)
     _assert_bits_equal(out[:255], want)
@@ -112,7 +95,7 @@ def test_folded_e8m0_to_bf16_every_code():
     """The folded decode's scale (K32_FOLD): 2**(code - 65) for codes 0-192, inf at 193, NaN above."""
     codes = torch.arange(256).to(torch.uint8).to(DEVICE)
     out = torch.zeros(256, dtype=torch.bfloat16, device=DEVICE)
-    _e8m0_folded_probe[(1,)](codes, out, N=256)
+    _map_probe[(1,)](codes, out, N=256, FN=e8m0_to_bf16_folded)
     out = out.cpu()
     want = torch.tensor([2.0 ** (c - 65) for c in range(193)], dtype=torch.float32).to(torch.bfloat16)
     _assert_bits_equal(out[:193], want)
