@@ -195,11 +195,13 @@ _SCALES_IN_RANGE: set[tuple] = set()
 MXFP4_BF16_MAX_CODE = 192  # kernels/mxfp4.py K32_FOLD: codes past it decode to inf or NaN on the bf16 path
 
 
-def _check_mxfp4_scale_range(w1_scale: torch.Tensor, w2_scale: torch.Tensor) -> None:
+def _check_mxfp4_scale_range(w1_scale: torch.Tensor, w2_scale: torch.Tensor, keys: tuple | None = None) -> None:
     """Refuse MXFP4 scales the folded bf16 decode cannot represent (e8m0 codes 193-255: weights of 2**66 and up, or
-    the spec's NaN code 255), once per scale buffer; skipped while a CUDA graph is being captured (no sync there)."""
-    for name, scale in (("w1_scale", w1_scale), ("w2_scale", w2_scale)):
-        key = (scale.device, scale.data_ptr(), scale.shape, scale.stride())
+    the spec's NaN code 255), once per scale buffer; skipped while a CUDA graph is being captured (no sync there).
+    `keys`: each buffer's (address, `_signature`), where the caller has them already (the op's call key does)."""
+    if keys is None:
+        keys = tuple((t.data_ptr(), _signature(t)) for t in (w1_scale, w2_scale))
+    for name, scale, key in (("w1_scale", w1_scale, keys[0]), ("w2_scale", w2_scale, keys[1])):
         if key in _SCALES_IN_RANGE or scale.numel() == 0:
             continue
         if scale.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -341,14 +343,13 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     a0, a1, a2, a3, a4, a5, a6, a7 = addresses
     # Triton specializes each pointer on 16-byte alignment: one flag when all are aligned (the usual case), else each.
     aligned = (a0 | a1 | a2 | a3 | a4 | a5 | a6 | a7) & 15 == 0 or tuple(a & 15 for a in addresses)
+    sig1, sig2 = _signature(w1_scale), _signature(w2_scale)
     key = (device, hidden_states.shape, hidden_states.stride(), hidden_states.dtype, w1.shape, w1.stride(), w1.dtype,
            w1.device, w2.shape, w2.stride(), w2.dtype, w2.device, topk_weights.shape, topk_weights.stride(),
            topk_weights.dtype, topk_weights.device, topk_ids.shape, topk_ids.stride(), topk_ids.dtype,
-           topk_ids.device, None if w1_scale is None else _signature(w1_scale),
-           None if w2_scale is None else _signature(w2_scale), activation, quant, doweight_stage1, aligned, out_key,
-           choice)
-    if quant == fm.MXFP4 and hidden_states.dtype == torch.bfloat16 and w1_scale is not None and w2_scale is not None:
-        _check_mxfp4_scale_range(w1_scale, w2_scale)
+           topk_ids.device, sig1, sig2, activation, quant, doweight_stage1, aligned, out_key, choice)
+    if quant == fm.MXFP4 and hidden_states.dtype == torch.bfloat16 and sig1 is not None and sig2 is not None:
+        _check_mxfp4_scale_range(w1_scale, w2_scale, ((a4, sig1), (a5, sig2)))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, activation,
