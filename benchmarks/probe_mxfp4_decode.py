@@ -20,10 +20,13 @@ decode built several ways, each in its own process (a jitted function's globals 
     records  the op with prepared scales (`prepare_mxfp4_scales`): the rule table's tiles for them, the codes through
              TMA from their records where it asks for SCALE_TMA. Every other variant runs the rule table's tiles for
              plain codes (SCALE_TMA 0, the codes by pointers).
+    swizzle  records, with the weights re-encoded too (`prepare_mxfp4_weights`, kernels/mxfp4_swizzle.py): the
+             swapped GEMM's decode builds 8 weights from 12 instructions instead of 18.
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --out $OUT/decode.json             # GPU: every variant
     PYTHONPATH=src python benchmarks/probe_mxfp4_decode.py --tiny --variants op,shift --out F # interpreter
     ... --set USE_TMA=1,num_stages=4                  # config fields put on both stages' rule-table tiles
+    ... --set 2:BLOCK_SIZE_N=128,2:num_warps=8        # on stage 2's alone (1: stage 1's)
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ import triton.language as tl  # noqa: E402
 
 from tritune.kernels.mxfp4 import mxfp4_scale_codes  # noqa: E402
 
-VARIANTS = ("shift", "mul", "nofold", "op", "noscale", "nodecode", "bytes", "words", "records")
+VARIANTS = ("shift", "mul", "nofold", "op", "noscale", "nodecode", "bytes", "words", "records", "swizzle")
+PREPARED = ("records", "swizzle")  # the variants that hand the op prepared scales
 # nodecode's stand-in for the packed decode: each byte's bits copied into a 16-bit half, nothing else.
 _BYTES_PTX = """
 {
@@ -142,20 +146,40 @@ def _weights(experts: int, rows: int, cols: int, device: str, seed: int):
 
 
 def parse_set(text: str) -> dict[str, int]:
-    """--set FIELD=INT,...: MoeConfig fields put on both stages' rule-table configs."""
+    """--set [S:]FIELD=INT,...: MoeConfig fields put on both stages' rule-table configs, or with the prefix 1: or 2:
+    on that stage's alone."""
     from tritune.kernels.fused_moe import MoeConfig
 
     known = {f.name for f in dataclasses.fields(MoeConfig)}
     out = {}
     for part in filter(None, text.split(",")):
         name, _, value = part.partition("=")
-        if name not in known or not value.lstrip("-").isdigit():
-            raise SystemExit(f"probe_mxfp4_decode: --set {part!r}: want FIELD=INT with FIELD a MoeConfig field")
+        field = name[2:] if name[:2] in ("1:", "2:") else name
+        if field not in known or not value.lstrip("-").isdigit():
+            raise SystemExit(f"probe_mxfp4_decode: --set {part!r}: want [1:|2:]FIELD=INT with FIELD a MoeConfig "
+                             "field")
         out[name] = int(value)
     return out
 
 
-def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: dict[str, int]) -> list[dict]:
+def parse_dims(text: str) -> tuple[int, int, int, int]:
+    """--dims D,I,E,TOPK: model_dim, inter_dim (multiples of 32), experts, top-k."""
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[0]) % 32 or int(
+            parts[1]) % 32:
+        raise argparse.ArgumentTypeError(f"{text!r}: want D,I,E,TOPK, positive, D and I multiples of 32")
+    d, i, e, k = map(int, parts)
+    return d, i, e, k
+
+
+def stage_fields(fields: dict[str, int], stage: int) -> dict[str, int]:
+    """The --set fields for stage 1 or 2: the unprefixed ones, then that stage's own."""
+    mine = {k[2:]: v for k, v in fields.items() if k.startswith(f"{stage}:")}
+    return {k: v for k, v in fields.items() if ":" not in k} | mine
+
+
+def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: dict[str, int],
+                dims: tuple[int, int, int, int] = SHAPE) -> list[dict]:
     apply_variant(name)
     from tritune.kernels import fused_moe as fm
     from tritune.kernels.moe_align import moe_align_block_size
@@ -166,16 +190,21 @@ def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: di
 
     device = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
-    d, inter, experts, topk = TINY if tiny else SHAPE
+    d, inter, experts, topk = TINY if tiny else dims
     q1, s1 = _weights(experts, 2 * inter, d, device, 1)
     q2, s2 = _weights(experts, d, inter, device, 2)
     if name == "words":
         s1, s2 = padded_scales(s1), padded_scales(s2)
     w1_s, w2_s = s1, s2  # what the stages get: the codes, or (records) both layouts
-    if name == "records":
+    w1, w2 = q1, q2  # what the stages get: the packed bytes, or (swizzle) them re-encoded
+    if name in PREPARED:
         from tritune.kernels.mxfp4_records import prepare_mxfp4_scales
 
         w1_s, w2_s = prepare_mxfp4_scales(s1), prepare_mxfp4_scales(s2)
+    if name == "swizzle":
+        from tritune.kernels.mxfp4_swizzle import prepare_mxfp4_weights
+
+        w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
     rows = []
     for t in tokens:
         gen = torch.Generator(device=device).manual_seed(t)
@@ -183,14 +212,14 @@ def run_variant(name: str, tokens: list[int], tiny: bool, iters: int, fields: di
         tw, ti = sample_routing(t, experts, topk, seed=t, device=device)
         _, c1, c2 = moe_heuristic(t, d, inter, experts, topk, fm.MXFP4, one_stage=False,
                                   capability=torch.cuda.get_device_capability() if device == "cuda" else (9, 0),
-                                  scale_records=name == "records")  # the rule for what the variant hands the op
-        c1, c2 = (dataclasses.replace(c, **({} if name == "records" else {"SCALE_TMA": 0}) | fields)
-                  for c in (c1, c2))
+                                  scale_records=name in PREPARED)  # the rule for what the variant hands the op
+        c1, c2 = (dataclasses.replace(c, **({} if name in PREPARED else {"SCALE_TMA": 0}) | stage_fields(fields, i))
+                  for i, c in ((1, c1), (2, c2)))
         sorting = moe_align_block_size(ti, c1.BLOCK_SIZE_M, experts)
 
         def call(hidden=hidden, tw=tw, sorting=sorting, c1=c1, c2=c2):
-            mid = fm.moe_stage1(hidden, q1, tw, sorting, c1, inter_dim=inter, w1_scale=w1_s, quant=fm.MXFP4)
-            return fm.moe_stage2(mid, q2, tw, sorting, c2, w2_scale=w2_s, quant=fm.MXFP4)
+            mid = fm.moe_stage1(hidden, w1, tw, sorting, c1, inter_dim=inter, w1_scale=w1_s, quant=fm.MXFP4)
+            return fm.moe_stage2(mid, w2, tw, sorting, c2, w2_scale=w2_s, quant=fm.MXFP4)
 
         ref = fused_moe_reference(hidden, q1, q2, tw, ti, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
         rel = float((call().float() - ref).norm() / ref.norm().clamp_min(1e-30))
@@ -213,11 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (fp16)")
     ap.add_argument("--set", default="", help="FIELD=INT,...: put on both stages' configs (e.g. USE_TMA=1)")
+    ap.add_argument("--dims", type=parse_dims, default=SHAPE,
+                    help="D,I,E,TOPK: another MoE shape (default gpt-oss-120b's 2880,2880,128,4)")
     args = ap.parse_args(argv)
     fields = parse_set(args.set)
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else ([3, 9] if args.tiny else list(TOKENS))
     if args.variant:
-        args.out.write_text(json.dumps(run_variant(args.variant, tokens, args.tiny, args.iters, fields), indent=1))
+        args.out.write_text(json.dumps(run_variant(args.variant, tokens, args.tiny, args.iters, fields, args.dims),
+                                       indent=1))
         return 0
     names = args.variants.split(",")
     for name in names:
@@ -227,10 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         part = args.out.with_suffix(f".{name}.json")
         cmd = [sys.executable, __file__, "--variant", name, "--out", str(part), "--tokens", ",".join(map(str, tokens)),
-               "--iters", str(args.iters), "--set", args.set] + (["--tiny"] if args.tiny else [])
+               "--iters", str(args.iters), "--set", args.set, "--dims", ",".join(map(str, args.dims))] + (
+                   ["--tiny"] if args.tiny else [])
         done = subprocess.run(cmd, env=os.environ.copy())
         rows += json.loads(part.read_text()) if done.returncode == 0 else [{"variant": name, "error": done.returncode}]
-    args.out.write_text(json.dumps({"shape": TINY if args.tiny else SHAPE, "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"shape": TINY if args.tiny else args.dims, "rows": rows}, indent=1))
     by = {(r["variant"].split("[")[0], r["tokens"]): r for r in rows if "us" in r}
     print("| tokens | floor µs | " + " | ".join(f"{n} µs" for n in names) + " | op / shift | rel_l2 (op) |")
     print("|---|---|" + "---|" * len(names) + "---|---|")

@@ -1,6 +1,7 @@
 """Host µs of one `ops.fused_moe_mxfp4` call with the scales as plain codes against prepared scales
-(`prepare_mxfp4_scales`: codes and their TMA records), the GPU parked so launches only queue (issue 16). The prepared
-path settles each stage's scale form from the op's choice; this says what that costs a call.
+(`prepare_mxfp4_scales`: codes and their TMA records), and with the weights prepared too (`prepare_mxfp4_weights`),
+the GPU parked so launches only queue (issue 16). The prepared path settles each stage's scale form from the op's
+choice; this says what that costs a call.
 
     PYTHONPATH=src python benchmarks/profile_mxfp4_host.py [--json F]                 # GPU
 """
@@ -50,20 +51,23 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in (int(t) for t in args.tokens.split(",")):
             call, s1, s2 = inputs(tokens, *dims)
             p1, p2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+            hidden, w1, w2, weights, ids = call
+            pw = (hidden, ops.prepare_mxfp4_weights(w1), ops.prepare_mxfp4_weights(w2), weights, ids)
             forms = {"codes": lambda call=call, s1=s1, s2=s2: ops.fused_moe_mxfp4(*call, s1, s2),
-                     "prepared": lambda call=call, p1=p1, p2=p2: ops.fused_moe_mxfp4(*call, p1, p2)}
+                     "prepared": lambda call=call, p1=p1, p2=p2: ops.fused_moe_mxfp4(*call, p1, p2),
+                     "weights": lambda pw=pw, p1=p1, p2=p2: ops.fused_moe_mxfp4(*pw, p1, p2)}
             for r in range(args.rounds):
                 for form, fn in forms.items():
                     rows.append({"shape": shape, "tokens": tokens, "scales": form, "round": r, "host_us": host_us(fn)})
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
-    print("| shape | tokens | codes µs | prepared µs |")
-    print("|---|---|---|---|")
+    print("| shape | tokens | codes µs | prepared scales µs | prepared weights and scales µs |")
+    print("|---|---|---|---|---|")
     for shape in SHAPES:
         for tokens in sorted({r["tokens"] for r in rows}):
             med = {f: statistics.median(r["host_us"] for r in rows if (r["shape"], r["tokens"], r["scales"])
-                                        == (shape, tokens, f)) for f in ("codes", "prepared")}
-            print(f"| {shape} | {tokens} | {med['codes']:.1f} | {med['prepared']:.1f} |")
+                                        == (shape, tokens, f)) for f in ("codes", "prepared", "weights")}
+            print(f"| {shape} | {tokens} | {med['codes']:.1f} | {med['prepared']:.1f} | {med['weights']:.1f} |")
     return 0
 
 

@@ -106,7 +106,8 @@ STAGE_RULES = [
      stage_config(BLOCK_SIZE_M=2, GROUP_SIZE_M=1)),  # 4 pairs per expert: 4
     ("multiply-add product > 128 registers per thread", FEW, DEV,
      stage_config(BLOCK_SIZE_M=4, BLOCK_SIZE_N=128, GROUP_SIZE_M=1)),  # 4 x 128 x 64 over 128 threads: 256
-    ("8 warps on a tile under 128x64", BIG, DEV, stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
+    ("8 warps on a tile under 128x64 (not the swapped MXFP4 GEMM)", BIG, DEV,
+     stage_config(BLOCK_SIZE_M=32, num_warps=8)),  # 2*32*64 < 128*64
     ("BLOCK_SIZE_M above 2x the pairs per expert", FEW, DEV,
      stage_config(BLOCK_SIZE_M=32, GROUP_SIZE_M=1)),  # 4 pairs per expert: BLOCK_SIZE_M up to 16
     ("BLOCK_SIZE_M under a quarter of the pairs per expert (cap 64)", BIG, DEV,

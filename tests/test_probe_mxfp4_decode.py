@@ -69,3 +69,21 @@ def test_records_variant_reads_the_codes_through_tma_and_matches_the_op(tmp_path
         rows[variant] = json.loads(out.read_text())["rows"][0]
     assert "ST1" in rows["records"]["configs"][0] and "ST1" not in rows["op"]["configs"][0]
     assert rows["records"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["op"]["rel_l2"] < 1e-2
+
+
+def test_swizzle_variant_reads_re_encoded_weights_and_matches_the_op_and_set_takes_one_stage(tmp_path):
+    """The swizzle variant hands the stages `prepare_mxfp4_weights` results (the interpreter undoes the encoding per
+    tile) and gives the op's result; `--set 2:FIELD=V` reaches stage 2's config alone."""
+    rows = {}
+    for variant, fields in (("op", "BLOCK_SIZE_K=128"), ("swizzle", "BLOCK_SIZE_K=128,2:num_stages=3")):
+        out = tmp_path / f"{variant}.json"
+        assert _probe().main(["--tiny", "--variants", variant, "--tokens", "5", "--iters", "1", "--set", fields,
+                              "--out", str(out)]) == 0
+        rows[variant] = json.loads(out.read_text())["rows"][0]
+    assert rows["swizzle"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["op"]["rel_l2"] < 1e-2
+    assert "_S3_" in rows["swizzle"]["configs"][1]
+    probe = _probe()
+    assert probe.stage_fields(probe.parse_set("num_warps=4,1:KSPLIT=2"), 2) == {"num_warps": 4}
+    with pytest.raises(SystemExit, match=r"want \[1:\|2:\]FIELD=INT"):
+        probe.parse_set("3:KSPLIT=2")
+    assert probe.parse_dims("2048,768,128,8") == (2048, 768, 128, 8)

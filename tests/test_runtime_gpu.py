@@ -134,6 +134,17 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
         cases.append((f"fused_moe op (selected kernels) MXFP4 prepared scales E32 top4 {tokens} tok",
                       lambda tokens=tokens: prepared(tokens), True))
 
+    def prepared_weights(tokens: int):  # and the weights re-encoded (prepare_mxfp4_weights): the swapped decode's PTX
+        from tritune.ops import prepare_mxfp4_scales, prepare_mxfp4_weights
+
+        x = moe_inputs(tokens, 1024, 512, 32, 4, "per_1x32")
+        x["w1_scale"], x["w2_scale"] = prepare_mxfp4_scales(x["w1_scale"]), prepare_mxfp4_scales(x["w2_scale"])
+        x["w1"], x["w2"] = prepare_mxfp4_weights(x["w1"]), prepare_mxfp4_weights(x["w2"])
+        return moe_call(x)
+    for tokens in (16, 1024):
+        cases.append((f"fused_moe op (selected kernels) MXFP4 prepared weights E32 top4 {tokens} tok",
+                      lambda tokens=tokens: prepared_weights(tokens), True))
+
     def grouped(kind: str):
         from tritune.kernels.grouped_gemm import group_by_expert
         from tritune.ops.grouped_gemm import grouped_gemm, run_dw, run_dx, run_forward, select_configs

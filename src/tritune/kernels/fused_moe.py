@@ -56,6 +56,7 @@ from tritune.kernels.mxfp4_records import (
     scale_records,
     split_scales,
 )
+from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, split_weights
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
@@ -100,7 +101,7 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                a_scale_ptr, stride_asm, w_scale_ptr, stride_wsn, GATED: tl.constexpr, QUANT: tl.constexpr,
                EVEN_K: tl.constexpr, acc_g, acc_u, w_desc, tma_row, USE_TMA: tl.constexpr,
                A_QUANT_ON_LOAD: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-               SWAP_AB: tl.constexpr = False, SCALE_TMA: tl.constexpr = False):
+               SWAP_AB: tl.constexpr = False, SCALE_TMA: tl.constexpr = False, W_SWIZZLED: tl.constexpr = False):
     """One K step of the (gate, up) accumulators; w rows `offs_n` (gate) and `offs_n + N` (up).
 
     SWAP_AB: the accumulators are transposed, [BLOCK_N, BLOCK_M] = w · aᵀ, so a wgmma's 64 rows come from the
@@ -120,18 +121,20 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     SCALE_TMA (swapped MXFP4 through TMA): w_scale_ptr is the TMA descriptor of the scale records
     (kernels/mxfp4_records.py) and stride_wsn this tile's gate record at K step 0; records of one K step are
     ⌈N_W/64⌉ apart, and the up rows' records N/64 after the gate's (N a multiple of 64).
+    W_SWIZZLED (swapped MXFP4 only): the packed bytes are re-encoded (kernels/mxfp4_swizzle.py).
     """
     if (QUANT == 3 or QUANT == 4) and SWAP_AB:
         a_t = tl.trans(a)
         per_step = tl.cdiv(2 * N if GATED else N, 64)
         acc_g = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, w_desc, tma_row,
-                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step)
+                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step, W_SWIZZLED)
         if GATED:
             up_scales = stride_wsn  # pointer rows: the row stride; records: the up rows' first record
             if SCALE_TMA:
                 up_scales = stride_wsn + N // 64
             acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, up_scales, K, acc_u, w_desc,
-                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step)
+                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step,
+                                    W_SWIZZLED)
     elif QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
@@ -210,7 +213,7 @@ def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, a
 @triton.jit
 def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, w_desc, tma_row,
                     USE_TMA: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                    SCALE_TMA: tl.constexpr = False, records_per_step=0):
+                    SCALE_TMA: tl.constexpr = False, records_per_step=0, SWIZZLED: tl.constexpr = False):
     """acc [BLOCK_N, BLOCK_M] plus this K step's w · a_t (a_t = aᵀ, [BLOCK_K, BLOCK_M]) for MXFP4 rows `rows`: the
     tile decoded by packed PTX in the K32 order (`mxfp4_tile_k32`; A's columns must be in that order too) and fed
     as the dot's left operand.
@@ -226,10 +229,10 @@ def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K,
                                (BLOCK_SIZE_N, BLOCK_SIZE_K // 32))
         else:  # by pointers
             codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
-        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype)
+        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, SWIZZLED)
     else:
         w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                           a_t.dtype)
+                           a_t.dtype, SWIZZLED)
     return tl.dot(w, a_t, acc)
 
 
@@ -320,7 +323,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
                 EVEN_K: tl.constexpr, USE_TMA: tl.constexpr,
                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                 A_QUANT_ON_LOAD: tl.constexpr = False, A_TMA: tl.constexpr = False, SWAP_AB: tl.constexpr = False,
-                WARP_SPEC: tl.constexpr = False, SCALE_TMA: tl.constexpr = False):
+                WARP_SPEC: tl.constexpr = False, SCALE_TMA: tl.constexpr = False, W_SWIZZLED: tl.constexpr = False):
     """The (gate, up) accumulators of rows `a_rows` over K in [k_start, k_end), per-token scales applied.
 
     A_QUANT_ON_LOAD: A is unquantized and `a_scale_ptr` holds its amax per row (per_token) or per 1×128 group
@@ -356,7 +359,7 @@ def _gated_tile(a_ptr, a_rows, stride_am, k_start, k_end, K, N, w_base, offs_n, 
             acc_g, acc_u = _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
                                       a_scale_ptr, stride_asm, ws_base, stride_wsn, GATED, QUANT, EVEN_K, acc_g,
                                       acc_u, w_desc, tma_row, USE_TMA, A_QUANT_ON_LOAD, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                                      SWAP_AB, SCALE_TMA)
+                                      SWAP_AB, SCALE_TMA, W_SWIZZLED)
         a_ptrs += BLOCK_SIZE_K
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
@@ -411,6 +414,7 @@ def _moe_gemm_kernel(
     OUT_K32: tl.constexpr = False,  # stage 1: output columns in the K32 order (stage 2's swapped MXFP4 reads them so)
     SCALE_TMA: tl.constexpr = False,  # swapped MXFP4: w_scale_ptr is the scale records' TMA descriptor, stride_wse
     # the records an expert, stride_wsn unused (kernels/mxfp4_records.py)
+    W_SWIZZLED: tl.constexpr = False,  # swapped MXFP4: the packed bytes re-encoded (kernels/mxfp4_swizzle.py)
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -444,7 +448,7 @@ def _moe_gemm_kernel(
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
                                tma_row, a_desc, (pid_m * BLOCK_SIZE_M).to(tl.int32), GATED, QUANT, EVEN_K, USE_TMA,
                                BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, A_QUANT_ON_LOAD, A_SORTED == 2, SWAP_AB,
-                               WARP_SPEC, SCALE_TMA)
+                               WARP_SPEC, SCALE_TMA, W_SWIZZLED)
     n_ok = (offs_n_out < N)[None, :]
     mask = row_ok[:, None] & n_ok
     if OUT_K32:  # stage 2 reads the intermediate in the K32 order (N a multiple of 32: the order stays within N)
@@ -563,6 +567,9 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         raise ValueError(f"{', '.join(PLAN_FIELDS)} shape the whole 2-stage call (one stage's output is the other's "
                          "input): run them through fused_moe_2stage or tritune.ops.fused_moe, not a stage alone")
     w_scale, records = split_scales(w_scale)
+    w, swizzled = split_weights(w)
+    if swizzled:
+        check_swizzled(cfg, quant, "stage1" if gated or act != _ACT_ID["none"] else "stage2")
     if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
@@ -593,7 +600,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         A_ROW_DIV=a_row_div, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, QUANT=quant_id(quant),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
-        SWAP_AB=bool(cfg.SWAP_AB), SCALE_TMA=bool(cfg.SCALE_TMA), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWAP_AB=bool(cfg.SWAP_AB), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=swizzled, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if cfg.KSPLIT == 1 or act == _ACT_ID["none"]:
         return target
     block = min(triton.next_power_of_2(n), 1024)
@@ -601,6 +609,14 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
         target, out, weights, sorting.sorted_token_ids, n, numel, target.stride(0), target.stride(1),
         KSPLIT=cfg.KSPLIT, GATED=gated, ACT=act, MUL_WEIGHT=mul_weight, BLOCK=block, SORTED=False, num_warps=4)
     return out
+
+
+def check_swizzled(cfg: MoeConfig, quant: str, kernel: str) -> None:
+    """What re-encoded MXFP4 weights (kernels/mxfp4_swizzle.py) need: the swapped GEMM, the only one that decodes
+    them. (Their 16-row groups always line up: the rows per expert, 2I or D, are multiples of 32 for MXFP4.)"""
+    if not k32_input(cfg, quant):
+        raise ValueError(f"{cfg.name(kernel, quant)}: re-encoded MXFP4 weights (prepare_mxfp4_weights) are read only "
+                         f"by the swapped GEMM ({MXFP4} with SWAP_AB); pass the standard packed bytes for this config")
 
 
 def check_scale_records(cfg: MoeConfig, n: int, gated: bool) -> None:
@@ -641,14 +657,14 @@ def _check_sorting(sorting: MoeSorting, config: MoeConfig, numel: int) -> None:
         raise ValueError(f"the sort covers {sorting.numel} pairs, the routing has {numel}")
 
 
-def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor, topk_weights: torch.Tensor, sorting: MoeSorting,
+def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, topk_weights: torch.Tensor, sorting: MoeSorting,
                config: MoeConfig, *, inter_dim: int, activation: str = "silu", quant: str = "none",
                w1_scale: torch.Tensor | None = None, doweight_stage1: bool = False,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """act(hidden·w1_gateᵀ) ⊙ (hidden·w1_upᵀ) per routed pair, quantizing hidden first for fp8.
 
-    hidden [T, D] bf16/fp16; w1 [E, 2I or I, D]; topk_weights fp32 [T, topk]
-    -> intermediate [T·topk, I] in hidden's dtype.
+    hidden [T, D] bf16/fp16; w1 [E, 2I or I, D] (MXFP4: packed, or `prepare_mxfp4_weights`' re-encoding for a
+    swapped config); topk_weights fp32 [T, topk] -> intermediate [T·topk, I] in hidden's dtype.
     """
     _check_sorting(sorting, config, topk_weights.numel())
     tokens, model_dim = hidden.shape
@@ -662,7 +678,7 @@ def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor, topk_weights: torch.Tenso
                         act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, config=config)
 
 
-def moe_stage2(inter: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, sorting: MoeSorting,
+def moe_stage2(inter: torch.Tensor, w2: torch.Tensor | Mxfp4Weights, topk_weights: torch.Tensor, sorting: MoeSorting,
                config: MoeConfig, *, quant: str = "none", w2_scale: torch.Tensor | None = None,
                doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_slot weight · (inter·w2ᵀ) per token, quantizing the intermediate first for fp8.
@@ -754,10 +770,11 @@ def stage_scales(scale: torch.Tensor | Mxfp4Scales | None, scale_tma: int) -> to
     return scale_records(codes) if records is None else records
 
 
-def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, stage1: MoeConfig, stage2: MoeConfig, *, activation: str = "silu",
-                     quant: str = "none", w1_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-                     doweight_stage1: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+def fused_moe_2stage(hidden: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
+                     topk_weights: torch.Tensor, topk_ids: torch.Tensor, stage1: MoeConfig, stage2: MoeConfig, *,
+                     activation: str = "silu", quant: str = "none", w1_scale: torch.Tensor | None = None,
+                     w2_scale: torch.Tensor | None = None, doweight_stage1: bool = False,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """The whole MoE as sort → (quantize) → stage 1 → (quantize) → stage 2 → top-k sum; no host sync.
 
     hidden [T, D] bf16/fp16, w1 [E, 2I or I, D], w2 [E, D, I], topk_weights fp32 [T, topk], topk_ids int [T, topk]

@@ -23,6 +23,7 @@ from tritune.kernels.fused_moe import (
     MoeConfig,
     _moe_gemm_kernel,
     check_config,
+    k32_input,
     quant_id,
     scale_records_box,
 )
@@ -48,6 +49,7 @@ class MoeDims:
     quant: str = "none"
     activation: str = "silu"
     doweight_stage1: bool = False
+    swizzled: bool = False  # MXFP4 weights re-encoded (kernels/mxfp4_swizzle.py): the swapped GEMM reads them so
 
     @property
     def numel(self) -> int:
@@ -134,8 +136,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
-        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, grid=(1,))
+        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=dims.swizzled and k32_input(cfg, q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
 
 
 def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:

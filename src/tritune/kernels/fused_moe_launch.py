@@ -32,6 +32,7 @@ from tritune.kernels.fused_moe import (
     check_config,
     check_plan,
     check_scale_records,
+    check_swizzled,
     k32_input,
     quant_id,
     scale_records_box,
@@ -46,6 +47,7 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
 from tritune.kernels.mxfp4 import K32_BLOCK, _k32_permute_kernel, k32_grid
 from tritune.kernels.mxfp4_records import RECORD_BYTES
+from tritune.kernels.mxfp4_swizzle import split_weights
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -137,6 +139,8 @@ class MoeLaunch:
                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, *,
                  stage1: MoeConfig, stage2: MoeConfig | None, activation: str = "silu", quant: str = "none",
                  doweight_stage1: bool = False) -> None:
+        (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
+        self.swizzled = (swizzled1, swizzled2)  # re-encoded MXFP4 bytes (kernels/mxfp4_swizzle.py), per stage
         experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
                                                   w1_scale, w2_scale)
         self.one_stage = stage2 is None
@@ -144,6 +148,9 @@ class MoeLaunch:
             check_config(stage1, "1stage", quant)
             if any(s is not None and s.dim() == 4 for s in (w1_scale, w2_scale)):
                 raise ValueError("the 1-stage kernel reads the MXFP4 scales as codes [E, N, K/32], not as records")
+            if swizzled1 or swizzled2:
+                raise ValueError("the 1-stage kernel reads the standard packed MXFP4 bytes, not re-encoded ones "
+                                 "(prepare_mxfp4_weights): only the swapped stage GEMMs decode those")
         else:
             check_plan(stage1, stage2, quant)
         tokens, topk = topk_ids.shape
@@ -262,8 +269,10 @@ class MoeLaunch:
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
               out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None,
-              out_k32: bool = False) -> None:
+              out_k32: bool = False, swizzled: bool = False) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
+        if swizzled:
+            check_swizzled(cfg, quant, kernel)
         num_pid_m = self.align.gemm_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
@@ -294,7 +303,7 @@ class MoeLaunch:
             stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, quant_id(quant), cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk, bool(cfg.SWAP_AB),
-            bool(cfg.WARP_SPEC), out_k32, bool(cfg.SCALE_TMA))]
+            bool(cfg.WARP_SPEC), out_k32, bool(cfg.SCALE_TMA), swizzled)]
         tiles = num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N)
         if cfg.PERSISTENT:  # same arguments; one program a SM walks the tiles (fused_moe_persistent)
             if quant_on_load:
@@ -359,7 +368,8 @@ class MoeLaunch:
                    stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
                    act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
                    scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter),
-                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows, out_k32=k32_input(cfg2, quant))
+                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows, out_k32=k32_input(cfg2, quant),
+                   swizzled=self.swizzled[0])
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
@@ -389,7 +399,7 @@ class MoeLaunch:
                    numel=numel, cfg=cfg2, stride_om=model_dim, stride_ok=numel * model_dim if split2 else 0,
                    a_row_div=1, gated=False, act=_ACT_ID["none"], mul_weight=not doweight_stage1, quant=quant,
                    example=example, pieces=pieces, scale_strides=self._w_strides[1], a_sorted=self.sorted_inter,
-                   atomic_topk=topk if self.topk_atomic else 0)
+                   atomic_topk=topk if self.topk_atomic else 0, swizzled=self.swizzled[1])
         if self.topk_atomic:
             n = tokens * model_dim
             self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [target2, ("t", "out"), ("v", n), ("v", 1024)],
@@ -443,7 +453,7 @@ class MoeLaunch:
             head = addresses
         else:
             ids = topk_ids if self.ids_contiguous else topk_ids.contiguous()
-            head = (hidden, w1, w2, topk_weights, w1_scale, w2_scale, out, ids)
+            head = (hidden, split_weights(w1)[0], split_weights(w2)[0], topk_weights, w1_scale, w2_scale, out, ids)
         flat = self.flat_arguments(head, p)
         for launch, getter in self.steps:
             launch(*getter(flat))

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.mxfp4_swizzle import PAIR_MASK, ROTATIONS, SPREAD_BITS, SPREAD_FACTOR, unswizzle_tile
 from tritune.knobs import interpreting, mxfp4_decode
 
 BLOCK = 32  # elements along K per e8m0 scale (mxfp4_format.BLOCK)
@@ -122,6 +123,33 @@ _E2M1_PAIRS_BF16_FOLDED_PTX = (_E2M1_PAIRS_BF16_PTX.replace("mov.b32 bias, 0x7E8
                                .replace("fma.rn.bf16x2 $0, $0, bias, negz;\n", "")
                                .replace("fma.rn.bf16x2 $1, $1, bias, negz;\n", ""))
 
+# The folded decode of re-encoded bytes (kernels/mxfp4_swizzle.py): each register is the group's word masked, after a
+# rotate or the one spreading multiply, so 12 instructions build 8 weights instead of 18. Low: (L0, L1), (L2, L3);
+# high: (H0, H1), (H2, H3).
+_LOW_SWIZZLED_PTX = tl.constexpr(f"""
+{{
+.reg .b32 r, negz;
+mov.b32 negz, 0x80008000;
+and.b32 $0, $2, {PAIR_MASK:#x};
+shf.r.wrap.b32 r, $2, $2, {ROTATIONS[1]};
+and.b32 $1, r, {PAIR_MASK:#x};
+fma.rn.bf16x2 $0, $0, $3, negz;
+fma.rn.bf16x2 $1, $1, $4, negz;
+}}
+""")
+_HIGH_SWIZZLED_PTX = tl.constexpr(f"""
+{{
+.reg .b32 r, negz;
+mov.b32 negz, 0x80008000;
+shf.r.wrap.b32 r, $2, $2, {ROTATIONS[2]};
+and.b32 $0, r, {PAIR_MASK:#x};
+and.b32 r, $2, {SPREAD_BITS:#x};
+mul.lo.u32 r, r, {SPREAD_FACTOR:#x};
+and.b32 $1, r, {PAIR_MASK:#x};
+fma.rn.bf16x2 $0, $0, $3, negz;
+fma.rn.bf16x2 $1, $1, $4, negz;
+}}
+""")
 
 def bf16_field_factor(high: bool) -> int:
     """The multiplier that copies a masked nibble (low or `high`) of a half-word to bits 6-9 and 12-15."""
@@ -291,25 +319,33 @@ def k32_permute_triton(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def mxfp4_tile_k32(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def mxfp4_tile_k32(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr, SWIZZLED: tl.constexpr = False):
     """`mxfp4_tile` (bf16 or fp16) with its columns in the K32 order: column c of the tile is K index k0 + the K32
     order's index at c, from the standard packed bytes (`mxfp4_decode_k32`); operand conventions as `mxfp4_tile`."""
     packed, codes = mxfp4_raw(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
-    return mxfp4_decode_k32(packed, codes, BLOCK_N, BLOCK_K, OUT_DTYPE)
+    return mxfp4_decode_k32(packed, codes, BLOCK_N, BLOCK_K, OUT_DTYPE, SWIZZLED)
 
 
 @triton.jit
-def mxfp4_decode_k32(packed, codes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def mxfp4_decode_k32(packed, codes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                     SWIZZLED: tl.constexpr = False):
     """The packed bytes [BLOCK_N, BLOCK_K // 2] and their scale codes [BLOCK_N, BLOCK_K // 32] (uint8) decoded into
     the K32 order's tile [BLOCK_N, BLOCK_K] of OUT_DTYPE (bf16 or fp16): by packed PTX on a GPU, by Triton's integer
     decode in the interpreter. The tile is the weights times 1 / k32_unscale(OUT_DTYPE) (2**-64 for bf16 on a GPU:
-    K32_FOLD)."""
+    K32_FOLD). SWIZZLED: `packed` holds re-encoded bytes (kernels/mxfp4_swizzle.py); the bf16 PTX reads them as they
+    are, every other path restores the standard bytes first."""
+    if SWIZZLED and not (PTX_OK and OUT_DTYPE == tl.bfloat16):
+        packed = unswizzle_tile(packed, BLOCK_N, BLOCK_K // 2)
     if PTX_OK:
         if OUT_DTYPE == tl.bfloat16:  # folded: the tile is the values times 2**-64 (K32_FOLD, `k32_unscale`)
             s16 = _byte_scales(e8m0_to_bf16_folded(codes), BLOCK_N, BLOCK_K)
-            lo = _e2m1_pairs(packed, s16, _LOW_FOLDED_PTX)
-            hi = _e2m1_pairs(packed, s16, _HIGH_FOLDED_PTX)
+            if SWIZZLED:
+                lo = _e2m1_pairs(packed, s16, _LOW_SWIZZLED_PTX)
+                hi = _e2m1_pairs(packed, s16, _HIGH_SWIZZLED_PTX)
+            else:
+                lo = _e2m1_pairs(packed, s16, _LOW_FOLDED_PTX)
+                hi = _e2m1_pairs(packed, s16, _HIGH_FOLDED_PTX)
         else:
             s16 = _byte_scales(e8m0_to_fp32(codes).to(OUT_DTYPE), BLOCK_N, BLOCK_K)
             lo = _e2m1_pairs(packed, s16, _LOW_NIBBLES_F16_PTX)

@@ -30,6 +30,7 @@ from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
 from tritune.kernels.mxfp4_records import Mxfp4Scales, split_scales
+from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, split_weights
 from tritune.ops.heuristics import moe_heuristic
 from tritune.ops.offgrid import MoeRow, choose_moe_offgrid
 from tritune.ops.online import MoeRequest, maybe_tune
@@ -220,9 +221,21 @@ def _signature(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-          topk_ids: torch.Tensor, w1_scale, w2_scale, activation: str, quant: str, doweight_stage1: bool,
-          choice: MoeChoice | None) -> MoeLaunch:
+def _rule_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                 activation: str, quant: str, doweight_stage1: bool, *, scale_records: bool) -> MoeChoice:
+    """The rule table's choice for this call (`scale_records` False: its tiles for MXFP4 scales given as codes)."""
+    shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
+    cu_num, max_shared, _ = _device_facts(_index(hidden_states.device))
+    return heuristic_moe_choice(shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, quant,
+                                sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
+                                scale_records=scale_records)
+
+
+def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
+          topk_weights: torch.Tensor, topk_ids: torch.Tensor, w1_scale, w2_scale, activation: str, quant: str,
+          doweight_stage1: bool, choice: MoeChoice | None) -> MoeLaunch:
+    launch_w1, launch_w2 = w1, w2  # MoeLaunch takes re-encoded weights as they came; the rest reads their bytes
+    (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     for name, t in (("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
                     ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
         if t is not None and t.device != hidden_states.device:
@@ -231,19 +244,16 @@ def _plan(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_
     if choice is None:
         choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
                                   doweight_stage1=doweight_stage1)
-    def codes_rule() -> MoeChoice:
-        shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
-        cu_num, max_shared, _ = _device_facts(_index(hidden_states.device))
-        return heuristic_moe_choice(shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, quant,
-                                    sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
-                                    scale_records=False)
-
-    choice = _scale_tma_as_given(choice, w1_scale, w2_scale, codes_rule)
+        choice = _swizzle_as_given(choice, quant, (swizzled1, swizzled2), lambda: _rule_choice(
+            hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=False))
+    choice = _scale_tma_as_given(choice, w1_scale, w2_scale, lambda: _rule_choice(
+        hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=False))
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     stage2 = None if choice.run_1stage else choice.stage2
     with torch.cuda.device(hidden_states.device) if hidden_states.is_cuda else contextlib.nullcontext():
-        return MoeLaunch(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=choice.stage1,
+        return MoeLaunch(hidden_states, launch_w1, launch_w2, topk_weights, topk_ids, w1_scale, w2_scale,
+                         stage1=choice.stage1,
                          stage2=stage2, activation=activation, quant=quant, doweight_stage1=doweight_stage1)
 
 
@@ -253,8 +263,8 @@ _SCALE_FORMS: dict[tuple, tuple] = {}
 
 
 def _scale_forms(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, w1_scale,
-                 w2_scale, activation: str, quant: str, doweight_stage1: bool,
-                 choice: MoeChoice | None) -> tuple[torch.Tensor, torch.Tensor, MoeChoice]:
+                 w2_scale, activation: str, quant: str, doweight_stage1: bool, choice: MoeChoice | None,
+                 swizzled: tuple[bool, bool] = (False, False)) -> tuple[torch.Tensor, torch.Tensor, MoeChoice]:
     """(stage 1's scale tensor, stage 2's, the choice) for a call with `Mxfp4Scales`: the records where the choice's
     stage runs SCALE_TMA, else the codes. The choice is settled first; the answer is cached (no choice lookup or
     shape check per call: 20 µs a call on the H100 before the cache). Only when both are prepared: one prepared and
@@ -262,12 +272,14 @@ def _scale_forms(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
     if not (isinstance(w1_scale, Mxfp4Scales) and isinstance(w2_scale, Mxfp4Scales)):
         return split_scales(w1_scale)[0], split_scales(w2_scale)[0], choice
     key = (id(w1_scale), id(w2_scale), hidden_states.shape, hidden_states.dtype, hidden_states.device, quant,
-           activation, doweight_stage1, choice)
+           activation, doweight_stage1, choice, swizzled)
     hit = _SCALE_FORMS.get(key)
     if hit is None or hit[0]() is not w1_scale or hit[1]() is not w2_scale:
         if choice is None:
             choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
                                       doweight_stage1=doweight_stage1)
+            choice = _swizzle_as_given(choice, quant, swizzled, lambda: _rule_choice(
+                hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=True))
         two = not choice.run_1stage
         if len(_SCALE_FORMS) >= _PLANS_MAX:
             _SCALE_FORMS.clear()
@@ -279,6 +291,24 @@ def _scale_forms(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 
 def _weak(obj):
     return (lambda: None) if obj is None else weakref.ref(obj)
+
+
+def _swizzle_as_given(choice: MoeChoice, quant: str, swizzled: tuple[bool, bool], swapped_rule) -> MoeChoice:
+    """`choice` for a call with re-encoded MXFP4 weights (`prepare_mxfp4_weights`), which only the swapped stage
+    GEMMs decode: a looked-up choice that runs anything else gives way to the rule table's (`swapped_rule()`, always
+    swapped for bf16/fp16 activations), with one warning a plan. A forced choice is never rewritten (MoeLaunch
+    refuses what it cannot run, as it does any re-encoded weights with fp8 activations)."""
+    if not any(swizzled) or quant != fm.MXFP4:
+        return choice
+    stages = () if choice.run_1stage else (choice.stage1, choice.stage2)
+    if stages and all(fm.k32_input(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
+        return choice
+    fallback = swapped_rule()
+    warnings.warn(f"tritune: {choice.source} does not run the swapped MXFP4 GEMM that re-encoded weights need: running "
+                  "the rule table's tiles instead; pass the standard packed bytes to run it, or tune with prepared "
+                  "weights", stacklevel=4)
+    return MoeChoice(fallback.run_1stage, fallback.stage1, fallback.stage2,
+                     f"heuristic (re-encoded weights; {choice.source} not swapped)")
 
 
 def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> MoeChoice:
@@ -303,8 +333,8 @@ def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> Mo
     return MoeChoice(False, s1, s2, choice.source + " (SCALE_TMA off: the scales came as codes)")
 
 
-def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, *, activation: str = "silu", quant: str = "none",
+def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, activation: str = "silu", quant: str = "none",
               w1_scale: torch.Tensor | Mxfp4Scales | None = None, w2_scale: torch.Tensor | Mxfp4Scales | None = None,
               doweight_stage1: bool = False, out: torch.Tensor | None = None,
               choice: MoeChoice | None = None) -> torch.Tensor:
@@ -316,14 +346,17 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     scales of `kernels.fused_moe.quantize_weights`; the activations are quantized inside. `choice` forces the
     kernels (the tuner times candidates through it). Shape and dtype errors are one-line ValueErrors. MXFP4 scales
     may come as `prepare_mxfp4_scales` results (codes and their TMA records, made once per weight): the swapped
-    stages then read the codes through TMA (SCALE_TMA); as plain codes they read them by pointers.
+    stages then read the codes through TMA (SCALE_TMA); as plain codes they read them by pointers. MXFP4 weights
+    may come re-encoded (`prepare_mxfp4_weights`, once per weight): the swapped bf16 GEMM's decode is cheaper.
 
     The first call of a call signature picks the kernels and binds their launches; later calls only launch
     (4-6 launches and 2 allocations for bf16; no host synchronisation, so the call can be captured in a CUDA graph).
     """
+    weights = w1, w2  # as given: MoeLaunch takes re-encoded ones (Mxfp4Weights) whole
+    (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     if isinstance(w1_scale, Mxfp4Scales) or isinstance(w2_scale, Mxfp4Scales):
         w1_scale, w2_scale, choice = _scale_forms(hidden_states, w1, w2, topk_ids, w1_scale, w2_scale, activation,
-                                                  quant, doweight_stage1, choice)
+                                                  quant, doweight_stage1, choice, (swizzled1, swizzled2))
     tokens = hidden_states.shape[0]
     if out is None:
         out = torch.empty(tokens, w2.shape[1], device=hidden_states.device, dtype=hidden_states.dtype)
@@ -347,12 +380,13 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     key = (device, hidden_states.shape, hidden_states.stride(), hidden_states.dtype, w1.shape, w1.stride(), w1.dtype,
            w1.device, w2.shape, w2.stride(), w2.dtype, w2.device, topk_weights.shape, topk_weights.stride(),
            topk_weights.dtype, topk_weights.device, topk_ids.shape, topk_ids.stride(), topk_ids.dtype,
-           topk_ids.device, sig1, sig2, activation, quant, doweight_stage1, aligned, out_key, choice)
+           topk_ids.device, sig1, sig2, activation, quant, doweight_stage1, aligned, out_key, choice, swizzled1,
+           swizzled2)
     if quant == fm.MXFP4 and hidden_states.dtype == torch.bfloat16 and sig1 is not None and sig2 is not None:
         _check_mxfp4_scale_range(w1_scale, w2_scale, ((a4, sig1), (a5, sig2)))
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _plan(hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, activation,
+        plan = _PLANS[key] = _plan(hidden_states, *weights, topk_weights, topk_ids, w1_scale, w2_scale, activation,
                                    quant, doweight_stage1, choice)
     args = (hidden_states, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out,
             addresses if device.type == "cuda" else None)
@@ -371,9 +405,9 @@ def fused_moe_a8w8(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
                      w1_scale=w1_scale, w2_scale=w2_scale, doweight_stage1=doweight_stage1)
 
 
-def fused_moe_mxfp4(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, w1_scale: torch.Tensor | Mxfp4Scales, w2_scale: torch.Tensor | Mxfp4Scales,
-                    *, activation: str = "silu", doweight_stage1: bool = False,
+def fused_moe_mxfp4(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
+                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, w1_scale: torch.Tensor | Mxfp4Scales,
+                    w2_scale: torch.Tensor | Mxfp4Scales, *, activation: str = "silu", doweight_stage1: bool = False,
                     act_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`fused_moe` with MXFP4 weights (w1 uint8 [E, 2I or I, D/2] and w2 [E, D, I/2], two e2m1 values per byte,
     element 2j in the low nibble; w1_scale uint8 e8m0 [E, 2I or I, D/32], w2_scale [E, D, I/32];
@@ -382,7 +416,10 @@ def fused_moe_mxfp4(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Ten
     activations and the intermediate are quantized to fp8 per token and the MXFP4 weights multiply them through
     tl.dot_scaled (quant "per_1x32_a8"). Hopper has no fp4 MMA: the weights are upcast in the kernel either way.
     Scales prepared once per weight (`tritune.ops.prepare_mxfp4_scales(w1_scale)`) let the swapped bf16 GEMM
-    prefetch its codes through TMA (SCALE_TMA; 4-9% off its GEMMs on an H100); plain codes work everywhere."""
+    prefetch its codes through TMA (SCALE_TMA; 4-9% off its GEMMs on an H100); plain codes work everywhere.
+    Weights re-encoded once (`tritune.ops.prepare_mxfp4_weights(w1)`, kernels/mxfp4_swizzle.py) cut that GEMM's
+    decode from 18 to 12 instructions per 8 weights (H100, gpt-oss-120b: 1-8% off the stage pair, most at 1024-4096
+    tokens); only the swapped GEMM reads them, so bf16/fp16 activations only."""
     if act_dtype not in (None, hidden_states.dtype, torch.float8_e4m3fn):
         raise ValueError(f"act_dtype {act_dtype}: expected None, {hidden_states.dtype} or torch.float8_e4m3fn")
     quant = fm.MXFP4_A8 if act_dtype == torch.float8_e4m3fn else fm.MXFP4

@@ -256,16 +256,18 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     expert, 64 x 128-deep tiles on 4 warps, 4 pipeline stages (stage 1 at 64 tokens 438 us, 3 stages 450, the codes
     by pointers 547); past 16 pairs 64-row blocks with 128 x 128 tiles on 8 warps, BLOCK_K 128, stage 2 on 4 stages
     (1024 tokens, 32 pairs an expert: stage 1 718 us against 745 on the 32-row block; 4096: 1670 against 1822 on
-    64-wide tiles). Without TMA: BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled:
-    255 registers on the gated stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider
-    on 4 warps raced, check_config); BLOCK_K 128 on blocks of up to 32 rows, 64 on 64-row ones, where stage 2 takes
-    128 x 128 tiles on 8 warps. Split along K when the routed experts' N tiles give under 2 programs an SM, in 4 where
-    each split keeps 4 K steps, else 2 (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair
-    split 2, 105 unsplit; at 16 tokens, 2880 programs, splitting lost; through TMA at one token: 4 splits 48.5 and
-    28.5 us, 2 splits 50.8 and 31.6). `records` False (the caller has the codes only, no records): the TMA rule of
-    before the records, the weights through TMA and the codes by pointers (seventeenth session: past 32 pairs an
-    expert stage 1 kept BLOCK_K 64; with the codes by pointers the 128-wide tiles ran 1780 against 1337 us at 1024
-    tokens)."""
+    64-wide tiles). Stage 2, which reads one weight tile a K step where stage 1 reads two, takes the 128-row tile on
+    8 warps at 16-row blocks too (nineteenth session, the stage pair with re-encoded weights: 308.0 against 329.9 us
+    at 16 tokens, 620.8 against 684.2 at 64; stage 1 gained nothing from it), unless that grid would need splitting.
+    Without TMA: BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on
+    the gated stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider on 4 warps
+    raced, check_config); BLOCK_K 128 on blocks of up to 32 rows, 64 on 64-row ones, where stage 2 takes 128 x 128
+    tiles on 8 warps. Split along K when the routed experts' N tiles give under 2 programs an SM, in 4 where each
+    split keeps 4 K steps, else 2 (H100, gpt-oss-120b at one token, 4 experts x 45 tiles: 74 us the stage pair split
+    2, 105 unsplit; at 16 tokens, 2880 programs, splitting lost; through TMA at one token: 4 splits 48.5 and 28.5
+    us, 2 splits 50.8 and 31.6). `records` False (the caller has the codes only, no records): the TMA rule of before
+    the records, the weights through TMA and the codes by pointers (seventeenth session: past 32 pairs an expert
+    stage 1 kept BLOCK_K 64; with the codes by pointers the 128-wide tiles ran 1780 against 1337 us at 1024 tokens)."""
     mean = _cdiv(pairs, experts)
     tma_codes = tma and records
     bm = (16 if _p2(mean) <= 16 else 64) if tma_codes else min(64, max(16, _p2(mean)))
@@ -273,6 +275,8 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     configs = []
     for stage2, (n, k) in enumerate(((inter_dim, model_dim), (model_dim, inter_dim))):  # stage 1's N: gate and up
         wide = bm == 64 and (tma_codes or bool(stage2))
+        # Stage 2's 16-row blocks take 128-row tiles on 8 warps too where that grid still fills two waves unsplit.
+        wide = wide or (tma_codes and bool(stage2) and blocks * _cdiv(n, 128) >= 2 * sm_count)
         bn, warps = (128, 8) if wide else (64, 4)
         bk = max(32, min(128 if bm <= 32 or wide else 64, _p2(k)))
         split = 1

@@ -22,6 +22,7 @@ from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.kernels.mxfp4_records import RECORD_K, RECORD_ROWS, Mxfp4Scales, scale_records
+from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, swizzle_e2m1
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.heuristics import moe_heuristic
@@ -141,7 +142,7 @@ class MoeProblem:
     def dims(self) -> MoeDims:
         s = self.shape
         return MoeDims(s.token, s.topk, s.expert, s.model_dim, s.inter_dim, s.use_g1u1, DTYPES[s.dtype],
-                          s.quant, s.act_type, s.doweight_stage1)
+                          s.quant, s.act_type, s.doweight_stage1, swizzled=s.quant == fm.MXFP4)
 
 
 def routing(shape: FmoeShape, skew: float, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,9 +226,12 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("multiply-add product > 128 registers per thread",
                    lambda c: c["BLOCK_SIZE_M"] >= 16
                    or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] * c["BLOCK_SIZE_K"] <= 128 * 32 * c["num_warps"]),
-        Constraint("8 warps on a tile under 128x64",
+        # The swapped MXFP4 GEMM's work a K step is its decode, BLOCK_N x BLOCK_K weights whatever the block height:
+        # 128-row tiles on 8 warps beat 64 on 4 in stage 2 at 16-row blocks (nineteenth session), so it is exempt.
+        Constraint("8 warps on a tile under 128x64 (not the swapped MXFP4 GEMM)",
                    lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] < 16
-                   or b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64),
+                   or b_tiles * c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] >= 128 * 64
+                   or (quant == fm.MXFP4 and bool(c["SWAP_AB"]))),
         Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
                    lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
         Constraint("BLOCK_SIZE_M under a quarter of the pairs per expert (cap 64)",
@@ -373,8 +377,10 @@ class FusedMoeTunable:
         weights, ids = routing(s, problem.skew, device)
         inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
                   "topk_weights": weights, "topk_ids": ids}
-        if s.quant == fm.MXFP4:  # the codes' TMA records too, made once as a user's load would (SCALE_TMA)
+        if s.quant == fm.MXFP4:  # the codes' TMA records and the re-encoded bytes too, made once as a user's load
+            # would (SCALE_TMA; the swapped GEMM reads re-encoded weights: `launcher`)
             inputs["w1_scale_records"], inputs["w2_scale_records"] = scale_records(w1_s), scale_records(w2_s)
+            inputs["w1_swizzled"], inputs["w2_swizzled"] = swizzle_e2m1(w1), swizzle_e2m1(w2)
         if problem.kind == "stage2":
             inputs["inter"] = self._stage1_ref(problem, inputs).to(dt)
         return inputs
@@ -410,7 +416,13 @@ class FusedMoeTunable:
             w1_s, w2_s = Mxfp4Scales(w1_s, x["w1_scale_records"]), Mxfp4Scales(w2_s, x["w2_scale_records"])
         kw = {"activation": s.act_type, "quant": s.quant, "w1_scale": w1_s, "w2_scale": w2_s,
               "doweight_stage1": s.doweight_stage1}
-        args = (x["hidden"], x["w1"], x["w2"], x["topk_weights"], x["topk_ids"])
+
+        def weight(name: str, cfg: fm.MoeConfig | None) -> torch.Tensor | Mxfp4Weights:
+            """The swapped MXFP4 GEMM reads the re-encoded bytes (as the op does when users prepare them)."""
+            if cfg is not None and f"{name}_swizzled" in x and fm.k32_input(cfg, s.quant):
+                return Mxfp4Weights(x[f"{name}_swizzled"])
+            return x[name]
+
         if problem.kind in ("e2e", "1stage"):
             # The whole op, exactly as users call it (its bound launches, host cost included).
             if problem.kind == "e2e":
@@ -419,18 +431,23 @@ class FusedMoeTunable:
                 cfg1, cfg2 = config_of(config), None
                 fm.check_config(cfg1, "1stage", s.quant)
             choice = MoeChoice(cfg2 is None, cfg1, cfg2, "tuner")
+            cfg1_2stage = None if cfg2 is None else cfg1  # the 1-stage kernel reads the standard bytes
+            args = (x["hidden"], weight("w1", cfg1_2stage), weight("w2", cfg2), x["topk_weights"], x["topk_ids"])
             return lambda: fused_moe(*args, out=out, choice=choice, **kw)
         cfg = config_of(config)
         fm.check_config(cfg, problem.kind, s.quant)
         if problem.kind == "stage1":
+            w1 = weight("w1", cfg)
+
             def stage1() -> None:
                 sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
-                fm.moe_stage1(x["hidden"], x["w1"], x["topk_weights"], sorting, cfg, inter_dim=s.inter_dim,
+                fm.moe_stage1(x["hidden"], w1, x["topk_weights"], sorting, cfg, inter_dim=s.inter_dim,
                               activation=s.act_type, quant=s.quant, w1_scale=w1_s,
                               doweight_stage1=s.doweight_stage1, out=out)
             return stage1
         sorting = moe_align_block_size(x["topk_ids"], cfg.BLOCK_SIZE_M, s.expert)
-        return lambda: fm.moe_stage2(x["inter"], x["w2"], x["topk_weights"], sorting, cfg, quant=s.quant,
+        w2 = weight("w2", cfg)
+        return lambda: fm.moe_stage2(x["inter"], w2, x["topk_weights"], sorting, cfg, quant=s.quant,
                                      w2_scale=w2_s, doweight_stage1=s.doweight_stage1, out=out)
 
     def compile(self, problem: MoeProblem, config: Config) -> None:

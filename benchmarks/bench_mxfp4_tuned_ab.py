@@ -1,0 +1,95 @@
+"""The tuned MXFP4 op (weights and scales prepared once: `prepare_mxfp4_weights`, `prepare_mxfp4_scales`) against the
+tuned bf16 op on the same weights, in alternating rounds on one GPU (issue 16's "x faster than bf16" and "x the
+floor"): each op looks its row up in the given tuned CSVs, as users' calls do. GPU time per call, L2 flushed
+(`time_kernel`), median of each op's round medians; the floor is the routed experts' MXFP4 bytes (values and
+scales) and the activations at the measured copy bandwidth.
+
+    PYTHONPATH=src python benchmarks/bench_mxfp4_tuned_ab.py --mxfp4-csv M.csv --bf16-csv B.csv \\
+        [--dims 2880,2880,128,4] [--tokens 1,16,64] [--rounds 3] [--json F]                          # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+
+COPY_BYTES_PER_S = 3.0e12  # the H100's measured copy bandwidth, as the other benchmarks
+BITS_PER_WEIGHT = 4.25  # e2m1 codes and one e8m0 scale per 32
+
+
+def floor_us(routed: int, tokens: int, d: int, inter: int) -> float:
+    weights = routed * 3 * d * inter * BITS_PER_WEIGHT / 8
+    return (weights + 2 * tokens * d * 2) / COPY_BYTES_PER_S * 1e6
+
+
+def parse_dims(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: want D,I,E,TOPK (positive integers)")
+    d, i, e, k = map(int, parts)
+    return d, i, e, k
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mxfp4-csv", type=pathlib.Path, required=True)
+    ap.add_argument("--bf16-csv", type=pathlib.Path, required=True)
+    ap.add_argument("--dims", type=parse_dims, default=(2880, 2880, 128, 4), help="D,I,E,TOPK (gpt-oss-120b)")
+    ap.add_argument("--tokens", default="1,16,64")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_mxfp4_tuned_ab: needs a GPU (it times the tuned ops)")
+    for path in (args.mxfp4_csv, args.bf16_csv):
+        if not path.is_file():
+            raise SystemExit(f"bench_mxfp4_tuned_ab: no such file: {path}")
+    os.environ["TRITUNE_CONFIG_FMOE"] = f"{args.mxfp4_csv}:{args.bf16_csv}"
+    from tritune import ops
+    from tritune.kernels import fused_moe as fm
+    from tritune.tuning.bench import time_kernel
+
+    d, inter, experts, topk = args.dims
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
+    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
+    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
+    b1, b2 = w1.bfloat16(), w2.bfloat16()
+    del w1, w2
+    pw1, pw2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
+    ps1, ps2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    rows = []
+    print("| tokens | MXFP4 µs | bf16 µs | bf16 / MXFP4 | MXFP4 x floor | MXFP4 row | bf16 row |")
+    print("|---|---|---|---|---|---|---|")
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        hidden = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+        weights, ids = ops.sample_routing(tokens, experts, topk, seed=1234, device=torch.device("cuda"))
+        calls = {"mxfp4": lambda h=hidden, w=weights, i=ids: ops.fused_moe_mxfp4(h, pw1, pw2, w, i, ps1, ps2),
+                 "bf16": lambda h=hidden, w=weights, i=ids: ops.fused_moe(h, b1, b2, w, i)}
+        sources = {"mxfp4": ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4).source,
+                   "bf16": ops.fused_moe_choice(hidden, b1, b2, ids).source}
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                times[name].append(time_kernel(fn, iters=30, warmup=3).median_us)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        floor = floor_us(int(torch.unique(ids).numel()), tokens, d, inter)
+        rows.append({"tokens": tokens, "us": med, "rounds": times, "floor_us": floor, "sources": sources})
+        print(f"| {tokens} | {med['mxfp4']:.1f} | {med['bf16']:.1f} | {med['bf16'] / med['mxfp4']:.3f} | "
+              f"{med['mxfp4'] / floor:.2f} | {sources['mxfp4']} | {sources['bf16']} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "dims": args.dims, "rows": rows},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

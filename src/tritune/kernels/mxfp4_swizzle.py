@@ -1,0 +1,173 @@
+"""MXFP4 weight bytes re-encoded once so the swapped GEMM's bf16 decode costs 12 instructions per 8 weights, not 18.
+
+Why: at 16-64 tokens the swapped MXFP4 stage kernels are issue-bound, and the e2m1 -> bf16 decode is half of their K
+step (288 of 601 SASS instructions in the gated stage 1, sm90). With the standard nibble order every output register
+needs a byte permute, a multiply that copies the nibble into place, and a mask. Re-encoded, the bits each output
+register wants already sit at the bf16 positions, or one rotation away, so a mask (and at most a rotate) builds it.
+
+The encoding is a fixed permutation of the 32 bits of each aligned 4-byte group along K (8 weights: byte b holds
+L_b, its low nibble, the even K index, and H_b, its high nibble). The swapped decode turns a group into four bf16
+pairs, (L0, L1), (L2, L3), (H0, H1), (H2, H3), each pair as one 32-bit register whose halves hold a code's sign at
+bit 15 and its three magnitude bits at bits 8-6 (module kernels/mxfp4.py explains why that is the value times
+2**-126). In the re-encoded word w, with M = 0x81C081C0 (those bits in both halves):
+    (L0, L1) = w & M;   (L2, L3) = rotr(w, 3) & M;   (H0, H1) = rotr(w, 6) & M;
+    (H2, H3) = ((w & 0x001B001B) * 0x1084) & M   (three shifted copies, 2, 7 and 12 bits up, that never overlap,
+                                                  so the multiply carries nothing).
+No four rotations of M's bits tile a 32-bit word (searched), so one register needs the multiply.
+Each group stays the same 4 bytes in the same place: shapes, strides, TMA boxes and the scales are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+PAIR_MASK = 0x81C081C0  # a bf16 pair's sign (15, 31) and magnitude bits (8-6, 24-22)
+ROTATIONS = (0, 3, 6)  # (L0, L1), (L2, L3), (H0, H1): rotr by these, then the mask
+SPREAD_BITS = 0x001B001B  # (H2, H3): these bits, copied 2, 7 and 12 bits up by one multiply
+SPREAD_FACTOR = (1 << 2) | (1 << 7) | (1 << 12)
+_PAIR_MASK = tl.constexpr(PAIR_MASK)  # the same for the jitted functions
+_SPREAD_BITS = tl.constexpr(SPREAD_BITS)
+_SPREAD_FACTOR = tl.constexpr(SPREAD_FACTOR)
+GROUP_ROWS = 16  # a group's bytes come from rows r and r + 8 of 16
+_FIELD = (6, 7, 8, 15)  # nibble bit i (mantissa, exponent low, exponent high, sign) -> bit of its bf16 half
+
+
+def _source_bits() -> dict[int, int]:
+    """raw bit (byte 8b + 4·high + i) -> re-encoded bit, derived from the four register formulas above."""
+    spread = [(p, p + f) for f in (2, 7, 12) for p in range(32) if SPREAD_BITS >> p & 1]
+    out = {}
+    for reg in range(4):
+        for half in range(2):
+            byte = half + (2 if reg in (1, 3) else 0)
+            for i, field in enumerate(_FIELD):
+                target = field + 16 * half
+                if reg < 3:
+                    src = (target + ROTATIONS[reg]) % 32
+                else:
+                    (src,) = [p for p, q in spread if q == target]
+                out[8 * byte + (4 if reg >= 2 else 0) + i] = src
+    if sorted(out.values()) != list(range(32)):
+        raise AssertionError("mxfp4_swizzle: the register formulas do not use each bit of a group once")
+    return out
+
+
+SOURCE_BITS = _source_bits()
+
+
+def _check(packed: torch.Tensor, who: str) -> None:
+    if packed.dtype != torch.uint8 or packed.dim() < 2 or packed.shape[-2] % GROUP_ROWS or packed.shape[-1] % 2:
+        raise ValueError(f"{who}: want packed uint8 [..., N, K/2] with N a multiple of {GROUP_ROWS} and K of 4, got "
+                         f"{packed.dtype} {tuple(packed.shape)}")
+
+
+def _groups(packed: torch.Tensor, who: str) -> torch.Tensor:
+    """packed uint8 [..., N, K/2] -> its groups as int64 words [..., N/16, 8, K/4] (0..2**32 - 1): byte 2a + b of the
+    word at [.., g, r, c] is row 16g + 8a + r, byte 2c + b."""
+    _check(packed, who)
+    *lead, n, half_k = packed.shape
+    x = packed.reshape(*lead, n // 16, 2, 8, half_k // 2, 2)
+    d = len(lead)
+    x = x.permute(*range(d), d, d + 2, d + 3, d + 1, d + 4).reshape(*lead, n // 16, 8, half_k // 2, 4)
+    return x.contiguous().view(torch.int32).squeeze(-1).to(torch.int64) & 0xFFFFFFFF  # [.., g, r, c]
+
+
+def _bytes(words: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """`_groups`' inverse: words [..., N/16, 8, K/4] -> uint8 `shape` [..., N, K/2]."""
+    *lead, n, half_k = shape
+    x = (words & 0xFFFFFFFF).to(torch.int32).unsqueeze(-1).contiguous().view(torch.uint8)  # [.., g, r, c, 4]
+    x = x.reshape(*lead, n // 16, 8, half_k // 2, 2, 2)
+    d = len(lead)
+    return x.permute(*range(d), d, d + 3, d + 1, d + 2, d + 4).reshape(shape).contiguous()
+
+
+def swizzle_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Standard packed e2m1 bytes [..., N, K/2] -> the re-encoded bytes (same shape, uint8, a new contiguous tensor).
+    A 3-D weight goes an expert at a time (the int64 words are 2x its bytes, and the bit moves make a few)."""
+    _check(packed, "swizzle_e2m1")
+    if packed.dim() >= 3 and packed.shape[0] > 1:
+        out = torch.empty(packed.shape, dtype=torch.uint8, device=packed.device)
+        for e in range(packed.shape[0]):
+            out[e] = swizzle_e2m1(packed[e])
+        return out
+    groups = _groups(packed, "swizzle_e2m1")
+    w = torch.zeros_like(groups)
+    for raw, src in SOURCE_BITS.items():
+        w |= ((groups >> raw) & 1) << src
+    return _bytes(w, packed.shape)
+
+
+def unswizzle_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """`swizzle_e2m1`'s inverse, by the decode's own register formulas (so it checks them too)."""
+    w = _groups(packed, "unswizzle_e2m1")
+    regs = [_rotr64(w, r) & PAIR_MASK for r in ROTATIONS] + [((w & SPREAD_BITS) * SPREAD_FACTOR) & PAIR_MASK]
+    nib = [[((r >> (16 * h + 6)) & 7) | ((r >> (16 * h + 12)) & 8) for h in range(2)] for r in regs]
+    low = nib[0] + nib[1]  # L0..L3
+    high = nib[2] + nib[3]  # H0..H3
+    raw = sum((low[b] | (high[b] << 4)) << (8 * b) for b in range(4))
+    return _bytes(raw, packed.shape)
+
+
+def _rotr64(w: torch.Tensor, s: int) -> torch.Tensor:
+    return ((w >> s) | (w << (32 - s))) & 0xFFFFFFFF if s else w
+
+
+@dataclass(frozen=True, eq=False)  # identity: the op keys its per-call caches on the object
+class Mxfp4Weights:
+    """One MXFP4 weight's packed bytes, re-encoded (`swizzle_e2m1`): what `prepare_mxfp4_weights` returns, taken by
+    the fused-MoE op and stage functions wherever they take packed weights. Only the swapped GEMM reads them
+    (the bf16 decode through the re-encoded PTX; fp16 and the interpreter undo the encoding per tile)."""
+
+    packed: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.packed.shape
+
+
+def prepare_mxfp4_weights(packed: torch.Tensor) -> Mxfp4Weights:
+    """Re-encode a packed e2m1 weight [E, N, K/2] for its lifetime (a copy: prepare again if it changes)."""
+    if packed.dim() != 3:
+        raise ValueError(f"prepare_mxfp4_weights: want packed uint8 [E, N, K/2], got {tuple(packed.shape)}")
+    return Mxfp4Weights(swizzle_e2m1(packed))
+
+
+def split_weights(w: torch.Tensor | Mxfp4Weights) -> tuple[torch.Tensor, bool]:
+    """(the bytes a kernel reads, whether they are re-encoded) of a weight argument that may be either form."""
+    if isinstance(w, Mxfp4Weights):
+        return w.packed, True
+    return w, False
+
+
+@triton.jit
+def _rotr(w, s: tl.constexpr):
+    return (w >> s) | (w << (32 - s))
+
+
+@triton.jit
+def _nibbles(reg):
+    """The two e2m1 codes (low half, high half) a decoded register holds: sign bit 15 -> 3, bits 8-6 -> 2-0."""
+    return ((reg >> 6) & 7) | ((reg >> 12) & 8), ((reg >> 22) & 7) | ((reg >> 28) & 8)
+
+
+@triton.jit
+def unswizzle_tile(packed, BLOCK_N: tl.constexpr, HALF_K: tl.constexpr):
+    """A tile of re-encoded bytes [BLOCK_N, HALF_K] (uint8; BLOCK_N a multiple of 16, its rows and columns aligned to
+    the groups) -> the standard packed bytes, by the PTX decode's register formulas in Triton's integer ops: the
+    interpreter's and fp16's path (slow: the bf16 GPU path never calls it)."""
+    q = tl.reshape(packed.to(tl.uint32), (BLOCK_N // 16, 2, 8, HALF_K // 2, 2))
+    q = tl.permute(q, (0, 2, 3, 1, 4))  # [g, r, c, a, b]: byte 2a + b of each group last
+    even, odd = tl.split(q)  # b = 0: bytes (0, 2); b = 1: bytes (1, 3)
+    b0, b2 = tl.split(even)
+    b1, b3 = tl.split(odd)
+    w = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+    l0, l1 = _nibbles(w & _PAIR_MASK)
+    l2, l3 = _nibbles(_rotr(w, 3) & _PAIR_MASK)
+    h0, h1 = _nibbles(_rotr(w, 6) & _PAIR_MASK)
+    h2, h3 = _nibbles(((w & _SPREAD_BITS) * _SPREAD_FACTOR) & _PAIR_MASK)
+    r0, r1, r2, r3 = l0 | (h0 << 4), l1 | (h1 << 4), l2 | (h2 << 4), l3 | (h3 << 4)
+    raw = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # [g, r, c, a, b] = byte 2a + b again
+    return tl.reshape(tl.permute(raw, (0, 3, 1, 2, 4)), (BLOCK_N, HALF_K)).to(tl.uint8)

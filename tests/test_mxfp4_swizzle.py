@@ -1,0 +1,137 @@
+"""Re-encoded MXFP4 weight bytes (kernels/mxfp4_swizzle.py): the encoding round trip through the decode's own
+register formulas, the one-line refusals, the interpreter's per-tile undo, both stages and the whole call against the
+standard bytes (bit-equal: the same weights decoded), and the op taking prepared weights (with a looked-up choice
+that cannot read them giving way to the rule table). Without a GPU these run in Triton's interpreter, fp16, which
+undoes the encoding per tile (`unswizzle_tile`); the bf16 PTX path is test_runtime_gpu.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from test_mxfp4_records import DEVICE, DTYPE, INTER, E, operands  # the same small MoE (K 160: a step and a partial one)
+
+from tritune import ops
+from tritune.kernels import fused_moe as fm
+from tritune.kernels.fused_moe import MoeConfig, fused_moe_2stage, moe_stage1, moe_stage2
+from tritune.kernels.fused_moe_launch import MoeLaunch
+from tritune.kernels.moe_align import moe_align_block_size
+from tritune.kernels.mxfp4_swizzle import (
+    SOURCE_BITS,
+    Mxfp4Weights,
+    prepare_mxfp4_weights,
+    swizzle_e2m1,
+    unswizzle_e2m1,
+    unswizzle_tile,
+)
+from tritune.ops.fused_moe import MoeChoice
+
+ST = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               SWAP_AB=1, USE_TMA=1, SCALE_TMA=0)
+
+
+def test_each_bit_of_a_group_goes_once_and_the_decode_formulas_undo_it():
+    assert sorted(SOURCE_BITS) == sorted(SOURCE_BITS.values()) == list(range(32))
+    gen = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8, generator=gen)  # 3 experts, 3 row groups, K 80
+    enc = swizzle_e2m1(raw)
+    assert enc.shape == raw.shape and enc.dtype == torch.uint8 and enc.is_contiguous()
+    assert torch.equal(unswizzle_e2m1(enc), raw) and not torch.equal(enc, raw)
+    # A group is rows r and r + 8 of 16, one byte pair along K: nothing moves between groups.
+    one = torch.zeros_like(raw)
+    one[1, 16 + 8 + 5, 6] = 0x80  # row 29 (group 1, second half, r 5), byte 6 (pair 3, second byte)
+    moved = swizzle_e2m1(one).nonzero().tolist()
+    assert moved and all(e == 1 and r in (16 + 5, 16 + 8 + 5) and c in (6, 7) for e, r, c in moved)
+
+
+def test_the_refusals_name_what_is_wrong():
+    with pytest.raises(ValueError, match=r"N a multiple of 16 .* \(2, 24, 8\)"):
+        prepare_mxfp4_weights(torch.zeros(2, 24, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="want packed uint8"):
+        swizzle_e2m1(torch.zeros(2, 16, 8))
+    with pytest.raises(ValueError, match=r"want packed uint8 \[E, N, K/2\]"):
+        prepare_mxfp4_weights(torch.zeros(16, 8, dtype=torch.uint8))
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    p1, p2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
+    sorting = moe_align_block_size(ids, ST.BLOCK_SIZE_M, E)
+    unswapped = dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0)
+    with pytest.raises(ValueError, match=r"moe_stage1_per_1x32.*read only by the swapped GEMM"):
+        moe_stage1(hidden, p1, weights, sorting, unswapped, inter_dim=INTER, quant=fm.MXFP4, w1_scale=s1)
+    one = dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0, BLOCK_SIZE_D=64)
+    with pytest.raises(ValueError, match="1-stage kernel reads the standard packed MXFP4 bytes"):
+        MoeLaunch(hidden, p1, p2, weights, ids, s1, s2, stage1=one, stage2=None, quant=fm.MXFP4)
+
+
+@triton.jit
+def _undo_kernel(x_ptr, y_ptr, BN: tl.constexpr, HK: tl.constexpr):
+    r = tl.arange(0, BN)[:, None]
+    c = tl.arange(0, HK)[None, :]
+    tl.store(y_ptr + r * HK + c, unswizzle_tile(tl.load(x_ptr + r * HK + c), BN, HK))
+
+
+def test_a_tile_is_undone_in_the_kernel_as_on_the_host():
+    gen = torch.Generator().manual_seed(4)
+    raw = torch.randint(0, 256, (32, 16), dtype=torch.uint8, generator=gen).to(DEVICE)
+    out = torch.empty_like(raw)
+    _undo_kernel[(1,)](swizzle_e2m1(raw), out, BN=32, HK=16)
+    assert torch.equal(out, raw)
+
+
+@pytest.mark.parametrize("fields", [{}, {"KSPLIT": 2}, {"USE_TMA": 0},
+                                    {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_warps": 8}],
+                         ids=["tma", "split-k", "pointer loads", "8 warps, 128 rows"])
+def test_both_stages_read_re_encoded_bytes_as_the_standard_ones(fields):
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    st = dataclasses.replace(ST, **fields)
+    sorting = moe_align_block_size(ids, st.BLOCK_SIZE_M, E)
+    want = moe_stage1(hidden, q1, weights, sorting, st, inter_dim=INTER, quant=fm.MXFP4, w1_scale=s1)
+    got = moe_stage1(hidden, prepare_mxfp4_weights(q1), weights, sorting, st, inter_dim=INTER, quant=fm.MXFP4,
+                     w1_scale=s1)
+    assert torch.equal(got, want)
+    inter = want.to(DTYPE)
+    want2 = moe_stage2(inter, q2, weights, sorting, st, quant=fm.MXFP4, w2_scale=s2)
+    got2 = moe_stage2(inter, prepare_mxfp4_weights(q2), weights, sorting, st, quant=fm.MXFP4, w2_scale=s2)
+    assert torch.equal(got2, want2)
+
+
+def test_the_whole_call_with_re_encoded_weights_and_scale_records_matches_the_standard_bytes():
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    st = dataclasses.replace(ST, SCALE_TMA=1, SORTED_INTER=1, TOPK_ATOMIC=1)
+    p1, p2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    want = fused_moe_2stage(hidden, q1, q2, weights, ids, st, st, quant=fm.MXFP4, w1_scale=p1, w2_scale=p2)
+    got = fused_moe_2stage(hidden, prepare_mxfp4_weights(q1), q2, weights, ids, st, st, quant=fm.MXFP4,
+                           w1_scale=p1, w2_scale=p2)  # one re-encoded, one standard
+    assert torch.equal(got, want)
+
+
+def test_the_op_takes_prepared_weights_and_a_choice_that_cannot_read_them_gives_way_to_the_rule():
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    w1, w2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
+    assert isinstance(w1, ops.Mxfp4Weights) and w1.shape == q1.shape
+    p1, p2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    want = ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, p1, p2)
+    assert torch.equal(ops.fused_moe_mxfp4(hidden, w1, w2, weights, ids, p1, p2), want)
+    assert torch.equal(ops.fused_moe_mxfp4(hidden, w1, w2, weights, ids, s1, s2),
+                       ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, s1, s2))
+    with pytest.raises(ValueError, match="read only by the swapped GEMM"):  # fp8 activations: dot_scaled
+        ops.fused_moe_mxfp4(hidden, w1, w2, weights, ids, s1, s2, act_dtype=torch.float8_e4m3fn)
+    op = importlib.import_module("tritune.ops.fused_moe")
+    rule = MoeChoice(False, ST, ST, "heuristic")
+    tuned = MoeChoice(False, dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0), ST, "tuned: f.csv, row 2")
+    assert op._swizzle_as_given(tuned, fm.MXFP4, (False, False), None) is tuned
+    assert op._swizzle_as_given(tuned, fm.MXFP4, (False, True), None) is tuned  # stage 2 swapped: it reads them
+    with pytest.warns(UserWarning, match=r"tuned: f.csv, row 2 does not run the swapped MXFP4 GEMM"):
+        given = op._swizzle_as_given(tuned, fm.MXFP4, (True, True), lambda: rule)
+    assert (given.stage1, given.stage2) == (ST, ST) and "row 2 not swapped" in given.source
+    with pytest.warns(UserWarning, match="does not run the swapped"):
+        op._swizzle_as_given(MoeChoice(True, ST, None, "tuned: 1-stage"), fm.MXFP4, (True, False), lambda: rule)
+
+
+def test_the_weights_wrapper_is_an_identity_keyed_holder():
+    packed = torch.zeros(1, 16, 4, dtype=torch.uint8)
+    a, b = Mxfp4Weights(packed), Mxfp4Weights(packed)
+    assert a != b and a.packed is packed and a.shape == packed.shape
