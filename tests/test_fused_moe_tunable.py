@@ -182,6 +182,18 @@ def test_mxfp4_with_16_bit_activations_may_swap_at_any_block_height() -> None:
     assert _failing(rules, stage_config(SWAP_AB=1, USE_TMA=1, BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, num_warps=8)) == []
 
 
+def test_the_swapped_mxfp4_gemm_may_take_8_warps_on_a_16_row_block() -> None:
+    """Its work a K step is the BLOCK_N x BLOCK_K decode: stage 2's 16-row blocks on 128 x 128 tiles over 8 warps beat
+    64 x 128 on 4 on the H100 (nineteenth session), which the 8-warp rule (BLOCK_M x BLOCK_N) pruned; the dot_scaled
+    and 16-bit tiles keep the rule."""
+    few = MoeProblem(shape("per_1x32", token=16, expert=128, topk=4, model_dim=2880, inter_dim=2880,
+                           q_dtype_a="bf16", q_dtype_w="fp4x2"), "stage2")  # 64 pairs: 16-row blocks
+    fields = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=4)
+    rule = "8 warps on a tile under 128x64 (not the swapped MXFP4 GEMM)"
+    assert _failing(stage_constraints(few, DEV), stage_config(SWAP_AB=1, USE_TMA=1, SCALE_TMA=1, **fields)) == []
+    assert rule in _failing(stage_constraints(few, DEV), stage_config(**fields))  # dot_scaled: pruned as before
+
+
 def test_mxfp4_splits_k_on_grids_under_two_waves() -> None:
     """MXFP4's decode loops split along K while the grid is under two programs an SM (other quants: one)."""
     one_token = MoeProblem(shape("per_1x32", token=1, expert=128, topk=4, model_dim=2880, inter_dim=2880,

@@ -136,6 +136,13 @@ def weight_tma_view(quant: str, k: int, config: MoeConfig) -> tuple[int, list[in
     return k, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K]
 
 
+def scale_records_fit(quant: str, swap_ab: int, use_tma: int, block_k: int, block_n: int) -> bool:
+    """Whether a stage tile can read its MXFP4 codes from their records (SCALE_TMA): the swapped GEMM through TMA,
+    one record's K step (BLOCK_K 128) and whole 64-row records (check_config and the tuner's SCALE_RULE share it)."""
+    return (quant == MXFP4 and bool(swap_ab) and bool(use_tma) and block_k == RECORD_K
+            and block_n % RECORD_ROWS == 0)
+
+
 def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     """ValueError (one line) when `config` cannot run `kernel` for `quant`; cheap, host-only."""
     for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -174,8 +181,8 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no SWAP_AB or WARP_SPEC, quant "
                          f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SCALE_TMA not in (0, 1) or (config.SCALE_TMA and not (
-            quant == MXFP4 and config.SWAP_AB and config.USE_TMA and config.BLOCK_SIZE_K == RECORD_K
-            and config.BLOCK_SIZE_N % RECORD_ROWS == 0 and not config.PERSISTENT and kernel != "1stage")):
+            scale_records_fit(quant, config.SWAP_AB, config.USE_TMA, config.BLOCK_SIZE_K, config.BLOCK_SIZE_N)
+            and not config.PERSISTENT and kernel != "1stage")):
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")

@@ -17,11 +17,11 @@ import triton
 from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
-from tritune.kernels.fused_moe_config import FMA_QUANTS
+from tritune.kernels.fused_moe_config import FMA_QUANTS, scale_records_fit
 from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
-from tritune.kernels.mxfp4_records import RECORD_K, RECORD_ROWS, Mxfp4Scales, scale_records
+from tritune.kernels.mxfp4_records import RECORD_ROWS, Mxfp4Scales, scale_records
 from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, swizzle_e2m1
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
@@ -194,8 +194,8 @@ def stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         # The codes through TMA (kernels/mxfp4_records.py) are searched beside the pointer loads wherever they fit.
         Constraint(SCALE_RULE,
                    lambda c: not c.get("SCALE_TMA", 0) or (
-                       quant == fm.MXFP4 and c["SWAP_AB"] and c["USE_TMA"] and c["BLOCK_SIZE_K"] == RECORD_K
-                       and c["BLOCK_SIZE_N"] % RECORD_ROWS == 0 and (not stage1 or n % RECORD_ROWS == 0))),
+                       scale_records_fit(quant, c["SWAP_AB"], c["USE_TMA"], c["BLOCK_SIZE_K"], c["BLOCK_SIZE_N"])
+                       and (not stage1 or n % RECORD_ROWS == 0))),
         # vLLM's rule on Hopper: the weight tile becomes the wgmma's 64-row operand when a block has fewer pairs.
         # MXFP4 swaps for another reason, at any block height: the decoded tile goes to the wgmma from registers
         # (fused_moe._mxfp4_swap_dot), and one decode serves all BLOCK_SIZE_M rows; one 64-row wgmma a warp group
