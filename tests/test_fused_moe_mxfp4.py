@@ -135,9 +135,10 @@ def test_swapped_tma_tiles_past_n_and_k():
                                                                (0, 1, 2, 32), (0, 1, 1, 16), (0, 1, 2, 16)],
                          ids=["stage1-only", "stage2-only", "both-ks2", "stage2-only-ks2", "bn16", "bn16-ks2"])
 def test_swapped_stages_mixed_with_plain_ones(swap1, swap2, ksplit1, bn1):
-    """The swapped stages read A in the K32 order: hidden is copied so when stage 1 swaps, and stage 1 writes the
-    intermediate so when stage 2 swaps (its tile reordered in registers, or from a 16-wide tile column by column;
-    through split-K's partials and finish too); every mix gives the reference."""
+    """The swapped stages read A in the K32 order: hidden is copied so when stage 1 swaps (by the sort's first launch,
+    riding along: no launch of its own), and stage 1 writes the intermediate so when stage 2 swaps (its tile
+    reordered in registers, or from a 16-wide tile column by column; through split-K's partials and finish too);
+    every mix gives the reference."""
     from tritune.kernels.fused_moe import fused_moe_2stage
     from tritune.kernels.fused_moe_launch import MoeLaunch
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -152,7 +153,8 @@ def test_swapped_stages_mixed_with_plain_ones(swap1, swap2, ksplit1, bn1):
     assert out.shape == (TOKENS, D) and rel_l2(out.cpu(), ref) < 2e-3
     launch = MoeLaunch(*on[:5], on[5], on[6], stage1=cfg1, stage2=cfg2, quant=fm.MXFP4)
     names = [bound.name for bound, _ in launch.calls]
-    assert ("_k32_permute_kernel" in names) == bool(swap1), names
+    assert "_k32_permute_kernel" not in names and launch.k32_ride == bool(swap1), names
+    assert launch.calls[0][0].name == "_moe_align_first_kernel"
 
 
 @pytest.mark.parametrize("kernel", ["stage1", "stage2"])

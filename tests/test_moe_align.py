@@ -211,3 +211,24 @@ def test_sorted_rows_cover_the_gemm_blocks_within_the_padded_sort():
         ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32)
         filled = int(moe_align_block_size_reference(ids, block, experts).num_tokens_post_padded.item())
         assert filled <= sorted_rows(ids.numel(), experts, block) <= max_padded_size(ids.numel(), experts, block)
+
+
+@pytest.mark.parametrize("tokens", [pytest.param(7, id="one-launch sort"), pytest.param(300, id="multi-launch sort")])
+def test_the_first_launch_copies_the_activations_in_the_k32_order_riding_along(tokens):
+    """RideAlong(k32=True): the sort's first launch also writes hidden's rows in the K32 order (the swapped MXFP4
+    stage 1's input) into its piece, as `k32_permute` lays them out; a row stride past the width (a strided view),
+    and a width past one K32_BLOCK (1056 = 1024 + 32), are covered; the sort itself is unchanged."""
+    from tritune.kernels.moe_align import AlignLaunch, RideAlong
+    from tritune.kernels.mxfp4 import k32_permute
+
+    gen = torch.Generator().manual_seed(tokens)
+    wide = torch.randn(tokens, 1100, generator=gen).half().to(DEVICE)
+    x = wide[:, :1056]  # row stride 1100
+    ids = _ids(tokens, 2, 8, seed=tokens).to(DEVICE)
+    launch = AlignLaunch(ids.reshape(-1), 16, 8, RideAlong(x=x, rows=tokens, cols=1056, stride=x.stride(0), k32=True))
+    pieces = [torch.zeros(n, dtype=dt, device=DEVICE) for dt, n in launch.pieces]
+    launch(ids.reshape(-1), pieces, x)
+    assert pieces[launch.q_piece].dtype == torch.float16
+    assert torch.equal(pieces[launch.q_piece].reshape(tokens, 1056).cpu(), k32_permute(x.cpu()))
+    want = moe_align_block_size_reference(ids.cpu(), 16, 8)
+    assert torch.equal(pieces[2][:1].cpu(), want.num_tokens_post_padded.reshape(-1)[:1].cpu())

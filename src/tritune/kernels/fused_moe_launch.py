@@ -45,7 +45,6 @@ from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
-from tritune.kernels.mxfp4 import K32_BLOCK, _k32_permute_kernel, k32_grid
 from tritune.kernels.mxfp4_records import RECORD_BYTES
 from tritune.kernels.mxfp4_swizzle import split_weights
 from tritune.kernels.quant import QuantLaunch
@@ -169,8 +168,11 @@ class MoeLaunch:
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
-        ride = RideAlong(x=hidden if act_quant else None, rows=tokens if act_quant else 0,
-                         cols=model_dim, stride=hidden.stride(0), group=group, zero=zero, zero2=zero2)
+        # The swapped MXFP4 stage 1 reads hidden in the K32 order: the sort's first launch copies it so.
+        self.k32_ride = not self.one_stage and k32_input(stage1, quant)
+        carried = act_quant or self.k32_ride
+        ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
+                         stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride)
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
@@ -335,11 +337,8 @@ class MoeLaunch:
         quantized = quant in FP8_QUANTS  # the activations and the intermediate; MXFP4 keeps them 16-bit
         a1, s1 = (("p", self.q1), ("p", self.q1 + 1)) if quantized else (("t", "hidden"), dummy)
         stride_asm1 = self.align.groups if quant == "per_1x128" else 0
-        if k32_input(cfg1, quant):  # the swapped MXFP4 stage 1 reads hidden in the K32 order: one copy launch
-            hk = pieces.add(hidden.dtype, tokens * model_dim)
-            self._bind(_k32_permute_kernel, k32_grid(tokens, model_dim), [a1, ("p", hk)] + [
-                ("v", v) for v in (model_dim, hidden.stride(0), K32_BLOCK)], example, pieces, 4, 1)
-            a1 = ("p", hk)
+        if self.k32_ride:  # the swapped MXFP4 stage 1 reads hidden in the K32 order, copied by the sort's launch
+            a1 = ("p", self.q1)
         gathered_rows = None
         if cfg1.GATHER_A:  # stage 1's A (and its scales) copied into the sort's order, then read through TMA
             gathered_rows = self.align.sorted_rows

@@ -16,7 +16,8 @@ import triton.language as tl
 
 from tritune.compile_target import compile_only_process
 from tritune.kernels.launch import BoundKernel
-from tritune.kernels.quant import FP8, quant_layout, quant_tile
+from tritune.kernels.mxfp4 import K32_BLOCK, k32_copy_block
+from tritune.kernels.quant import FP8, QuantLayout, quant_layout, quant_tile
 from tritune.knobs import interpreting
 
 SMALL_MAX = 64  # numel up to this takes the one-launch path (its pair-by-pair compare costs 225 µs at 256 on H100)
@@ -144,17 +145,19 @@ def _count_chunk(
 def _moe_align_first_kernel(
     ids_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,  # as in _align_small
     counts_ptr,  # int32 [num_chunks, num_experts] (multi-launch path; unused when SMALL)
-    x_ptr, q_ptr, s_ptr,  # riding along: x [rows, C] quantized to fp8 q [rows, C] and fp32 s [rows, groups]
+    x_ptr, q_ptr, s_ptr,  # riding along: x [rows, C] quantized to fp8 q [rows, C] and fp32 s [rows, groups] (K32:
+    # copied into q [rows, C] of x's dtype in the K32 order; s unused)
     zero_ptr, zero2_ptr,  # riding along: fp32 [n_zero] and fp32 [n_zero2] set to zero
     numel, num_experts, max_padded, num_blocks, sort_programs, quant_programs, n_zero, n_zero2, R, C, stride_x, groups,
     SMALL: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
     CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, QROWS: tl.constexpr,
-    ZBLOCK: tl.constexpr,
+    ZBLOCK: tl.constexpr, K32: tl.constexpr = False,
 ):
     """The sort's first launch (all of it for few pairs, else the chunk counts), with independent work the fused
     MoE needs before its GEMMs riding along in the same launch: the fp8 quantization of the activations (one
-    program per QROWS rows and scale group) and the zeroing of up to two fp32 buffers (the 1-stage or top-k accumulator,
-    the fused fp8 quantization's amax). One launch instead of three or four.
+    program per QROWS rows and scale group; with K32 instead their copy in the K32 order the swapped MXFP4 stage 1
+    reads, one program per row and QBLOCK columns) and the zeroing of up to two fp32 buffers (the 1-stage or top-k
+    accumulator, the fused fp8 quantization's amax). One launch instead of three or four.
 
     Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉ + ⌈n_zero2/ZBLOCK⌉,).
     """
@@ -167,8 +170,11 @@ def _moe_align_first_kernel(
             _count_chunk(pid, ids_ptr, counts_ptr, numel, num_experts, CHUNK, NB)
     elif pid < sort_programs + quant_programs:
         q = pid - sort_programs
-        quant_tile(x_ptr, q_ptr, s_ptr, (q // groups) * QROWS, q % groups, R, C, stride_x, C, groups, GROUP, QBLOCK,
-                   QROWS)
+        if K32:
+            k32_copy_block(x_ptr, q_ptr, q // groups, q % groups, C, stride_x, QBLOCK)
+        else:
+            quant_tile(x_ptr, q_ptr, s_ptr, (q // groups) * QROWS, q % groups, R, C, stride_x, C, groups, GROUP,
+                       QBLOCK, QROWS)
     else:
         z = pid - sort_programs - quant_programs
         first = tl.cdiv(n_zero, ZBLOCK)
@@ -326,7 +332,9 @@ def _block_tile(v_p2: int, bs_p2: int) -> int:
 class RideAlong:
     """Work the fused MoE hands the sort's first launch: quantize `rows` rows of `cols` columns of an activation
     (row stride `stride`, `group` columns per scale, 0 for per row; `x` a tensor or a dtype at binding) and zero
-    `zero` fp32 elements and, in a second buffer, `zero2` more. All land in pieces of the sort's workspace."""
+    `zero` fp32 elements and, in a second buffer, `zero2` more. All land in pieces of the sort's workspace. With `k32`
+    the rows are copied in the K32 order instead (x's dtype, no scales: the swapped MXFP4 stage 1's input,
+    kernels/mxfp4.py), which saves that GEMM's own copy launch."""
 
     x: torch.Tensor | torch.dtype | None = None
     rows: int = 0
@@ -335,6 +343,7 @@ class RideAlong:
     group: int = 0
     zero: int = 0
     zero2: int = 0
+    k32: bool = False
 
 
 _ZBLOCK = 4096
@@ -366,12 +375,18 @@ class AlignLaunch:
         pieces = [(i32, self.max_padded), (i32, num_blocks), (i32, 1),
                   (i32, 1 if small else num_chunks * num_experts),  # 3: per-chunk counts (or their prefix)
                   (i32, 1 if small else (num_chunks if self_scan else 2) * num_experts)]  # 4: scratch / expert info
-        qlay = quant_layout(ride.cols, ride.group) if ride.rows else None
+        if ride.k32:  # one program per row and K32_BLOCK columns; a one-element stand-in for the scales' piece
+            x_dtype = ride.x if isinstance(ride.x, torch.dtype) else ride.x.dtype
+            qlay = QuantLayout(triton.cdiv(ride.cols, K32_BLOCK), K32_BLOCK, 1, 4)
+            quant_pieces = [(x_dtype, ride.rows * ride.cols), (f32, 1)]
+        else:
+            qlay = quant_layout(ride.cols, ride.group) if ride.rows else None
+            quant_pieces = [(FP8, ride.rows * ride.cols), (f32, ride.rows * (qlay.groups if qlay else 1))]
         groups = qlay.groups if qlay else 1
         self.q_piece = self.zero_piece = self.zero2_piece = None
         if ride.rows:
             self.q_piece = len(pieces)
-            pieces += [(FP8, ride.rows * ride.cols), (f32, ride.rows * groups)]
+            pieces += quant_pieces
             self.groups = groups
         if ride.zero:
             self.zero_piece = len(pieces)
@@ -394,7 +409,7 @@ class AlignLaunch:
                  numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero, ride.zero2,
                  ride.rows, ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
                  _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group,
-                 qlay.block if qlay else 16, qlay.rows if qlay else 1, _ZBLOCK)
+                 qlay.block if qlay else 16, qlay.rows if qlay else 1, _ZBLOCK, ride.k32)
         warps = max(8 if small and n_p2 > 64 else 4, qlay.warps if qlay else 1)
         zero_programs = triton.cdiv(ride.zero, _ZBLOCK) + triton.cdiv(ride.zero2, _ZBLOCK)
         self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs + zero_programs,),

@@ -290,13 +290,22 @@ def k32_position(k):
 
 
 @triton.jit
-def _k32_permute_kernel(x_ptr, y_ptr, K, stride_x, BLOCK: tl.constexpr):
-    """Row program_id(0) of x [rows, K] (row stride stride_x) into y [rows, K] contiguous, in the K32 order."""
-    row = tl.program_id(0).to(tl.int64)
-    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def k32_copy_block(x_ptr, y_ptr, row, block, K, stride_x, BLOCK: tl.constexpr):
+    """Columns [block·BLOCK, (block+1)·BLOCK) of row `row` of x [rows, K] (row stride stride_x) into y [rows, K]
+    contiguous, in the K32 order (BLOCK a multiple of 32): `_k32_permute_kernel`'s program, and what the sort's
+    first launch runs riding along for the swapped MXFP4 stage 1 (moe_align.RideAlong.k32)."""
+    row = row.to(tl.int64)
+    k = block * BLOCK + tl.arange(0, BLOCK)
     ok = k < K
     v = tl.load(x_ptr + row * stride_x + k, mask=ok)
     tl.store(y_ptr + row * K + k32_position(k), v, mask=ok)
+
+
+@triton.jit
+def _k32_permute_kernel(x_ptr, y_ptr, K, stride_x, BLOCK: tl.constexpr):
+    """Row program_id(0) of x [rows, K] (row stride stride_x) into y [rows, K] contiguous, in the K32 order.
+    Grid: k32_grid(rows, K)."""
+    k32_copy_block(x_ptr, y_ptr, tl.program_id(0), tl.program_id(1), K, stride_x, BLOCK)
 
 
 K32_BLOCK = 1024
