@@ -112,6 +112,8 @@ def test_the_op_takes_prepared_weights_and_a_choice_that_cannot_read_them_gives_
     hidden, q1, q2, weights, ids, s1, s2 = operands()
     w1, w2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
     assert isinstance(w1, ops.Mxfp4Weights) and w1.shape == q1.shape
+    assert ops.fused_moe_choice(hidden, w1, w2, ids, quant=fm.MXFP4) == ops.fused_moe_choice(hidden, q1, q2, ids,
+                                                                                             quant=fm.MXFP4)
     p1, p2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
     want = ops.fused_moe_mxfp4(hidden, q1, q2, weights, ids, p1, p2)
     assert torch.equal(ops.fused_moe_mxfp4(hidden, w1, w2, weights, ids, p1, p2), want)

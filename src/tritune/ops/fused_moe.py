@@ -174,15 +174,21 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
     return MoeChoice(run_1stage, stage1, stage2, f"{why}; tuned rows from {', '.join(files)}")
 
 
-def fused_moe_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, *,
-                     activation: str = "silu", quant: str = "none", doweight_stage1: bool = False) -> MoeChoice:
-    """The kernels `fused_moe` runs for these arguments (see `fused_moe` for shapes); cached per process."""
+def fused_moe_choice(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
+                     topk_ids: torch.Tensor, *, activation: str = "silu", quant: str = "none",
+                     doweight_stage1: bool = False) -> MoeChoice:
+    """The kernels `fused_moe` runs for these arguments (see `fused_moe` for shapes); cached per process. With
+    re-encoded MXFP4 weights, what the op runs with prepared scales (`_swizzle_as_given`)."""
+    (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
     index = _index(hidden_states.device)
     key = (index, shape.shape_key(), shape.token)
     found = _CHOSEN.get(key)
     if found is None:
         found = _CHOSEN[key] = _choose(index, shape, shape.token)
+    if swizzled1 or swizzled2:
+        return _swizzle_as_given(found, quant, (swizzled1, swizzled2), lambda: _rule_choice(
+            hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=True))
     return found
 
 
