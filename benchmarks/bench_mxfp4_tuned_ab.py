@@ -1,11 +1,12 @@
 """The tuned MXFP4 op (weights and scales prepared once: `prepare_mxfp4_weights`, `prepare_mxfp4_scales`) against the
 tuned bf16 op on the same weights, in alternating rounds on one GPU (issue 16's "x faster than bf16" and "x the
 floor"): each op looks its row up in the given tuned CSVs, as users' calls do. GPU time per call, L2 flushed
-(`time_kernel`), median of each op's round medians; the floor is the routed experts' MXFP4 bytes (values and
-scales) and the activations at the measured copy bandwidth.
+(`time_kernel`), median of each op's round medians; with --graph also each op captured once in a CUDA graph and
+its replay timed the same way (what serving engines that capture decode steps get). The floor is the routed experts'
+MXFP4 bytes (values and scales) and the activations at the measured copy bandwidth.
 
     PYTHONPATH=src python benchmarks/bench_mxfp4_tuned_ab.py --mxfp4-csv M.csv --bf16-csv B.csv \\
-        [--dims 2880,2880,128,4] [--tokens 1,16,64] [--rounds 3] [--json F]                          # GPU
+        [--dims 2880,2880,128,4] [--tokens 1,16,64] [--rounds 3] [--graph] [--json F]                # GPU
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dims", type=parse_dims, default=(2880, 2880, 128, 4), help="D,I,E,TOPK (gpt-oss-120b)")
     ap.add_argument("--tokens", default="1,16,64")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--graph", action="store_true", help="also time each op's CUDA-graph replay")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITUNE_CONFIG_FMOE"] = f"{args.mxfp4_csv}:{args.bf16_csv}"
     from tritune import ops
     from tritune.kernels import fused_moe as fm
-    from tritune.tuning.bench import time_kernel
+    from tritune.tuning.bench import capture_graph, time_kernel
 
     d, inter, experts, topk = args.dims
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                  "bf16": lambda h=hidden, w=weights, i=ids: ops.fused_moe(h, b1, b2, w, i)}
         sources = {"mxfp4": ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4).source,
                    "bf16": ops.fused_moe_choice(hidden, b1, b2, ids).source}
+        if args.graph:  # each op's call captured once (after its eager calls bound the launches)
+            for name in list(calls):
+                calls[name]()
+                graph, _ = capture_graph(calls[name])
+                calls[f"{name} graph"] = graph.replay
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, fn in calls.items():
@@ -83,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         med = {name: statistics.median(ts) for name, ts in times.items()}
         floor = floor_us(int(torch.unique(ids).numel()), tokens, d, inter)
         rows.append({"tokens": tokens, "us": med, "rounds": times, "floor_us": floor, "sources": sources})
-        print(f"| {tokens} | {med['mxfp4']:.1f} | {med['bf16']:.1f} | {med['bf16'] / med['mxfp4']:.3f} | "
+        graphs = f" (graph {med['mxfp4 graph']:.1f} / {med['bf16 graph']:.1f})" if args.graph else ""
+        print(f"| {tokens} | {med['mxfp4']:.1f} | {med['bf16']:.1f} | {med['bf16'] / med['mxfp4']:.3f}{graphs} | "
               f"{med['mxfp4'] / floor:.2f} | {sources['mxfp4']} | {sources['bf16']} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "dims": args.dims, "rows": rows},
