@@ -258,18 +258,21 @@ def test_problem_keys() -> None:
 
 def test_compile_pool_builds_an_e2e_problems_plan(monkeypatch) -> None:
     """The e2e re-time's kernels compile in the pool like the search's (its lever variants, e.g. SORTED_INTER 2, are
-    new specializations): a stage pair compiles both GEMMs, a 1-stage plan its one kernel, a stage problem its own."""
+    new specializations): a stage pair compiles both GEMMs (as the plan launches them: programmatic dependents where
+    the target has PDL), a 1-stage plan its one kernel, a stage problem its own."""
     from tritune.tuners import fused_moe_tunable as ft
 
-    built = []
+    built, pdl = [], []
     monkeypatch.setattr(ft, "interpreting", lambda: False)
-    monkeypatch.setattr(ft, "compile_only", lambda kernel, dims, cfg: built.append((kernel, cfg, dims.tokens)))
+    monkeypatch.setattr(ft, "target_pdl", lambda: True)
+    monkeypatch.setattr(ft, "compile_only", lambda kernel, dims, cfg, pdl_=False, **kw: (
+        built.append((kernel, cfg, dims.tokens)), pdl.append(kw.get("pdl", pdl_))))
     s = shape()
     lever = (dataclasses.replace(PAIR[0], SORTED_INTER=2), dataclasses.replace(PAIR[1], SORTED_INTER=2))
     tunable = FusedMoeTunable()
     e2e = MoeProblem(s, "e2e", plan=lever)
     tunable.compile(e2e, tunable.space(e2e, DEV).prune().kept[0])
-    assert built == [("stage1", lever[0], s.token), ("stage2", lever[1], s.token)]
+    assert built == [("stage1", lever[0], s.token), ("stage2", lever[1], s.token)] and pdl == [True, True]
     one = dataclasses.replace(PAIR[0], BLOCK_SIZE_D=32)
     built.clear()
     e2e = MoeProblem(s, "e2e", plan=(one, None))

@@ -170,7 +170,7 @@ def _constexprs(kind: str, shape: FmoeShape) -> Callable[[Mapping[str, int]], di
             "BLOCK_SIZE_K": p["BLOCK_SIZE_K"], "GROUP_SIZE_M": p["GROUP_SIZE_M"], "KSPLIT": 1,
             "EVEN_K": int(k % p["BLOCK_SIZE_K"] == 0), "USE_TMA": 0, "AMAX_OUT": 0, "A_QUANT_ON_LOAD": 0,
             "OUT_SORTED": 0, "A_SORTED": 0, "ATOMIC_TOPK": 0, "SWAP_AB": 0, "WARP_SPEC": 0,
-            "OUT_K32": 0, "SCALE_TMA": 0, "W_SWIZZLED": 0,
+            "OUT_K32": 0, "SCALE_TMA": 0, "W_SWIZZLED": 0, "PDL": 0,
         }
     return constexprs
 

@@ -57,6 +57,7 @@ from tritune.kernels.mxfp4_records import (
     split_scales,
 )
 from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, split_weights
+from tritune.kernels.pdl import pdl_start
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
 _ACT_ID = {"silu": 0, "gelu": 1, "none": 2}
@@ -415,6 +416,7 @@ def _moe_gemm_kernel(
     SCALE_TMA: tl.constexpr = False,  # swapped MXFP4: w_scale_ptr is the scale records' TMA descriptor, stride_wse
     # the records an expert, stride_wsn unused (kernels/mxfp4_records.py)
     W_SWIZZLED: tl.constexpr = False,  # swapped MXFP4: the packed bytes re-encoded (kernels/mxfp4_swizzle.py)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py): wait before any access
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
 
@@ -428,6 +430,7 @@ def _moe_gemm_kernel(
     Grid: (num_pid_m·⌈N/BLOCK_N⌉, KSPLIT), num_pid_m = moe_align.gemm_blocks (every block that can hold pairs);
     blocks past the padded count exit.
     """
+    pdl_start(PDL)
     pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
     pid_k = tl.program_id(1)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):

@@ -56,7 +56,7 @@ class MoeDims:
         return self.tokens * self.topk
 
 
-def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
+def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = False) -> Any:
     """Compile the GEMM kernel `kernel` ("stage1", "stage2", "1stage") would launch, with no GPU and no launch.
 
     Pointers are Triton's warm-up mock tensors and the integers are the values the real launch passes, so the
@@ -65,7 +65,9 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
     (SORTED_INTER, TOPK_ATOMIC) compiles the variant `MoeLaunch` binds for it; the fp8 intermediate quantized inside
     the GEMMs (AMAX_OUT, A_QUANT_ON_LOAD) is not modelled here and compiles on its first launch, and so does a stage 1
     writing its output in the K32 order for a swapped MXFP4 stage 2 (OUT_K32: it depends on the other stage).
-    Returns the binary (Triton's CompiledKernel: its `asm` is what benchmarks/ir_census.py counts).
+    Returns the binary (Triton's CompiledKernel: its `asm` is what benchmarks/ir_census.py counts). `pdl`: the
+    variant a plan launches as a programmatic dependent (`MoeLaunch` on Hopper, kernels/pdl.py); the stage functions
+    launch plainly.
     """
     from triton.runtime.jit import MockTensor
 
@@ -136,8 +138,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig) -> Any:
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
-        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=dims.swizzled and k32_input(cfg, q),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=dims.swizzled and k32_input(cfg, q), PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 
 def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:

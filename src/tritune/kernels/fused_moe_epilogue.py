@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tritune.kernels.pdl import pdl_start
+
 
 @triton.jit
 def _activation(x, ACT: tl.constexpr):
@@ -43,12 +45,14 @@ def _stage1_finish_kernel(
     N, numel, stride_pk, stride_pm,
     KSPLIT: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, MUL_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
     SORTED: tl.constexpr = False,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     """Sum the split-K partials of stage 1, then activation and routing weight. Rows are pairs (rows = numel), or with
     SORTED the sort's positions (rows = its padded length): a padding row is written as zeros, unread partials and all.
 
     Grid: (rows, ⌈N/BLOCK⌉).
     """
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -77,11 +81,13 @@ def _topk_sum_kernel(
     out_ptr,  # [T, D]
     D, stride_pk,
     TOPK: tl.constexpr, KSPLIT: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     """out[t] = Σ_slots Σ_splits part[split, t·TOPK + slot] (routing weights were applied by stage 2).
 
     Grid: (T, ⌈D/BLOCK⌉).
     """
+    pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D

@@ -47,6 +47,7 @@ from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
 from tritune.kernels.mxfp4_records import RECORD_BYTES
 from tritune.kernels.mxfp4_swizzle import split_weights
+from tritune.kernels.pdl import plan_pdl
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -173,7 +174,9 @@ class MoeLaunch:
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
                          stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride)
-        self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride)
+        # Hopper: the plan's sort, GEMMs and their finish kernels launch as programmatic dependents (kernels/pdl.py).
+        self.pdl = hidden.is_cuda and plan_pdl(torch.cuda.get_device_capability(hidden.device)[0])
+        self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride, pdl=self.pdl)
         pieces.extend(self.align.pieces)  # first, so the sort's own piece indices hold in the workspace
         self.calls: list[tuple] = []  # (bound kernel, where each of its pointers comes from per call), in launch order
         for bound, uses in self.align.steps():
@@ -214,7 +217,7 @@ class MoeLaunch:
     # descriptor self.tma[j], or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
     # launch keeps its fixed tail apart and resolves only its head per call.
     def _bind(self, fn, grid, recipe: list[tuple], example: dict, pieces: _Pieces, num_warps: int,
-              num_stages: int) -> None:
+              num_stages: int, pdl: bool = False) -> None:
         args = []
         for kind, what in recipe:
             if kind == "t":
@@ -229,8 +232,8 @@ class MoeLaunch:
         if any(kind != "v" for kind, _ in recipe[cut:]):
             raise AssertionError(f"{fn}: every pointer must precede the fixed arguments")
         head = tuple((_SOURCE[kind], _TENSORS.index(what) if kind == "t" else what) for kind, what in recipe[:cut])
-        self.calls.append((BoundKernel(fn, grid, args, varying=cut, num_warps=num_warps, num_stages=num_stages),
-                           head))
+        self.calls.append((BoundKernel(fn, grid, args, varying=cut, num_warps=num_warps, num_stages=num_stages,
+                                       launch_pdl=pdl), head))
 
     def _finish_binding(self, pieces: _Pieces) -> None:
         """Per launch, its C launch and one C-level getter of its pointers out of the call's flat list: the call's
@@ -305,7 +308,7 @@ class MoeLaunch:
             stride_om, stride_ok, stride_amax, a_row_div, gated, act, mul_weight, quant_id(quant), cfg.BLOCK_SIZE_M,
             cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.GROUP_SIZE_M, cfg.KSPLIT, k % cfg.BLOCK_SIZE_K == 0,
             bool(cfg.USE_TMA), amax_out, quant_on_load, out_sorted, a_sorted, atomic_topk, bool(cfg.SWAP_AB),
-            bool(cfg.WARP_SPEC), out_k32, bool(cfg.SCALE_TMA), swizzled)]
+            bool(cfg.WARP_SPEC), out_k32, bool(cfg.SCALE_TMA), swizzled, self.pdl)]
         tiles = num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N)
         if cfg.PERSISTENT:  # same arguments; one program a SM walks the tiles (fused_moe_persistent)
             if quant_on_load:
@@ -314,7 +317,7 @@ class MoeLaunch:
             fn, grid = _moe_gemm_persistent_kernel, (min(programs_per_wave(w_t.device), tiles), 1)
         else:
             fn, grid = _moe_gemm_kernel, (tiles, cfg.KSPLIT)
-        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages)
+        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
         bound = self.calls[-1][0]
         for nth, tma in enumerate(self.tma[first:]):  # this kernel's descriptor parameters, in signature order
             encode = partial(bound.encode, nth=nth)
@@ -374,7 +377,8 @@ class MoeLaunch:
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
                        [("p", target1), ("p", inter), ("t", "topk_weights"), ("p", 0)] + [("v", v) for v in (
                            inter_dim, numel, rows * n_w1, n_w1, cfg1.KSPLIT, self.gated, _ACT_ID[activation],
-                           doweight_stage1, block, bool(self.sorted_inter))], example, pieces, 4, 1)
+                           doweight_stage1, block, bool(self.sorted_inter), self.pdl)], example, pieces, 4, 1,
+                       self.pdl)
         a2, s2, stride_asm2 = ("p", inter), dummy, 0
         if fused:
             s2, stride_asm2 = amax, self.amax_groups if quant == "per_1x128" else 0
@@ -407,8 +411,8 @@ class MoeLaunch:
             block = min(triton.next_power_of_2(model_dim), 1024)
             self._bind(_topk_sum_kernel, (tokens, triton.cdiv(model_dim, block)),
                        [target2, ("t", "out")] + [("v", v) for v in (
-                           model_dim, numel * model_dim if split2 else 0, topk, cfg2.KSPLIT, block)],
-                       example, pieces, 4, 1)
+                           model_dim, numel * model_dim if split2 else 0, topk, cfg2.KSPLIT, block, self.pdl)],
+                       example, pieces, 4, 1, self.pdl)
 
     def _bind_1stage(self, hidden, w1, w2, topk_weights, w1_scale, w2_scale, pieces: _Pieces, cfg: MoeConfig,
                      numel: int, topk: int, inter_dim: int, model_dim: int, activation: str, quant: str) -> None:

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from tritune.kernels.fused_moe import _scaled_dot, _tile_mn
+from tritune.kernels.pdl import pdl_start
 
 
 @triton.jit
@@ -39,6 +40,7 @@ def _moe_gemm_persistent_kernel(
     OUT_K32: tl.constexpr = False,  # the stage-1 option of _moe_gemm_kernel's signature: never set here
     SCALE_TMA: tl.constexpr = False,  # _moe_gemm_kernel's swapped-MXFP4 option: never set here (check_config)
     W_SWIZZLED: tl.constexpr = False,  # _moe_gemm_kernel's re-encoded MXFP4 weights: never set here (QUANT <= 2)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column
     of N tiles; each program takes every tl.num_programs(0)-th tile.
@@ -48,6 +50,7 @@ def _moe_gemm_persistent_kernel(
     tl.static_assert(not GATED and ACT == 2 and KSPLIT == 1 and USE_TMA and A_SORTED == 2)
     tl.static_assert(not SWAP_AB and not WARP_SPEC and not A_QUANT_ON_LOAD and AMAX_OUT == 0 and not OUT_SORTED)
     tl.static_assert(QUANT <= 2)  # 16-bit, fp8 per_token, fp8 per_1x128 (BLOCK_SIZE_K dividing 128)
+    pdl_start(PDL)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     blocks = tl.minimum(tl.cdiv(tl.load(num_post_ptr), BLOCK_SIZE_M), num_pid_m)
     num_tiles = blocks * num_pid_n

@@ -97,12 +97,14 @@ class BoundKernel:
     `args` at binding are every parameter of the kernel in order (constexprs included; tensors, or dtypes for
     buffers of a workspace, for pointers). The first `varying` of them change per call (the pointers, which every
     kernel here takes first); the rest are fixed at binding. A call passes the varying ones: tensors, or addresses.
+    `launch_pdl`: launched as a programmatic dependent of the previous kernel (kernels/pdl.py; the kernel must wait
+    first).
     """
 
     __slots__ = ("encode", "grid", "launch", "name")
 
     def __init__(self, fn, grid: Sequence[int], args: Sequence, *, varying: int, num_warps: int,
-                 num_stages: int) -> None:
+                 num_stages: int, launch_pdl: bool = False) -> None:
         grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
         self.grid = grid3  # what every launch covers (tests read it)
         self.name = name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
@@ -111,7 +113,8 @@ class BoundKernel:
         if not isinstance(fn, JITFunction):  # Triton's interpreter
             self.launch = _through_triton(fn, grid3, tail, num_warps, num_stages, name)
             return
-        compiled = fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages)
+        options = {"launch_pdl": True} if launch_pdl else {}  # the PDL launch attribute (kernels/pdl.py)
+        compiled = fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages, **options)
         if compile_only_process():  # the compile pool binding what a GPU worker will bind: the binary is cached now
             self.launch = _no_gpu_here(name)
             return

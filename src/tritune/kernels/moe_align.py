@@ -17,6 +17,7 @@ import triton.language as tl
 from tritune.compile_target import compile_only_process
 from tritune.kernels.launch import BoundKernel
 from tritune.kernels.mxfp4 import K32_BLOCK, k32_copy_block
+from tritune.kernels.pdl import pdl_start
 from tritune.kernels.quant import FP8, QuantLayout, quant_layout, quant_tile
 from tritune.knobs import interpreting
 
@@ -152,6 +153,7 @@ def _moe_align_first_kernel(
     SMALL: tl.constexpr, BS: tl.constexpr, BS_P2: tl.constexpr, N_P2: tl.constexpr, BT: tl.constexpr,
     CHUNK: tl.constexpr, NB: tl.constexpr, GROUP: tl.constexpr, QBLOCK: tl.constexpr, QROWS: tl.constexpr,
     ZBLOCK: tl.constexpr, K32: tl.constexpr = False,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     """The sort's first launch (all of it for few pairs, else the chunk counts), with independent work the fused
     MoE needs before its GEMMs riding along in the same launch: the fp8 quantization of the activations (one
@@ -161,6 +163,7 @@ def _moe_align_first_kernel(
 
     Grid: (sort_programs + quant_programs + ⌈n_zero/ZBLOCK⌉ + ⌈n_zero2/ZBLOCK⌉,).
     """
+    pdl_start(PDL)
     pid = tl.program_id(0)
     if pid < sort_programs:
         if SMALL:
@@ -350,7 +353,8 @@ _ZBLOCK = 4096
 
 
 class AlignLaunch:
-    """`moe_align_block_size` for one (pairs, experts, block size, ids dtype and alignment), bound once.
+    """`moe_align_block_size` for one (pairs, experts, block size, ids dtype and alignment), bound once. `pdl`: the
+    first launch is a programmatic dependent of whatever ran before (kernels/pdl.py; the fused-MoE plan's choice).
 
     Its buffers are `pieces` (dtype, numel) in the caller's workspace, in the order `__call__` takes them:
     sorted_token_ids, expert_ids, num_tokens_post_padded, the scratch of the multi-launch paths (3, 4), then the
@@ -361,7 +365,7 @@ class AlignLaunch:
     """
 
     def __init__(self, flat_ids: torch.Tensor, block_size: int, num_experts: int,
-                 ride: RideAlong = RideAlong()) -> None:
+                 ride: RideAlong = RideAlong(), pdl: bool = False) -> None:
         numel = flat_ids.numel()
         self.numel, self.block_size = numel, block_size
         self.max_padded = max_padded_size(numel, num_experts, block_size)
@@ -409,11 +413,11 @@ class AlignLaunch:
                  numel, num_experts, self.max_padded, num_blocks, sort_programs, quant_programs, ride.zero, ride.zero2,
                  ride.rows, ride.cols, ride.stride, groups, small, block_size, bs_p2, n_p2,
                  _block_tile(n_p2 if small else e_p2, bs_p2), CHUNK, _p2(num_experts + 1), ride.group,
-                 qlay.block if qlay else 16, qlay.rows if qlay else 1, _ZBLOCK, ride.k32)
+                 qlay.block if qlay else 16, qlay.rows if qlay else 1, _ZBLOCK, ride.k32, pdl)
         warps = max(8 if small and n_p2 > 64 else 4, qlay.warps if qlay else 1)
         zero_programs = triton.cdiv(ride.zero, _ZBLOCK) + triton.cdiv(ride.zero2, _ZBLOCK)
         self._first = BoundKernel(_moe_align_first_kernel, (sort_programs + quant_programs + zero_programs,),
-                                  first, varying=10, num_warps=warps, num_stages=1)
+                                  first, varying=10, num_warps=warps, num_stages=1, launch_pdl=pdl)
         self._first_uses = uses
         if small:
             return

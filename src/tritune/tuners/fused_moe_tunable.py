@@ -23,6 +23,7 @@ from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference,
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.kernels.mxfp4_records import RECORD_ROWS, Mxfp4Scales, scale_records
 from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, swizzle_e2m1
+from tritune.kernels.pdl import target_pdl
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
 from tritune.ops.heuristics import moe_heuristic
@@ -465,9 +466,9 @@ class FusedMoeTunable:
         cfg1, cfg2 = problem.plan
         if cfg2 is None:
             compile_only("1stage", problem.dims, cfg1)
-        else:
-            compile_only("stage1", problem.dims, cfg1)
-            compile_only("stage2", problem.dims, cfg2)
+        else:  # the op's plan launches its GEMMs as programmatic dependents on Hopper (kernels/pdl.py)
+            compile_only("stage1", problem.dims, cfg1, pdl=target_pdl())
+            compile_only("stage2", problem.dims, cfg2, pdl=target_pdl())
 
     def compile_key(self, problem: MoeProblem, config: Config) -> str:
         return f"{problem.key()}:{config.key()}"
