@@ -58,15 +58,21 @@ def test_words_variant_reads_padded_scale_rows_exactly(tmp_path):
     assert "BK128" in rows["words"]["configs"][0]
 
 
-def test_records_variant_reads_the_codes_through_tma_and_matches_the_op(tmp_path):
-    """The tiny shape's rule tiles take BLOCK_K 64 (no records); forced to 128 with SCALE_TMA, the records variant
-    reads the codes through TMA and gives the op's result."""
+def _tiny_runs(tmp_path, **fields_by_variant: str) -> dict[str, dict]:
+    """Each variant's row at 5 tokens of the tiny shape, run alone by the driver with its own --set fields."""
     rows = {}
-    for variant, fields in (("op", "BLOCK_SIZE_K=128"), ("records", "BLOCK_SIZE_K=128,SCALE_TMA=1")):
+    for variant, fields in fields_by_variant.items():
         out = tmp_path / f"{variant}.json"
         assert _probe().main(["--tiny", "--variants", variant, "--tokens", "5", "--iters", "1", "--set", fields,
                               "--out", str(out)]) == 0
         rows[variant] = json.loads(out.read_text())["rows"][0]
+    return rows
+
+
+def test_records_variant_reads_the_codes_through_tma_and_matches_the_op(tmp_path):
+    """The tiny shape's rule tiles take BLOCK_K 64 (no records); forced to 128 with SCALE_TMA, the records variant
+    reads the codes through TMA and gives the op's result."""
+    rows = _tiny_runs(tmp_path, op="BLOCK_SIZE_K=128", records="BLOCK_SIZE_K=128,SCALE_TMA=1")
     assert "ST1" in rows["records"]["configs"][0] and "ST1" not in rows["op"]["configs"][0]
     assert rows["records"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["op"]["rel_l2"] < 1e-2
 
@@ -74,12 +80,7 @@ def test_records_variant_reads_the_codes_through_tma_and_matches_the_op(tmp_path
 def test_swizzle_variant_reads_re_encoded_weights_and_matches_the_op_and_set_takes_one_stage(tmp_path):
     """The swizzle variant hands the stages `prepare_mxfp4_weights` results (the interpreter undoes the encoding per
     tile) and gives the op's result; `--set 2:FIELD=V` reaches stage 2's config alone."""
-    rows = {}
-    for variant, fields in (("op", "BLOCK_SIZE_K=128"), ("swizzle", "BLOCK_SIZE_K=128,2:num_stages=3")):
-        out = tmp_path / f"{variant}.json"
-        assert _probe().main(["--tiny", "--variants", variant, "--tokens", "5", "--iters", "1", "--set", fields,
-                              "--out", str(out)]) == 0
-        rows[variant] = json.loads(out.read_text())["rows"][0]
+    rows = _tiny_runs(tmp_path, op="BLOCK_SIZE_K=128", swizzle="BLOCK_SIZE_K=128,2:num_stages=3")
     assert rows["swizzle"]["rel_l2"] == pytest.approx(rows["op"]["rel_l2"], rel=1e-6) and rows["op"]["rel_l2"] < 1e-2
     assert "_S3_" in rows["swizzle"]["configs"][1]
     probe = _probe()

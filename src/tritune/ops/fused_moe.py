@@ -247,20 +247,21 @@ def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torc
         if t is not None and t.device != hidden_states.device:
             raise ValueError(f"{name} is on {t.device}, hidden_states on {hidden_states.device}: every tensor must be "
                              f"on one device")
+    # The rule table's tiles for scales given as codes (`_scale_forms` settled prepared ones before this).
+    codes_rule = functools.partial(_rule_choice, hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1,
+                                   scale_records=False)
     if choice is None:
         choice = fused_moe_choice(hidden_states, w1, w2, topk_ids, activation=activation, quant=quant,
                                   doweight_stage1=doweight_stage1)
-        choice = _swizzle_as_given(choice, quant, (swizzled1, swizzled2), lambda: _rule_choice(
-            hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=False))
-    choice = _scale_tma_as_given(choice, w1_scale, w2_scale, lambda: _rule_choice(
-        hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=False))
+        choice = _swizzle_as_given(choice, quant, (swizzled1, swizzled2), codes_rule)
+    choice = _scale_tma_as_given(choice, w1_scale, w2_scale, codes_rule)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     stage2 = None if choice.run_1stage else choice.stage2
     with torch.cuda.device(hidden_states.device) if hidden_states.is_cuda else contextlib.nullcontext():
         return MoeLaunch(hidden_states, launch_w1, launch_w2, topk_weights, topk_ids, w1_scale, w2_scale,
-                         stage1=choice.stage1,
-                         stage2=stage2, activation=activation, quant=quant, doweight_stage1=doweight_stage1)
+                         stage1=choice.stage1, stage2=stage2, activation=activation, quant=quant,
+                         doweight_stage1=doweight_stage1)
 
 
 # Prepared MXFP4 scales: per (scale objects, call shape, options, forced choice), which form each stage reads and the

@@ -379,9 +379,10 @@ class FusedMoeTunable:
         inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
                   "topk_weights": weights, "topk_ids": ids}
         if s.quant == fm.MXFP4:  # the codes' TMA records and the re-encoded bytes too, made once as a user's load
-            # would (SCALE_TMA; the swapped GEMM reads re-encoded weights: `launcher`)
+            # would (SCALE_TMA; the swapped GEMM reads re-encoded weights: `launcher`), those of the weights it runs
             inputs["w1_scale_records"], inputs["w2_scale_records"] = scale_records(w1_s), scale_records(w2_s)
-            inputs["w1_swizzled"], inputs["w2_swizzled"] = swizzle_e2m1(w1), swizzle_e2m1(w2)
+            for name in {"stage1": ("w1",), "stage2": ("w2",)}.get(problem.kind, ("w1", "w2")):
+                inputs[f"{name}_swizzled"] = swizzle_e2m1(inputs[name])
         if problem.kind == "stage2":
             inputs["inter"] = self._stage1_ref(problem, inputs).to(dt)
         return inputs
