@@ -44,7 +44,7 @@ COPY_BYTES_PER_S = 3.0e12
 
 def tile_scales(scales: torch.Tensor) -> torch.Tensor:
     """scales uint8 [N, K/32] -> the op's scale records of that one weight (kernels/mxfp4_records.py), viewed
-    [⌈K/128⌉ · ⌈N/64⌉, 256]: record (kb, nb) holds rows nb·64.. of K step kb, 127 past N or K."""
+    [⌈N/64⌉ · ⌈K/128⌉, 256]: record (nb, kb) holds rows nb·64.. of K step kb, 127 past N or K."""
     return scale_records(scales[None]).view(-1, RECORD_BYTES)
 
 
@@ -60,7 +60,7 @@ def _toy_kernel(w_desc, s_desc, s_ptr, a_desc, out_ptr, K, stride_sn, NB, MODE: 
         if MODE == 0:
             codes = mxfp4_scale_codes(s_ptr, rows, k, stride_sn, K, BLOCK_K)
         elif MODE == 1:
-            codes = tl.reshape(s_desc.load([i * NB + pid, 0]), (BLOCK_N, BLOCK_K // 32))
+            codes = tl.reshape(s_desc.load([pid * tl.cdiv(K, BLOCK_K) + i, 0]), (BLOCK_N, BLOCK_K // 32))
         else:
             codes = tl.full((BLOCK_N, BLOCK_K // 32), 127, tl.uint8)
         w = mxfp4_decode_k32(packed, codes, BLOCK_N, BLOCK_K, a_desc.dtype)

@@ -437,20 +437,21 @@ def test_make_inputs_shapes_and_dtypes() -> None:
     assert x["hidden"].float().std() > 0.5  # randn, never zeros
 
 
-def test_mxfp4_inputs_carry_the_records_and_the_re_encoded_bytes_of_the_weights_the_kind_runs() -> None:
-    """The swapped GEMM's prepared forms, made once per problem: both scales' records, and the re-encoded bytes of
-    w1 for stage 1, of w2 for stage 2, of both for the whole op."""
-    from tritune.kernels.mxfp4_swizzle import unswizzle_e2m1
+def test_mxfp4_inputs_carry_the_records_and_the_prepared_bytes_of_the_weights_the_kind_runs() -> None:
+    """The swapped GEMM's prepared forms, made once per problem: both scales' records, and the prepared (re-encoded,
+    tile-major) bytes of w1 for stage 1, of w2 for stage 2, of both for the whole op."""
+    from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, unswizzle_e2m1
 
     t = FusedMoeTunable()
     s = shape("per_1x32", q_dtype_a="fp16", q_dtype_w="fp4x2", dtype="fp16", token=3, model_dim=64, inter_dim=32,
               expert=4, topk=2)
     for kind, names in (("stage1", {"w1"}), ("stage2", {"w2"}), ("e2e", {"w1", "w2"})):
         x = t.make_inputs(MoeProblem(s, kind), DEVICE, seed=3)
-        assert {k.removesuffix("_swizzled") for k in x if k.endswith("_swizzled")} == names, kind
+        assert {k.removesuffix("_tiles") for k in x if k.endswith("_tiles")} == names, kind
         assert "w1_scale_records" in x and "w2_scale_records" in x
         for name in names:
-            assert torch.equal(unswizzle_e2m1(x[f"{name}_swizzled"].cpu()), x[name].cpu())
+            prepared = Mxfp4Weights(x[f"{name}_tiles"], *x[name].shape[1:])
+            assert torch.equal(unswizzle_e2m1(prepared.packed().cpu()), x[name].cpu())
 
 
 def test_launcher_rejects_config_the_kernel_cannot_run() -> None:

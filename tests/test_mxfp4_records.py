@@ -43,9 +43,9 @@ def test_records_hold_each_step_and_block_row_by_row_with_scale_1_past_n_and_k()
     codes = (torch.arange(2 * 70 * 5, dtype=torch.int32) % 251).reshape(2, 70, 5).to(torch.uint8)
     rec = scale_records(codes)
     assert tuple(rec.shape) == records_shape(2, 70, 160) == (2, 2, 2, 256) and rec.is_contiguous()
-    r = rec[1, 1, 0].reshape(64, 4)  # expert 1, K step 1 (codes 4-7, only 4 exists), rows 0-63
+    r = rec[1, 0, 1].reshape(64, 4)  # expert 1, rows 0-63, K step 1 (codes 4-7, only 4 exists)
     assert torch.equal(r[:, 0], codes[1, :64, 4]) and bool((r[:, 1:] == 127).all())
-    r = rec[0, 0, 1].reshape(64, 4)  # expert 0, K step 0, rows 64-127: 64-69 exist
+    r = rec[0, 1, 0].reshape(64, 4)  # expert 0, rows 64-127 (64-69 exist), K step 0
     assert torch.equal(r[:6], codes[0, 64:70, :4]) and bool((r[6:] == 127).all())
 
 

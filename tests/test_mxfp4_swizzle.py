@@ -1,8 +1,9 @@
-"""Re-encoded MXFP4 weight bytes (kernels/mxfp4_swizzle.py): the encoding round trip through the decode's own
-register formulas, the one-line refusals, the interpreter's per-tile undo, both stages and the whole call against the
-standard bytes (bit-equal: the same weights decoded), and the op taking prepared weights (with a looked-up choice
-that cannot read them giving way to the rule table). Without a GPU these run in Triton's interpreter, fp16, which
-undoes the encoding per tile (`unswizzle_tile`); the bf16 PTX path is test_runtime_gpu.py's."""
+"""Prepared MXFP4 weight bytes (kernels/mxfp4_swizzle.py): the encoding round trip through the decode's own
+register formulas, the tile-major layout and its TMA view, the one-line refusals, the interpreter's per-tile undo,
+both stages and the whole call against the standard bytes (bit-equal: the same weights decoded), and the op taking
+prepared weights (with a looked-up choice that cannot read them giving way to the rule table). Without a GPU these
+run in Triton's interpreter, fp16, which undoes the encoding per tile (`unswizzle_tile`); the bf16 PTX path is
+test_runtime_gpu.py's."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ from tritune.kernels.mxfp4_swizzle import (
     Mxfp4Weights,
     prepare_mxfp4_weights,
     swizzle_e2m1,
+    tile_box,
+    tile_major,
+    tile_view,
     unswizzle_e2m1,
     unswizzle_tile,
+    untile,
 )
 from tritune.ops.fused_moe import MoeChoice
 
@@ -48,9 +53,31 @@ def test_each_bit_of_a_group_goes_once_and_the_decode_formulas_undo_it():
     assert moved and all(e == 1 and r in (16 + 5, 16 + 8 + 5) and c in (6, 7) for e, r, c in moved)
 
 
+def test_tile_major_puts_each_64_row_k_step_together_and_the_tma_view_finds_every_tile():
+    gen = torch.Generator().manual_seed(5)
+    raw = torch.randint(0, 256, (2, 160, 80), dtype=torch.uint8, generator=gen)  # N 160: a partial block; K/2 80
+    tiles = tile_major(raw)
+    assert tiles.shape == (2, 3, 2, 64, 64) and tiles.is_contiguous()
+    assert torch.equal(tiles[1, 2, 0, :32], raw[1, 128:, :64]) and not tiles[1, 2, :, 32:].any()  # rows past N
+    assert torch.equal(tiles[0, 1, 1, :, :16], raw[0, 64:128, 64:]) and not tiles[:, :, 1, :, 16:].any()  # past K
+    assert torch.equal(untile(tiles, 160, 80), raw)
+    w = prepare_mxfp4_weights(raw)
+    assert w.shape == raw.shape and w.view.shape == raw.shape and w.view.data_ptr() == w.tiles.data_ptr()
+    assert torch.equal(unswizzle_e2m1(w.packed()), raw)
+    view = tile_view(w.view)  # [E·NB, KS·64, 64]: the box of a BLOCK_N tile at K step s, rows n0.., as the kernel
+    assert view.shape == (6, 128, 64)
+    standard = tile_major(w.packed())[1].permute(0, 2, 1, 3).reshape(192, 128)  # expert 1, rows padded to 192
+    for block_n, block_k, n0, k in ((64, 128, 64, 128), (128, 128, 0, 0), (16, 128, 144, 128), (32, 64, 32, 64)):
+        rows, sub, width = tile_box(block_n, block_k)
+        e_row = 1 * 192 + n0  # the kernel's coordinates: [row // 64, (k // 128)·64 + row % 64, (k % 128) / 2]
+        r0, c0 = (k // 128) * 64 + e_row % 64, (k % 128) // 2
+        box = view[e_row // 64:e_row // 64 + rows, r0:r0 + sub, c0:c0 + width]
+        assert torch.equal(box.reshape(block_n, block_k // 2), standard[n0:n0 + block_n, k // 2:k // 2 + block_k // 2])
+
+
 def test_the_refusals_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"N a multiple of 16 .* \(2, 24, 8\)"):
-        prepare_mxfp4_weights(torch.zeros(2, 24, 8, dtype=torch.uint8))
+        swizzle_e2m1(torch.zeros(2, 24, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="want packed uint8"):
         swizzle_e2m1(torch.zeros(2, 16, 8))
     with pytest.raises(ValueError, match=r"want packed uint8 \[E, N, K/2\]"):
@@ -58,12 +85,17 @@ def test_the_refusals_name_what_is_wrong():
     hidden, q1, q2, weights, ids, s1, s2 = operands()
     p1, p2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
     sorting = moe_align_block_size(ids, ST.BLOCK_SIZE_M, E)
-    unswapped = dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0)
-    with pytest.raises(ValueError, match=r"moe_stage1_per_1x32.*read only by the swapped GEMM"):
-        moe_stage1(hidden, p1, weights, sorting, unswapped, inter_dim=INTER, quant=fm.MXFP4, w1_scale=s1)
+    for fields in ({"SWAP_AB": 0, "USE_TMA": 0}, {"BLOCK_SIZE_K": 256}, {"BLOCK_SIZE_N": 32}):
+        with pytest.raises(ValueError, match=r"moe_stage1_per_1x32.*read only by the swapped GEMM.*N >= 64, through"):
+            moe_stage1(hidden, p1, weights, sorting, dataclasses.replace(ST, **fields), inter_dim=INTER,
+                       quant=fm.MXFP4, w1_scale=s1)
     one = dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0, BLOCK_SIZE_D=64)
     with pytest.raises(ValueError, match="1-stage kernel reads the standard packed MXFP4 bytes"):
         MoeLaunch(hidden, p1, p2, weights, ids, s1, s2, stage1=one, stage2=None, quant=fm.MXFP4)
+    h, r1, _, w, i, c1, _ = operands(inter=96)  # the up rows start at row 96, inside a 64-row chunk
+    with pytest.raises(ValueError, match="inter_dim a multiple of 64 .* got 96"):
+        moe_stage1(h, prepare_mxfp4_weights(r1), w, moe_align_block_size(i, ST.BLOCK_SIZE_M, E), ST, inter_dim=96,
+                   quant=fm.MXFP4, w1_scale=c1)
 
 
 @triton.jit
@@ -82,8 +114,10 @@ def test_a_tile_is_undone_in_the_kernel_as_on_the_host():
 
 
 @pytest.mark.parametrize("fields", [{}, {"KSPLIT": 2}, {"USE_TMA": 0},
+                                    {"BLOCK_SIZE_K": 64}, {"USE_TMA": 0, "BLOCK_SIZE_K": 64},
                                     {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_warps": 8}],
-                         ids=["tma", "split-k", "pointer loads", "8 warps, 128 rows"])
+                         ids=["tma", "split-k", "pointer loads", "tma, 64-wide K", "pointers, 64-wide K",
+                              "8 warps, 128 rows"])
 def test_both_stages_read_re_encoded_bytes_as_the_standard_ones(fields):
     hidden, q1, q2, weights, ids, s1, s2 = operands()
     st = dataclasses.replace(ST, **fields)
@@ -134,6 +168,6 @@ def test_the_op_takes_prepared_weights_and_a_choice_that_cannot_read_them_gives_
 
 
 def test_the_weights_wrapper_is_an_identity_keyed_holder():
-    packed = torch.zeros(1, 16, 4, dtype=torch.uint8)
-    a, b = Mxfp4Weights(packed), Mxfp4Weights(packed)
-    assert a != b and a.packed is packed and a.shape == packed.shape
+    tiles = torch.zeros(1, 1, 1, 64, 64, dtype=torch.uint8)
+    a, b = Mxfp4Weights(tiles, 48, 40), Mxfp4Weights(tiles, 48, 40)
+    assert a != b and a.tiles is tiles and a.shape == (1, 48, 40)

@@ -14,10 +14,10 @@ def test_tile_scales_lays_each_step_and_block_out_row_by_row():
     probe = load_benchmark("probe_mxfp4_scale_tma")
     s = torch.arange(70 * 5, dtype=torch.int32).reshape(70, 5).to(torch.uint8)  # N 70, K/32 5: both past a tile
     t = probe.tile_scales(s)
-    assert t.shape == (2 * 2, 256)  # 2 K steps x 2 row blocks
-    rec = t[1 * 2 + 0].reshape(64, 4)  # K step 1, rows 0-63: codes 4..7, of which only 4 exists
+    assert t.shape == (2 * 2, 256)  # 2 row blocks x 2 K steps
+    rec = t[0 * 2 + 1].reshape(64, 4)  # rows 0-63, K step 1: codes 4..7, of which only 4 exists
     assert torch.equal(rec[:, 0], s[:64, 4]) and bool((rec[:, 1:] == 127).all())
-    rec = t[0 * 2 + 1].reshape(64, 4)  # K step 0, rows 64-127: rows 64-69 real, the rest 127
+    rec = t[1 * 2 + 0].reshape(64, 4)  # rows 64-127, K step 0: rows 64-69 real, the rest 127
     assert torch.equal(rec[:6], s[64:70, :4]) and bool((rec[6:] == 127).all())
 
 

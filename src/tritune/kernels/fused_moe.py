@@ -53,10 +53,20 @@ from tritune.kernels.mxfp4_records import (
     RECORD_ROWS,
     Mxfp4Scales,
     records_shape,
+    records_view,
     scale_records,
     split_scales,
 )
-from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, split_weights
+from tritune.kernels.mxfp4_swizzle import (
+    TILE_BLOCK_K,
+    TILE_ROWS,
+    Mxfp4Weights,
+    check_prepared_device,
+    split_weights,
+    tile_box,
+    tile_major_bytes,
+    tile_view,
+)
 from tritune.kernels.pdl import pdl_start
 from tritune.kernels.quant import FP8, _round_to_e4m3, quantize_blocks, quantize_fp8, quantize_rows
 
@@ -120,22 +130,21 @@ def _gated_dot(a, a_rows, w_base, offs_n, offs_k, k, K, N, stride_wn,
     unquantized and `a_scale_ptr` holds each 1×128 group's amax: the tile is quantized here exactly as
     `quant_tile` would have (the K step lies in one group, BLOCK_K dividing 128).
     SCALE_TMA (swapped MXFP4 through TMA): w_scale_ptr is the TMA descriptor of the scale records
-    (kernels/mxfp4_records.py) and stride_wsn this tile's gate record at K step 0; records of one K step are
-    ⌈N_W/64⌉ apart, and the up rows' records N/64 after the gate's (N a multiple of 64).
-    W_SWIZZLED (swapped MXFP4 only): the packed bytes are re-encoded (kernels/mxfp4_swizzle.py).
+    (kernels/mxfp4_records.py, viewed [E·NB, KB, 256]) and stride_wsn the row of this tile's first gate block; the
+    up rows' blocks are N/64 after the gate's (N a multiple of 64).
+    W_SWIZZLED (swapped MXFP4: `reads_prepared`): prepared weights (kernels/mxfp4_swizzle.py), the bytes re-encoded
+    and tile-major; with USE_TMA `w_desc` is their `tile_view`, block `tile_box`.
     """
     if (QUANT == 3 or QUANT == 4) and SWAP_AB:
         a_t = tl.trans(a)
-        per_step = tl.cdiv(2 * N if GATED else N, 64)
         acc_g = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, w_desc, tma_row,
-                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step, W_SWIZZLED)
+                                USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, W_SWIZZLED)
         if GATED:
             up_scales = stride_wsn  # pointer rows: the row stride; records: the up rows' first record
             if SCALE_TMA:
                 up_scales = stride_wsn + N // 64
             acc_u = _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, offs_n + N, k, stride_wn, up_scales, K, acc_u, w_desc,
-                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, per_step,
-                                    W_SWIZZLED)
+                                    tma_row + N, USE_TMA, BLOCK_SIZE_N, BLOCK_SIZE_K, SCALE_TMA, W_SWIZZLED)
     elif QUANT == 4 or QUANT == 5:
         acc_g = mxfp4_dot_scaled(a, w_base, w_scale_ptr, offs_n, k, stride_wn, stride_wsn, K, acc_g, BLOCK_SIZE_K)
         if GATED:
@@ -214,7 +223,7 @@ def _mxfp4_tile_dot(a, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, a
 @triton.jit
 def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, acc, w_desc, tma_row,
                     USE_TMA: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                    SCALE_TMA: tl.constexpr = False, records_per_step=0, SWIZZLED: tl.constexpr = False):
+                    SCALE_TMA: tl.constexpr = False, SWIZZLED: tl.constexpr = False):
     """acc [BLOCK_N, BLOCK_M] plus this K step's w · a_t (a_t = aᵀ, [BLOCK_K, BLOCK_M]) for MXFP4 rows `rows`: the
     tile decoded by packed PTX in the K32 order (`mxfp4_tile_k32`; A's columns must be in that order too) and fed
     as the dot's left operand.
@@ -223,17 +232,24 @@ def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K,
     decode straight into the MMA, and its 64 rows come from N rather than a block of a few pairs. On the H100
     (probe_mxfp4_gemv.py, gpt-oss-120b's GEMMs) it ran 21-22% faster than tl.dot_scaled at 64 tokens, 8-9% at 1.
     """
-    if USE_TMA:  # the packed bytes through `w_desc` ([E·N_W, K/2] uint8, TMA zero-fills past K)
-        packed = w_desc.load([tma_row, k // 2])
-        if SCALE_TMA:  # the codes too: BLOCK_N / 64 adjacent records of this K step (stride_wsn: step 0's first)
-            codes = tl.reshape(w_scale_ptr.load([stride_wsn + (k // BLOCK_SIZE_K) * records_per_step, 0]),
-                               (BLOCK_SIZE_N, BLOCK_SIZE_K // 32))
+    if USE_TMA:
+        if SWIZZLED:  # prepared weights, tile-major (mxfp4_swizzle.tile_view): this K step's chunk rows, one box
+            packed = tl.reshape(w_desc.load([tma_row // 64, (k // 128) * 64 + tma_row % 64, (k % 128) // 2]),
+                                (BLOCK_SIZE_N, BLOCK_SIZE_K // 2))
+        else:  # the packed bytes through `w_desc` ([E·N_W, K/2] uint8, TMA zero-fills past K)
+            packed = w_desc.load([tma_row, k // 2])
+        if SCALE_TMA:  # the codes too: this K step's records of the tile's BLOCK_N / 64 blocks (stride_wsn: the first)
+            codes = tl.reshape(w_scale_ptr.load([stride_wsn, k // BLOCK_SIZE_K, 0]), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32))
         else:  # by pointers
             codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
         w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, SWIZZLED)
+    elif SWIZZLED:  # prepared weights by pointers (no TMA: the interpreter, GPUs before Hopper)
+        packed = tile_major_bytes(w_base, rows, k, K, BLOCK_SIZE_K)
+        codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
+        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, SWIZZLED)
     else:
         w = mxfp4_tile_k32(w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                           a_t.dtype, SWIZZLED)
+                           a_t.dtype)
     return tl.dot(w, a_t, acc)
 
 
@@ -415,7 +431,7 @@ def _moe_gemm_kernel(
     OUT_K32: tl.constexpr = False,  # stage 1: output columns in the K32 order (stage 2's swapped MXFP4 reads them so)
     SCALE_TMA: tl.constexpr = False,  # swapped MXFP4: w_scale_ptr is the scale records' TMA descriptor, stride_wse
     # the records an expert, stride_wsn unused (kernels/mxfp4_records.py)
-    W_SWIZZLED: tl.constexpr = False,  # swapped MXFP4: the packed bytes re-encoded (kernels/mxfp4_swizzle.py)
+    W_SWIZZLED: tl.constexpr = False,  # prepared MXFP4 weights: re-encoded, tile-major (kernels/mxfp4_swizzle.py)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py): wait before any access
 ):
     """One BLOCK_M×BLOCK_N tile of one expert's block of sorted pairs, for one K split.
@@ -445,7 +461,10 @@ def _moe_gemm_kernel(
         stride_wsn = (expert * stride_wse + pid_n * (BLOCK_SIZE_N // 64)).to(tl.int32)
     else:
         ws_base = w_scale_ptr + expert * stride_wse
-    tma_row = (expert * (2 * N if GATED else N) + pid_n * BLOCK_SIZE_N).to(tl.int32)
+    expert_rows = 2 * N if GATED else N
+    if W_SWIZZLED:  # prepared weights keep whole 64-row chunks: an expert's rows padded to a multiple of 64
+        expert_rows = tl.cdiv(expert_rows, 64) * 64
+    tma_row = (expert * expert_rows + pid_n * BLOCK_SIZE_N).to(tl.int32)
     k_start = pid_k * k_per_split
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, K), K, N,
                                w_base, offs_n, stride_wn, a_scale_ptr, stride_asm, ws_base, stride_wsn, w_desc,
@@ -572,7 +591,8 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     w_scale, records = split_scales(w_scale)
     w, swizzled = split_weights(w)
     if swizzled:
-        check_swizzled(cfg, quant, "stage1" if gated or act != _ACT_ID["none"] else "stage2")
+        check_swizzled(cfg, quant, "stage1" if gated or act != _ACT_ID["none"] else "stage2", n, gated)
+        check_prepared_device(w)
     if quant in MXFP4_QUANTS:
         _check_mxfp4(w, w_scale, k, cfg)
     numel = sorting.numel
@@ -585,11 +605,13 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if cfg.SCALE_TMA:  # the codes through TMA, from their records (re-laid here when the caller has none)
         check_scale_records(cfg, n, gated)
         records = scale_records(w_scale) if records is None else records
-        w_s = TensorDescriptor.from_tensor(records.view(-1, RECORD_BYTES), scale_records_box(cfg))
-        stride_wse, stride_wsn = records.shape[1] * records.shape[2], 0
+        w_s = TensorDescriptor.from_tensor(records_view(records), scale_records_box(cfg))
+        stride_wse, stride_wsn = records.shape[1], 0
     grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
     w_desc = w
-    if cfg.USE_TMA:
+    if swizzled and cfg.USE_TMA:  # prepared weights: tile-major, one box a K step
+        w_desc = TensorDescriptor.from_tensor(tile_view(w), tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K))
+    elif cfg.USE_TMA:
         row, box = weight_tma_view(quant, k, cfg)
         if (row * w.element_size()) % 16:
             raise ValueError(f"USE_TMA needs weight rows of 16-byte multiples; K={k} of {w.dtype} "
@@ -614,12 +636,26 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     return out
 
 
-def check_swizzled(cfg: MoeConfig, quant: str, kernel: str) -> None:
-    """What re-encoded MXFP4 weights (kernels/mxfp4_swizzle.py) need: the swapped GEMM, the only one that decodes
-    them. (Their 16-row groups always line up: the rows per expert, 2I or D, are multiples of 32 for MXFP4.)"""
-    if not k32_input(cfg, quant):
-        raise ValueError(f"{cfg.name(kernel, quant)}: re-encoded MXFP4 weights (prepare_mxfp4_weights) are read only "
-                         f"by the swapped GEMM ({MXFP4} with SWAP_AB); pass the standard packed bytes for this config")
+def reads_prepared(cfg: MoeConfig, quant: str) -> bool:
+    """Whether a stage GEMM with `cfg` reads prepared MXFP4 weights (re-encoded, tile-major: kernels/mxfp4_swizzle.py):
+    the swapped GEMM on tiles of at least 64 rows (the re-encoding follows the Hopper wgmma's register order, which
+    smaller tiles do not use: a 32-row tile decoded garbage on the H100), by pointers or through TMA with a K step
+    inside one tile-major chunk (BLOCK_K at most 128)."""
+    return (k32_input(cfg, quant) and cfg.BLOCK_SIZE_N >= TILE_ROWS
+            and (not cfg.USE_TMA or cfg.BLOCK_SIZE_K <= TILE_BLOCK_K))
+
+
+def check_swizzled(cfg: MoeConfig, quant: str, kernel: str, n: int = 0, gated: bool = False) -> None:
+    """What prepared MXFP4 weights (kernels/mxfp4_swizzle.py) need: the one GEMM that reads them (`reads_prepared`),
+    and for a gated stage 1 up rows that start on a 64-row chunk (inter_dim `n` a multiple of 64)."""
+    if not reads_prepared(cfg, quant):
+        raise ValueError(f"{cfg.name(kernel, quant)}: prepared MXFP4 weights (prepare_mxfp4_weights) are read only by "
+                         f"the swapped GEMM ({MXFP4} with SWAP_AB) with BLOCK_SIZE_N >= {TILE_ROWS}, through TMA "
+                         f"with BLOCK_SIZE_K <= {TILE_BLOCK_K}; "
+                         "pass the standard packed bytes for this config")
+    if gated and n % TILE_ROWS:
+        raise ValueError(f"prepared MXFP4 weights: the gated stage 1 needs inter_dim a multiple of {TILE_ROWS} (its up "
+                         f"rows start a tile-major chunk), got {n}; pass the standard packed bytes")
 
 
 def check_scale_records(cfg: MoeConfig, n: int, gated: bool) -> None:
@@ -631,8 +667,8 @@ def check_scale_records(cfg: MoeConfig, n: int, gated: bool) -> None:
 
 
 def scale_records_box(cfg: MoeConfig) -> list[int]:
-    """One K step's records of a BLOCK_N tile: BLOCK_N / 64 of them, 256 bytes each."""
-    return [cfg.BLOCK_SIZE_N // RECORD_ROWS, RECORD_BYTES]
+    """One K step's records of a BLOCK_N tile in `records_view`: BLOCK_N / 64 blocks, 256 bytes each."""
+    return [cfg.BLOCK_SIZE_N // RECORD_ROWS, 1, RECORD_BYTES]
 
 
 def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: MoeConfig) -> None:
@@ -714,8 +750,10 @@ def moe_stage2(inter: torch.Tensor, w2: torch.Tensor | Mxfp4Weights, topk_weight
 
 def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, activation: str, quant: str,
-              w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> tuple[int, int, int]:
-    """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim)."""
+              w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
+              prepared: tuple[bool, bool] = (False, False)) -> tuple[int, int, int]:
+    """Shapes, dtypes and layouts, host-only; returns (experts, inter_dim, model_dim). `prepared`: w1, w2 are
+    `Mxfp4Weights.view`s (their tiles contiguous by construction; the view's strides are not the layout)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; expected one of {ACTIVATIONS}")
     if quant not in ALL_QUANTS:
@@ -740,8 +778,9 @@ def _validate(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_wei
                          f"[tokens={hidden.shape[0]}, topk]")
     if topk_weights.dtype != torch.float32:
         raise ValueError(f"topk_weights must be fp32, got {topk_weights.dtype}")
-    for name, t in (("hidden_states", hidden), ("w1", w1), ("w2", w2), ("topk_weights", topk_weights)):
-        if not t.is_contiguous():
+    for name, t, laid_out in (("hidden_states", hidden, False), ("w1", w1, prepared[0]), ("w2", w2, prepared[1]),
+                              ("topk_weights", topk_weights, False)):
+        if not laid_out and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     want_w = hidden.dtype if quant == "none" else torch.uint8 if packed else FP8
     if w1.dtype != want_w or w2.dtype != want_w:

@@ -23,15 +23,17 @@ from tritune.kernels.fused_moe import (
     MoeConfig,
     _moe_gemm_kernel,
     check_config,
-    k32_input,
     quant_id,
+    reads_prepared,
     scale_records_box,
 )
 from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
+from tritune.kernels.launch import row_major_strides
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 from tritune.kernels.mxfp4_records import records_shape
+from tritune.kernels.mxfp4_swizzle import TILE_ROWS, tile_box, tile_view_shape
 from tritune.knobs import interpreting
 
 
@@ -49,7 +51,7 @@ class MoeDims:
     quant: str = "none"
     activation: str = "silu"
     doweight_stage1: bool = False
-    swizzled: bool = False  # MXFP4 weights re-encoded (kernels/mxfp4_swizzle.py): the swapped GEMM reads them so
+    swizzled: bool = False  # MXFP4 weights prepared (kernels/mxfp4_swizzle.py): the GEMMs that can read them do
 
     @property
     def numel(self) -> int:
@@ -112,7 +114,12 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     split = cfg.KSPLIT > 1 and not atomic
     out_dt = f32 if split or atomic else dims.dtype
     w_desc = MockTensor(w_dt)
-    if cfg.USE_TMA:
+    prepared = dims.swizzled and reads_prepared(cfg, q) and not (gated and n % TILE_ROWS)  # as check_swizzled
+    if prepared and cfg.USE_TMA:  # tile-major (mxfp4_swizzle.tile_view), as _launch_gemm and MoeLaunch pass them
+        shape = tile_view_shape(dims.experts, n_w, k // 2)
+        box = tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
+        w_desc = TensorDescriptor(MockTensor(w_dt), list(shape), row_major_strides(shape), box)
+    elif cfg.USE_TMA:
         row, box = weight_tma_view(q, k, cfg)
         w_desc = TensorDescriptor(MockTensor(w_dt), [dims.experts * n_w, row], [row, 1], box)
     a_sorted = (2 if cfg.GATHER_A else 0) if stage1 else cfg.SORTED_INTER
@@ -126,9 +133,10 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     kernel_fn = _moe_gemm_persistent_kernel if cfg.PERSISTENT else _moe_gemm_kernel  # the same arguments
     ws, scale_strides = ws_dt, _mock_scale_strides(q, dims.experts, n_w, k)
     if cfg.SCALE_TMA:  # the codes' records through TMA (mxfp4_records), as _launch_gemm and MoeLaunch pass them
-        _, kb, nb, rec = records_shape(dims.experts, n_w, k)
-        ws = TensorDescriptor(MockTensor(torch.uint8), [dims.experts * kb * nb, rec], [rec, 1], scale_records_box(cfg))
-        scale_strides = (kb * nb, 0)
+        _, nb, kb, rec = records_shape(dims.experts, n_w, k)
+        ws = TensorDescriptor(MockTensor(torch.uint8), [dims.experts * nb, kb, rec], [kb * rec, rec, 1],
+                              scale_records_box(cfg))
+        scale_strides = (nb, 0)
     return kernel_fn.warmup(
         a_dt, a_desc, f32, w_dt, w_desc, ws, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
@@ -138,7 +146,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
         GROUP_SIZE_M=cfg.GROUP_SIZE_M, KSPLIT=cfg.KSPLIT, EVEN_K=k % cfg.BLOCK_SIZE_K == 0, USE_TMA=bool(cfg.USE_TMA),
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
-        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=dims.swizzled and k32_input(cfg, q), PDL=pdl,
+        OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 

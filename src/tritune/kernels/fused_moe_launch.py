@@ -11,6 +11,7 @@ too) has the sort's padded row order. Nothing is read back to the host, so a cal
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,10 +44,9 @@ from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
-from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
+from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace, row_major_strides
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
-from tritune.kernels.mxfp4_records import RECORD_BYTES
-from tritune.kernels.mxfp4_swizzle import split_weights
+from tritune.kernels.mxfp4_swizzle import check_prepared_device, split_weights, tile_box, tile_view, tile_view_shape
 from tritune.kernels.pdl import plan_pdl
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
@@ -106,19 +106,20 @@ class _Pieces:
 @dataclass
 class _Tma:
     """One TMA operand of the plan: where its base comes from per call (("t", call tensor) or ("p", workspace
-    piece)), its 2-D view and block, the descriptor the binding compiled with, and (GPU) its argument cache.
+    piece)), its view (row-major) and block, the descriptor the binding compiled with, and (GPU) its argument cache.
 
     `example` is dropped (None) once the plan is bound: over a call tensor it holds that tensor, a weight, and the op
     keeps its plans. The tuner builds fresh weights for each end-to-end candidate, and each one's plan kept them:
     2.7 GB a Mixtral candidate, until one H100 ran out of memory re-timing the MoE file's rows (issue 17)."""
 
     source: tuple[str, object]
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     dtype: torch.dtype
     block: list[int]
     example: TensorDescriptor | None
     cache: DescriptorCache | None = None
     width: int = 1  # launch arguments one descriptor takes
+    view: Callable[[torch.Tensor], torch.Tensor] | None = None  # the view when a reshape cannot make it
 
 
 def _weight_scale_strides(scale: torch.Tensor | None) -> tuple[int, int]:
@@ -140,9 +141,12 @@ class MoeLaunch:
                  stage1: MoeConfig, stage2: MoeConfig | None, activation: str = "silu", quant: str = "none",
                  doweight_stage1: bool = False) -> None:
         (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
-        self.swizzled = (swizzled1, swizzled2)  # re-encoded MXFP4 bytes (kernels/mxfp4_swizzle.py), per stage
+        self.swizzled = (swizzled1, swizzled2)  # prepared MXFP4 bytes (kernels/mxfp4_swizzle.py), per stage
+        for w, prepared in ((w1, swizzled1), (w2, swizzled2)):
+            if prepared:
+                check_prepared_device(w)
         experts, inter_dim, model_dim = _validate(hidden, w1, w2, topk_weights, topk_ids, activation, quant,
-                                                  w1_scale, w2_scale)
+                                                  w1_scale, w2_scale, self.swizzled)
         self.one_stage = stage2 is None
         if self.one_stage:
             check_config(stage1, "1stage", quant)
@@ -254,19 +258,20 @@ class MoeLaunch:
             self.getters.append((bound, getter))
         self.steps = tuple((bound.launch, getter) for bound, getter in self.getters)
 
-    def _descriptor(self, source: tuple, shape: tuple[int, int], dtype: torch.dtype, block: list[int],
-                    example: dict, what: str) -> tuple[str, int]:
-        """A TMA operand over `source` viewed `shape` (row-major), recorded in self.tma; its recipe entry."""
-        rows, k = shape
-        if (k * dtype.itemsize) % 16:
-            raise ValueError(f"{what} needs rows of 16-byte multiples; K={k} of {dtype} is not")
+    def _descriptor(self, source: tuple, shape: tuple[int, ...], dtype: torch.dtype, block: list[int],
+                    example: dict, what: str, view=None) -> tuple[str, int]:
+        """A TMA operand over `source` viewed `shape` (row-major; `view(tensor)` makes that view when a reshape
+        cannot), recorded in self.tma; its recipe entry."""
+        if (shape[-1] * dtype.itemsize) % 16:
+            raise ValueError(f"{what} needs rows of 16-byte multiples; K={shape[-1]} of {dtype} is not")
         if source[0] == "t":
-            desc = TensorDescriptor.from_tensor(example[source[1]].view(rows, k), block)
+            t = example[source[1]]
+            desc = TensorDescriptor.from_tensor(view(t) if view else t.view(*shape), block)
         else:  # a workspace piece: its dtype is all the binding needs (Triton's mock tensor, as compile_only does)
             from triton.runtime.jit import MockTensor
 
-            desc = TensorDescriptor(MockTensor(dtype), [rows, k], [k, 1], block)
-        self.tma.append(_Tma(source, shape, dtype, block, desc))
+            desc = TensorDescriptor(MockTensor(dtype), list(shape), row_major_strides(shape), block)
+        self.tma.append(_Tma(source, shape, dtype, block, desc, view=view))
         return ("d", len(self.tma) - 1)
 
     def _gemm(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
@@ -277,7 +282,7 @@ class MoeLaunch:
               out_k32: bool = False, swizzled: bool = False) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
         if swizzled:
-            check_swizzled(cfg, quant, kernel)
+            check_swizzled(cfg, quant, kernel, n, gated)
         num_pid_m = self.align.gemm_blocks
         k_per_split = triton.cdiv(triton.cdiv(k, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         w_t = example[w]
@@ -288,7 +293,11 @@ class MoeLaunch:
             a_desc = self._descriptor(a, (a_rows or self.inter_rows, k), pieces.items[a[1]][0],
                                       [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, what)
         w_desc = ("t", w)
-        if cfg.USE_TMA:
+        if swizzled and cfg.USE_TMA:  # prepared weights: tile-major, one box a K step
+            box = tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
+            w_desc = self._descriptor(("t", w), tile_view_shape(*w_t.shape), w_t.dtype, box, example,
+                                      "prepared weights", view=tile_view)
+        elif cfg.USE_TMA:
             row, box = weight_tma_view(quant, k, cfg)
             w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, box, example, "USE_TMA")
         scale_t = example[w_scale[1]] if w_scale[0] == "t" else None
@@ -298,9 +307,10 @@ class MoeLaunch:
                              f"got {w_scale[1]} {None if scale_t is None else tuple(scale_t.shape)}")
         if cfg.SCALE_TMA:  # the codes through TMA too: one K step's records of the tile
             check_scale_records(cfg, n, gated)
-            w_scale = self._descriptor(w_scale, (scale_t.numel() // RECORD_BYTES, RECORD_BYTES), torch.uint8,
-                                       scale_records_box(cfg), example, "SCALE_TMA")
-            scale_strides = (scale_t.shape[1] * scale_t.shape[2], 0)
+            e, nb, kb, width = scale_t.shape
+            w_scale = self._descriptor(w_scale, (e * nb, kb, width), torch.uint8, scale_records_box(cfg), example,
+                                       "SCALE_TMA")
+            scale_strides = (nb, 0)
         recipe = [a, a_desc, a_scale, ("t", w), w_desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (
@@ -322,10 +332,11 @@ class MoeLaunch:
         for nth, tma in enumerate(self.tma[first:]):  # this kernel's descriptor parameters, in signature order
             encode = partial(bound.encode, nth=nth)
             if w_t.is_cuda:
-                tma.cache = DescriptorCache(tma.shape, (tma.shape[1], 1), tma.dtype, tma.block, encode=encode)
+                tma.cache = DescriptorCache(tma.shape, row_major_strides(tma.shape), tma.dtype, tma.block,
+                                            encode=encode)
                 # How many launch arguments one descriptor takes, from a real (small) tensor: encoding the binding's
                 # mock tensor of a workspace piece would hand the driver a null address.
-                sample = torch.empty((tma.block[0], tma.shape[1]), dtype=tma.dtype, device=w_t.device)
+                sample = torch.empty((*tma.block[:-1], tma.shape[-1]), dtype=tma.dtype, device=w_t.device)
                 tma.width = len(encode(TensorDescriptor.from_tensor(sample, tma.block)))
             else:
                 tma.width = len(encode(tma.example))
@@ -472,5 +483,6 @@ class MoeLaunch:
             if tma.cache is not None:  # weights and the kept workspace: the same few addresses call after call
                 descs += tma.cache.get(base if isinstance(base, int) else base.data_ptr())
             else:
-                descs += (TensorDescriptor.from_tensor(base.view(tma.shape), tma.block),)
+                view = tma.view(base) if tma.view else base.view(tma.shape)
+                descs += (TensorDescriptor.from_tensor(view, tma.block),)
         return (*head, *pieces, *descs)

@@ -226,6 +226,15 @@ class _Address:
         return self.ptr
 
 
+def row_major_strides(shape: Sequence[int]) -> list[int]:
+    """The element strides of a contiguous tensor of `shape` (a TMA view's, whatever its rank)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
 class DescriptorCache:
     """Launch arguments of one plan's TMA operand, by address: `get(ptr)` is `encode(descriptor)` (a
     `BoundKernel.encode`: the encoded tensor map with its shape and strides on Triton 3.5-3.6, else the descriptor).

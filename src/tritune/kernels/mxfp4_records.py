@@ -3,13 +3,16 @@
 Why: the swapped GEMM (fused_moe._mxfp4_swap_dot) reads a [64, 4]-byte tile of codes every 128-wide K step. As byte
 loads Triton 3.6 leaves them outside its software pipeline, so every K step waits on them; TMA could prefetch them,
 but it needs 16-byte rows, and the codes' rows ([E, N, K/32]) give 4 bytes a row a step. Re-laid once, as a weight is
-at load time, each (expert, K step, 64-row block) becomes one 256-byte record, K-step major within an expert, so a
-BLOCK_N = 64·j tile is j adjacent records: one TMA box [j, 256], reshaped to [64·j, 4] in registers. Compiled for
-sm90 the record's shared-memory load lands straight in the decode's layout (no layout conversion); on the H100 a toy
-of the K loop ran 4-9% faster on gpt-oss-120b's GEMMs at 1-64 tokens, matching a decode with no scale loads at all
-(benchmarks/probe_mxfp4_scale_tma.py, 2026-11-27).
+at load time, each (expert, 64-row block, K step) becomes one 256-byte record, so a BLOCK_N = 64·j tile's codes of
+one K step are j records: one TMA box [j, 1, 256] over the view [E·NB, KB, 256], reshaped to [64·j, 4] in registers.
+Compiled for sm90 the record's shared-memory load lands straight in the decode's layout (no layout conversion); on
+the H100 a toy of the K loop ran 4-9% faster on gpt-oss-120b's GEMMs at 1-64 tokens, matching a decode with no scale
+loads at all (benchmarks/probe_mxfp4_scale_tma.py, 2026-11-27). The records are block-major, a block's K steps
+adjacent, so a program's records are one contiguous run, as the prepared weights' chunks are
+(kernels/mxfp4_swizzle.py; until the twentieth session they were K-step major, a program's records 256 bytes out of
+every ⌈N/64⌉·256).
 
-The layout: records[e, kb, nb, r·4 + j] = codes[e, nb·64 + r, kb·4 + j], 127 (scale 1) past N or K.
+The layout: records[e, nb, kb, r·4 + j] = codes[e, nb·64 + r, kb·4 + j], 127 (scale 1) past N or K.
 """
 
 from __future__ import annotations
@@ -26,20 +29,26 @@ PAD_CODE = 127  # scale 1: past K the packed codes are 0, so the products stay 0
 
 
 def scale_records(codes: torch.Tensor) -> torch.Tensor:
-    """e8m0 codes uint8 [E, N, K/32] -> records uint8 [E, ⌈K/128⌉, ⌈N/64⌉, 256] (module docstring), contiguous."""
+    """e8m0 codes uint8 [E, N, K/32] -> records uint8 [E, ⌈N/64⌉, ⌈K/128⌉, 256] (module docstring), contiguous."""
     if codes.dtype != torch.uint8 or codes.dim() != 3:
         raise ValueError(f"scale_records: want uint8 e8m0 codes [E, N, K/32], got {codes.dtype} {tuple(codes.shape)}")
     e, n, kc = codes.shape
     nb, kb = -(-n // RECORD_ROWS), -(-kc // CODES_PER_ROW)
     full = torch.full((e, nb * RECORD_ROWS, kb * CODES_PER_ROW), PAD_CODE, dtype=torch.uint8, device=codes.device)
     full[:, :n, :kc] = codes
-    full = full.reshape(e, nb, RECORD_ROWS, kb, CODES_PER_ROW).permute(0, 3, 1, 2, 4)
-    return full.reshape(e, kb, nb, RECORD_BYTES).contiguous()
+    full = full.reshape(e, nb, RECORD_ROWS, kb, CODES_PER_ROW).permute(0, 1, 3, 2, 4)
+    return full.reshape(e, nb, kb, RECORD_BYTES).contiguous()
 
 
 def records_shape(experts: int, rows: int, k: int) -> tuple[int, int, int, int]:
     """The records' shape for a weight of `experts` x [rows, K] (K in elements)."""
-    return experts, -(-k // RECORD_K), -(-rows // RECORD_ROWS), RECORD_BYTES
+    return experts, -(-rows // RECORD_ROWS), -(-k // RECORD_K), RECORD_BYTES
+
+
+def records_view(records: torch.Tensor) -> torch.Tensor:
+    """The records [E, NB, KB, 256] as the TMA view [E·NB, KB, 256]."""
+    e, nb, kb, width = records.shape
+    return records.view(e * nb, kb, width)
 
 
 @dataclass(frozen=True, eq=False)  # identity: the op keys its per-call caches on the object

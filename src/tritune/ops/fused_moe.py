@@ -308,7 +308,7 @@ def _swizzle_as_given(choice: MoeChoice, quant: str, swizzled: tuple[bool, bool]
     if not any(swizzled) or quant != fm.MXFP4:
         return choice
     stages = () if choice.run_1stage else (choice.stage1, choice.stage2)
-    if stages and all(fm.k32_input(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
+    if stages and all(fm.reads_prepared(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
         return choice
     fallback = swapped_rule()
     warnings.warn(f"tritune: {choice.source} does not run the swapped MXFP4 GEMM that re-encoded weights need: running "

@@ -22,7 +22,7 @@ from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.kernels.mxfp4_records import RECORD_ROWS, Mxfp4Scales, scale_records
-from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, swizzle_e2m1
+from tritune.kernels.mxfp4_swizzle import TILE_ROWS, Mxfp4Weights, prepare_mxfp4_weights
 from tritune.kernels.pdl import target_pdl
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
@@ -382,7 +382,7 @@ class FusedMoeTunable:
             # would (SCALE_TMA; the swapped GEMM reads re-encoded weights: `launcher`), those of the weights it runs
             inputs["w1_scale_records"], inputs["w2_scale_records"] = scale_records(w1_s), scale_records(w2_s)
             for name in {"stage1": ("w1",), "stage2": ("w2",)}.get(problem.kind, ("w1", "w2")):
-                inputs[f"{name}_swizzled"] = swizzle_e2m1(inputs[name])
+                inputs[f"{name}_tiles"] = prepare_mxfp4_weights(inputs[name]).tiles
         if problem.kind == "stage2":
             inputs["inter"] = self._stage1_ref(problem, inputs).to(dt)
         return inputs
@@ -420,9 +420,10 @@ class FusedMoeTunable:
               "doweight_stage1": s.doweight_stage1}
 
         def weight(name: str, cfg: fm.MoeConfig | None) -> torch.Tensor | Mxfp4Weights:
-            """The swapped MXFP4 GEMM reads the re-encoded bytes (as the op does when users prepare them)."""
-            if cfg is not None and f"{name}_swizzled" in x and fm.k32_input(cfg, s.quant):
-                return Mxfp4Weights(x[f"{name}_swizzled"])
+            """The GEMM that reads prepared MXFP4 weights gets them (as the op does when users prepare them)."""
+            up_rows_align = name == "w2" or not s.use_g1u1 or s.inter_dim % TILE_ROWS == 0  # check_swizzled's rule
+            if cfg is not None and f"{name}_tiles" in x and fm.reads_prepared(cfg, s.quant) and up_rows_align:
+                return Mxfp4Weights(x[f"{name}_tiles"], *x[name].shape[1:])
             return x[name]
 
         if problem.kind in ("e2e", "1stage"):
