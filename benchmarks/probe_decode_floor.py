@@ -39,12 +39,28 @@ FLUSH_BYTES = 200 * 2**20
 FLUSHES = ("zero", "read", "warm")
 
 
+_L2_PREFETCH = tl.constexpr("{ .reg .pred p; .reg .b32 t; mov.u32 $0, 0; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                             "@p cp.async.bulk.prefetch.L2.global [$1], $2; }")
+
+
 @triton.jit
-def _stream_kernel(w_ptr, ids_ptr, out_ptr, expert_words, chunks_per_expert, total_chunks,
-                   BLOCK: tl.constexpr, PERSISTENT: tl.constexpr):
-    """XOR of every int32 word of the routed experts' slices: chunk c of slot s is words c·BLOCK.. of expert ids[s]."""
+def _stream_kernel(w_ptr, ids_ptr, out_ptr, expert_words, chunks_per_expert, total_chunks, pf_ptr, pf_expert_bytes,
+                   slots, BLOCK: tl.constexpr, PERSISTENT: tl.constexpr, PREFETCH: tl.constexpr):
+    """XOR of every int32 word of the routed experts' slices: chunk c of slot s is words c·BLOCK.. of expert ids[s].
+    PREFETCH: first each program asks L2 (one bulk prefetch an expert, thread 0) for its share of the routed experts'
+    slices of a second weight at pf_ptr (pf_expert_bytes an expert): what a stage 1 could do for stage 2."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.int32)
+    if PREFETCH:
+        piece = tl.cdiv(pf_expert_bytes, tl.num_programs(0) * 16) * 16
+        start = tl.program_id(0) * piece
+        if start < pf_expert_bytes:
+            n = tl.minimum(piece, pf_expert_bytes - start)
+            for slot in range(slots):
+                e = tl.load(ids_ptr + slot).to(tl.int64)
+                addr = pf_ptr + e * pf_expert_bytes + start + tl.zeros([1], tl.int64)
+                tl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,r", [addr, tl.full([1], n, tl.int32)], dtype=tl.int32,
+                                          is_pure=False, pack=1)
     if PERSISTENT:
         step = tl.num_programs(0)
     else:
@@ -109,8 +125,9 @@ class TileStream:
 class Stream:
     """One streaming read over `slots` experts' int32 slices of `words` words each, in chunks of BLOCK words."""
 
-    def __init__(self, buf: torch.Tensor, ids: torch.Tensor, block: int, programs: int | None, warps: int):
-        self.buf, self.ids, self.block, self.warps = buf, ids, block, warps
+    def __init__(self, buf: torch.Tensor, ids: torch.Tensor, block: int, programs: int | None, warps: int,
+                 prefetch: torch.Tensor | None = None):
+        self.buf, self.ids, self.block, self.warps, self.prefetch = buf, ids, block, warps, prefetch
         self.words = buf.shape[1]
         self.chunks = triton.cdiv(self.words, block)
         self.total = self.chunks * ids.numel()
@@ -118,8 +135,11 @@ class Stream:
         self.out = torch.empty(self.grid * block, dtype=torch.int32, device=buf.device)
 
     def __call__(self) -> None:
-        _stream_kernel[(self.grid,)](self.buf, self.ids, self.out, self.words, self.chunks, self.total,
-                                     BLOCK=self.block, PERSISTENT=self.grid < self.total, num_warps=self.warps)
+        pf = self.buf if self.prefetch is None else self.prefetch
+        _stream_kernel[(self.grid,)](self.buf, self.ids, self.out, self.words, self.chunks, self.total, pf,
+                                     pf.stride(0) * pf.element_size(), self.ids.numel(), BLOCK=self.block,
+                                     PERSISTENT=self.grid < self.total, PREFETCH=self.prefetch is not None,
+                                     num_warps=self.warps)
 
     def check(self) -> bool:
         self()
@@ -256,6 +276,19 @@ def stream_rows(d: int, inter: int, experts: int, topk: int, tokens: int) -> lis
                 rows.append(row)
                 print(f"| tiles atom {atom} {flush} | {tokens} tok | progs {ts.grid} | s1 codes {t1:.2f} | "
                       f"s2 codes {t2:.2f} |", flush=True)
+    # stage 1's bytes read while each program prefetches its share of stage 2's into L2, then stage 2 read
+    for flush in FLUSHES[:2]:
+        row = best[flush]
+        s1 = Stream(b1, routed, row["block"], row["programs"], row["warps"], prefetch=b2)
+        s2 = Stream(b2, routed, row["block"], row["programs"], row["warps"])
+        if not s1.check():
+            rows.append({"what": "prefetch", "error": "checksum"})
+            continue
+        t1, t12 = timed(s1, flush), timed(lambda a=s1, b=s2: (a(), b()), flush)
+        rows.append({"what": "prefetch", "tokens": tokens, "flush": flush, "stage1_us": round(t1, 2),
+                     "both_us": round(t12, 2), "both_plain_us": row["both_us"]})
+        print(f"| prefetch {flush} | {tokens} tok | s1 with the prefetch {t1:.2f} | both {t12:.2f} (plain "
+              f"{row['both_us']}) |", flush=True)
     for flush, row in best.items():
         print(f"| stream best {flush} | {tokens} tok | s1 {row['stage1_us']} (floor {row['floor1_us']}) | "
               f"s2 {row['stage2_us']} (floor {row['floor2_us']}) | both {row['both_us']} | block {row['block']} "

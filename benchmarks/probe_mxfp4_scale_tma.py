@@ -83,14 +83,14 @@ def run_mode(mode: str, packed, scales, tiled, a_k32, out) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=pathlib.Path, required=True)
-    ap.add_argument("--tiny", action="store_true", help="a tiny shape through the interpreter (fp16)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny shape (the interpreter's, fp16, without a GPU)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
     from tritune.kernels.mxfp4 import k32_permute
     from tritune.kernels.mxfp4_format import dequantize_mxfp4, quantize_mxfp4
     from tritune.tuning.bench import time_kernel
 
-    cuda = torch.cuda.is_available() and not args.tiny
+    cuda = torch.cuda.is_available()  # a GPU compiles the kernels: CPU tensors would not do even for --tiny
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
     if cuda:
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

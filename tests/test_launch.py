@@ -408,6 +408,7 @@ def _bound_and_compiled(monkeypatch, kernel_fn, quant: str, dims: tuple[int, int
 
     from tritune.kernels import fused_moe_launch
     from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+    from tritune.kernels.pdl import plan_pdl
 
     signature = inspect.signature(kernel_fn.fn)
     bound, compiled, real = [], [], fused_moe_launch.BoundKernel
@@ -417,7 +418,7 @@ def _bound_and_compiled(monkeypatch, kernel_fn, quant: str, dims: tuple[int, int
             bound.append(signature.bind(*args).arguments)
         return real(fn, grid, args, **kw)
 
-    def warmup(*args, grid, num_warps, num_stages, **kw):
+    def warmup(*args, grid, num_warps, num_stages, launch_pdl=False, **kw):  # launch options are not arguments
         compiled.append(signature.bind(*args, **kw).arguments)
 
     monkeypatch.setattr(fused_moe_launch, "BoundKernel", record)
@@ -426,7 +427,8 @@ def _bound_and_compiled(monkeypatch, kernel_fn, quant: str, dims: tuple[int, int
                                x["w2_scale"], stage1=stage1, stage2=stage2, quant=quant)
     # Only now: on a GPU, BoundKernel itself compiles through the real warmup.
     monkeypatch.setattr(kernel_fn, "warmup", warmup, raising=False)
-    compile_only(kernel, MoeDims(40, TOPK, E, *dims, dtype=torch.float16, quant=quant), cfg)
+    pdl = x["hidden"].is_cuda and plan_pdl(torch.cuda.get_device_capability(x["hidden"].device)[0])  # as the plan
+    compile_only(kernel, MoeDims(40, TOPK, E, *dims, dtype=torch.float16, quant=quant), cfg, pdl=pdl)
     return bound, compiled
 
 

@@ -21,9 +21,11 @@ def test_tile_scales_lays_each_step_and_block_out_row_by_row():
     assert torch.equal(rec[:6], s[64:70, :4]) and bool((rec[6:] == 127).all())
 
 
-def test_tma_scales_match_the_byte_loads_in_the_interpreter(tmp_path):
+def test_tma_scales_match_the_byte_loads(tmp_path):  # the interpreter in CI, the GPU where there is one
     out = tmp_path / "scale_tma.json"
     assert load_benchmark("probe_mxfp4_scale_tma").main(["--tiny", "--out", str(out)]) == 0
     rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
-    assert rows["tma"]["equal_to_bytes"] and rows["bytes"]["rel_l2"] < 1e-3
+    # fp16 output in the interpreter; on a GPU bf16, whose rounding alone is ~1.6e-3 of relative L2 (measured, H100)
+    bound = 4e-3 if torch.cuda.is_available() else 1e-3
+    assert rows["tma"]["equal_to_bytes"] and rows["bytes"]["rel_l2"] < bound
     assert rows["none"]["rel_l2"] > 1  # every scale 1 is a bound, not an answer
