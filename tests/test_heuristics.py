@@ -258,7 +258,7 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     to 16 pairs an expert on 4 stages, else 64-row blocks with 128 x 128 x 128 tiles on 8 warps (tuned so); split 2
     where the routed experts' tiles would not give 2 programs an SM (4 where each split keeps 4 K steps); 16-row
     blocks take 128-row tiles on 8 warps where that grid fills two waves unsplit (stage 2 since the nineteenth
-    session, stage 1, on 3 stages, since the twentieth)."""
+    session; stage 1, on 3 stages, up to 2 pairs an expert, since the twentieth)."""
     def plan(tokens, dims=(2880, 2880, 128, 4)):
         run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32")
         assert not run_1stage
@@ -267,14 +267,15 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
 
     assert plan(1) == [(16, 64, 128, 4, 1)] * 2  # 4 experts x 45 tiles of 64 = 180 programs; K 2880 >= 16 x 128
     assert plan(1, (512, 512, 128, 4)) == [(16, 64, 128, 2, 1)] * 2  # K 512: 4 steps a split at 2 splits, not 4
-    for tokens in (16, 64, 256):  # 64+ experts routed x 23 tiles of 128 >= 2 x 132 SMs
+    for tokens in (16, 64):  # 64+ experts routed x 23 tiles of 128 >= 2 x 132 SMs, up to 2 pairs an expert
         assert plan(tokens) == [(16, 128, 128, 1, 1)] * 2, tokens
         _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32")
         assert s1.num_warps == s2.num_warps == 8, tokens
+    assert plan(256) == [(16, 64, 128, 1, 1), (16, 128, 128, 1, 1)]  # 8 pairs an expert: stage 1 on 64 rows
     assert plan(2) == [(16, 64, 128, 1, 1)] * 2  # 8 experts x 23 tiles of 128 = 184 < 264: 64 wide (360 programs)
     assert plan(4) == [(16, 128, 128, 1, 1)] * 2  # 16 x 23 = 368
     assert plan(1024) == plan(4096) == plan(16384) == [(64, 128, 128, 1, 1)] * 2  # past 16 pairs an expert
-    for tokens, stages in ((1, (3, 3)), (2, (4, 4)), (64, (3, 4)), (4096, (3, 4))):
+    for tokens, stages in ((1, (3, 3)), (2, (4, 4)), (64, (3, 4)), (256, (4, 4)), (4096, (3, 4))):
         _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32")
         assert (s1.num_stages, s2.num_stages) == stages and s1.SCALE_TMA == s2.SCALE_TMA == 1, tokens
     _, s1, s2 = moe_heuristic(64, 2880, 2880, 128, 4, "per_1x32", capability=(8, 0))  # no TMA before Hopper

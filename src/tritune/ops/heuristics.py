@@ -258,9 +258,9 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     (1024 tokens, 32 pairs an expert: stage 1 718 us against 745 on the 32-row block; 4096: 1670 against 1822 on
     64-wide tiles). Stage 2, which reads one weight tile a K step where stage 1 reads two, takes the 128-row tile on
     8 warps at 16-row blocks too (nineteenth session, the stage pair with re-encoded weights: 308.0 against 329.9 us
-    at 16 tokens, 620.8 against 684.2 at 64), unless that grid would need splitting; so does stage 1 since the
-    prepared weights are tile-major (twentieth session: on 3 stages, the stage pair 289.4 against 302.6 us at 16
-    tokens, 573.2 against 570.7 at 64; the tuner's picks at 16 and 64 tokens too).
+    at 16 tokens, 620.8 against 684.2 at 64), unless that grid would need splitting; so does stage 1, on 3 stages,
+    up to 2 pairs an expert, since the prepared weights are tile-major (twentieth session, the stage pair on four
+    shapes: -1.6 to -3.5% at 0.5-1.5 pairs an expert, -3% and +1.3% at 2, +1.1 to +6.8% at 4-8).
     Without TMA: BLOCK_M the power of two holding the mean pairs per expert, 16 to 64 (128 spilled: 255 registers on
     the gated stage 1, 1.3-2.4x behind 64); BLOCK_N 64 (a wgmma's rows, even past a smaller N; wider on 4 warps
     raced, check_config); BLOCK_K 128 on blocks of up to 32 rows, 64 on 64-row ones, where stage 2 takes 128 x 128
@@ -277,8 +277,9 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     configs = []
     for stage2, (n, k) in enumerate(((inter_dim, model_dim), (model_dim, inter_dim))):  # stage 1's N: gate and up
         wide = bm == 64 and (tma_codes or bool(stage2))
-        # 16-row blocks take 128-row tiles on 8 warps too where that grid still fills two waves unsplit.
-        wide = wide or (tma_codes and blocks * _cdiv(n, 128) >= 2 * sm_count)
+        # 16-row blocks take 128-row tiles on 8 warps too where that grid still fills two waves unsplit: stage 2's
+        # always, a gated stage 1's up to 2 pairs an expert.
+        wide = wide or (tma_codes and (bool(stage2) or mean <= 2) and blocks * _cdiv(n, 128) >= 2 * sm_count)
         bn, warps = (128, 8) if wide else (64, 4)
         bk = max(32, min(128 if bm <= 32 or wide else 64, _p2(k)))
         split = 1
