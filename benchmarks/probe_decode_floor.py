@@ -296,6 +296,37 @@ def stream_rows(d: int, inter: int, experts: int, topk: int, tokens: int) -> lis
     return rows
 
 
+def bf16_tile_rows(d: int, inter: int, experts: int, topk: int, tokens: int) -> list[dict]:
+    """The routed experts' bf16 weights (w1 [2I, D], w2 [D, I]) read as a bf16 GEMM's tiles: 64 rows, a 64-wide K
+    step (128 bytes a row, 32 words), the rows as stored (atom 1) or laid out tile by tile (atom 64); both flushes.
+    Whether the bf16 op's decode would gain from a tile-major layout too (issue 14)."""
+    from tritune import ops
+
+    _, ids = ops.sample_routing(tokens, experts, topk, seed=1234, device=torch.device("cuda"))
+    routed = torch.unique(ids).to(torch.int32)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w1_row, w2_row = d // 2, inter // 2  # int32 words of a bf16 row
+    b1 = torch.randint(-2**31, 2**31 - 1, (experts, 2 * inter * w1_row), generator=gen, device="cuda",
+                       dtype=torch.int32)
+    b2 = torch.randint(-2**31, 2**31 - 1, (experts, d * w2_row), generator=gen, device="cuda", dtype=torch.int32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    floor = routed.numel() * (b1.shape[1] + b2.shape[1]) * 4 / COPY_BYTES_PER_S * 1e6
+    rows = []
+    for atom in (1, 64):
+        ts = TileStream(b1, routed, 2 * inter, w1_row, 64, 32, sms * 8, atom)
+        ts2 = TileStream(b2, routed, d, w2_row, 64, 32, sms * 8, atom)
+        if not (ts.check() and ts2.check()):
+            rows.append({"what": "bf16 tiles", "atom": atom, "error": "checksum"})
+            continue
+        for flush in FLUSHES[:2]:
+            t1, t2 = timed(ts, flush), timed(ts2, flush)
+            rows.append({"what": "bf16 tiles", "tokens": tokens, "atom": atom, "flush": flush,
+                         "stage1_us": round(t1, 2), "stage2_us": round(t2, 2), "floor_us": round(floor, 2)})
+            print(f"| bf16 tiles atom {atom} {flush} | {tokens} tok | s1 {t1:.2f} | s2 {t2:.2f} | both floor "
+                  f"{floor:.1f} |", flush=True)
+    return rows
+
+
 def op_rows(csv: pathlib.Path, d: int, inter: int, experts: int, topk: int, tokens_list: list[int]) -> list[dict]:
     os.environ["TRITUNE_CONFIG_FMOE"] = str(csv)
     from tritune import ops
@@ -333,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1,16")
     ap.add_argument("--dims", default="2880,2880,128,4", help="D,I,E,TOPK")
     ap.add_argument("--skip-stream", action="store_true")
+    ap.add_argument("--bf16-tiles", action="store_true", help="also the bf16 weights read as tiles, by layout")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -340,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     d, inter, experts, topk = (int(x) for x in args.dims.split(","))
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = []
+    if args.bf16_tiles:
+        for t in tokens:
+            rows += bf16_tile_rows(d, inter, experts, topk, t)
     if not args.skip_stream:
         for t in tokens:
             rows += stream_rows(d, inter, experts, topk, t)
