@@ -153,7 +153,7 @@ class MoeLaunch:
             if any(s is not None and s.dim() == 4 for s in (w1_scale, w2_scale)):
                 raise ValueError("the 1-stage kernel reads the MXFP4 scales as codes [E, N, K/32], not as records")
             if swizzled1 or swizzled2:
-                raise ValueError("the 1-stage kernel reads the standard packed MXFP4 bytes, not re-encoded ones "
+                raise ValueError("the 1-stage kernel reads the standard packed MXFP4 bytes, not prepared ones "
                                  "(prepare_mxfp4_weights): only the swapped stage GEMMs decode those")
         else:
             check_plan(stage1, stage2, quant)

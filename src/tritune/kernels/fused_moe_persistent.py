@@ -39,7 +39,7 @@ def _moe_gemm_persistent_kernel(
     WARP_SPEC: tl.constexpr = False,
     OUT_K32: tl.constexpr = False,  # the stage-1 option of _moe_gemm_kernel's signature: never set here
     SCALE_TMA: tl.constexpr = False,  # _moe_gemm_kernel's swapped-MXFP4 option: never set here (check_config)
-    W_SWIZZLED: tl.constexpr = False,  # _moe_gemm_kernel's re-encoded MXFP4 weights: never set here (QUANT <= 2)
+    W_SWIZZLED: tl.constexpr = False,  # _moe_gemm_kernel's prepared MXFP4 weights: never set here (QUANT <= 2)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent (kernels/pdl.py)
 ):
     """Tiles (block of sorted rows, N tile) of the blocks the sort filled, grouped by GROUP_SIZE_M blocks per column

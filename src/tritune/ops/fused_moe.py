@@ -178,7 +178,7 @@ def fused_moe_choice(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weight
                      topk_ids: torch.Tensor, *, activation: str = "silu", quant: str = "none",
                      doweight_stage1: bool = False) -> MoeChoice:
     """The kernels `fused_moe` runs for these arguments (see `fused_moe` for shapes); cached per process. With
-    re-encoded MXFP4 weights, what the op runs with prepared scales (`_swizzle_as_given`)."""
+    prepared MXFP4 weights, what the op runs with prepared scales (`_swizzle_as_given`)."""
     (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
     index = _index(hidden_states.device)
@@ -240,7 +240,7 @@ def _rule_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
           topk_weights: torch.Tensor, topk_ids: torch.Tensor, w1_scale, w2_scale, activation: str, quant: str,
           doweight_stage1: bool, choice: MoeChoice | None) -> MoeLaunch:
-    launch_w1, launch_w2 = w1, w2  # MoeLaunch takes re-encoded weights as they came; the rest reads their bytes
+    launch_w1, launch_w2 = w1, w2  # MoeLaunch takes prepared weights as they came; the rest reads their bytes
     (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     for name, t in (("w1", w1), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids),
                     ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
@@ -301,21 +301,21 @@ def _weak(obj):
 
 
 def _swizzle_as_given(choice: MoeChoice, quant: str, swizzled: tuple[bool, bool], swapped_rule) -> MoeChoice:
-    """`choice` for a call with re-encoded MXFP4 weights (`prepare_mxfp4_weights`), which only the swapped stage
+    """`choice` for a call with prepared MXFP4 weights (`prepare_mxfp4_weights`), which only the swapped stage
     GEMMs decode: a looked-up choice that runs anything else gives way to the rule table's (`swapped_rule()`, always
     swapped for bf16/fp16 activations), with one warning a plan. A forced choice is never rewritten (MoeLaunch
-    refuses what it cannot run, as it does any re-encoded weights with fp8 activations)."""
+    refuses what it cannot run, as it does any prepared weights with fp8 activations)."""
     if not any(swizzled) or quant != fm.MXFP4:
         return choice
     stages = () if choice.run_1stage else (choice.stage1, choice.stage2)
     if stages and all(fm.reads_prepared(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
         return choice
     fallback = swapped_rule()
-    warnings.warn(f"tritune: {choice.source} does not run the swapped MXFP4 GEMM that re-encoded weights need: running "
-                  "the rule table's tiles instead; pass the standard packed bytes to run it, or tune with prepared "
-                  "weights", stacklevel=4)
+    warnings.warn(f"tritune: {choice.source} does not run the swapped MXFP4 GEMM (64-row tiles or more) that prepared "
+                  "weights need: running the rule table's tiles instead; pass the standard packed bytes to run it, or "
+                  "tune with prepared weights", stacklevel=4)
     return MoeChoice(fallback.run_1stage, fallback.stage1, fallback.stage2,
-                     f"heuristic (re-encoded weights; {choice.source} not swapped)")
+                     f"heuristic (prepared weights; {choice.source} not swapped)")
 
 
 def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> MoeChoice:
@@ -354,12 +354,13 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: 
     kernels (the tuner times candidates through it). Shape and dtype errors are one-line ValueErrors. MXFP4 scales
     may come as `prepare_mxfp4_scales` results (codes and their TMA records, made once per weight): the swapped
     stages then read the codes through TMA (SCALE_TMA); as plain codes they read them by pointers. MXFP4 weights
-    may come re-encoded (`prepare_mxfp4_weights`, once per weight): the swapped bf16 GEMM's decode is cheaper.
+    may come prepared (`prepare_mxfp4_weights`, once per weight: re-encoded and tile-major): the swapped bf16 GEMM's
+    decode is cheaper and its weight loads contiguous.
 
     The first call of a call signature picks the kernels and binds their launches; later calls only launch
     (4-6 launches and 2 allocations for bf16; no host synchronisation, so the call can be captured in a CUDA graph).
     """
-    weights = w1, w2  # as given: MoeLaunch takes re-encoded ones (Mxfp4Weights) whole
+    weights = w1, w2  # as given: MoeLaunch takes prepared ones (Mxfp4Weights) whole
     (w1, swizzled1), (w2, swizzled2) = split_weights(w1), split_weights(w2)
     if isinstance(w1_scale, Mxfp4Scales) or isinstance(w2_scale, Mxfp4Scales):
         w1_scale, w2_scale, choice = _scale_forms(hidden_states, w1, w2, topk_ids, w1_scale, w2_scale, activation,

@@ -378,8 +378,8 @@ class FusedMoeTunable:
         weights, ids = routing(s, problem.skew, device)
         inputs = {"hidden": hidden, "w1": w1, "w2": w2, "w1_scale": w1_s, "w2_scale": w2_s,
                   "topk_weights": weights, "topk_ids": ids}
-        if s.quant == fm.MXFP4:  # the codes' TMA records and the re-encoded bytes too, made once as a user's load
-            # would (SCALE_TMA; the swapped GEMM reads re-encoded weights: `launcher`), those of the weights it runs
+        if s.quant == fm.MXFP4:  # the codes' TMA records and the prepared weights too, made once as a user's load
+            # would (SCALE_TMA; the swapped GEMM reads prepared weights: `launcher`), those of the weights it runs
             inputs["w1_scale_records"], inputs["w2_scale_records"] = scale_records(w1_s), scale_records(w2_s)
             for name in {"stage1": ("w1",), "stage2": ("w2",)}.get(problem.kind, ("w1", "w2")):
                 inputs[f"{name}_tiles"] = prepare_mxfp4_weights(inputs[name]).tiles
