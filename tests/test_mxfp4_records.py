@@ -40,13 +40,19 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_records_hold_each_step_and_block_row_by_row_with_scale_1_past_n_and_k():
-    codes = (torch.arange(2 * 70 * 5, dtype=torch.int32) % 251).reshape(2, 70, 5).to(torch.uint8)
+    codes = (torch.arange(2 * 70 * 5, dtype=torch.int32) % 193).reshape(2, 70, 5).to(torch.uint8)  # up to 192
     rec = scale_records(codes)
     assert tuple(rec.shape) == records_shape(2, 70, 160) == (2, 2, 2, 256) and rec.is_contiguous()
     r = rec[1, 0, 1].reshape(64, 4)  # expert 1, rows 0-63, K step 1 (codes 4-7, only 4 exists)
     assert torch.equal(r[:, 0], codes[1, :64, 4]) and bool((r[:, 1:] == 127).all())
     r = rec[0, 1, 0].reshape(64, 4)  # expert 0, rows 64-127 (64-69 exist), K step 0
     assert torch.equal(r[:6], codes[0, 64:70, :4]) and bool((r[6:] == 127).all())
+
+
+def test_records_store_codes_past_193_as_193_the_folded_decodes_inf():
+    codes = torch.tensor([0, 127, 192, 193, 194, 254, 255, 7], dtype=torch.uint8).reshape(1, 2, 4)
+    rec = scale_records(codes)[0, 0, 0].reshape(64, 4)
+    assert rec[:2].tolist() == [[0, 127, 192, 193], [193, 193, 193, 7]]
 
 
 def test_the_refusals_name_what_is_wrong():

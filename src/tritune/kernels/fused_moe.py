@@ -242,7 +242,7 @@ def _mxfp4_swap_dot(a_t, w_base, w_scale_ptr, rows, k, stride_wn, stride_wsn, K,
             codes = tl.reshape(w_scale_ptr.load([stride_wsn, k // BLOCK_SIZE_K, 0]), (BLOCK_SIZE_N, BLOCK_SIZE_K // 32))
         else:  # by pointers
             codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
-        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, SWIZZLED)
+        w = mxfp4_decode_k32(packed, codes, BLOCK_SIZE_N, BLOCK_SIZE_K, a_t.dtype, SWIZZLED, SCALE_TMA)
     elif SWIZZLED:  # prepared weights by pointers (no TMA: the interpreter, GPUs before Hopper)
         packed = tile_major_bytes(w_base, rows, k, K, BLOCK_SIZE_K)
         codes = mxfp4_scale_codes(w_scale_ptr, rows, k, stride_wsn, K, BLOCK_SIZE_K)
