@@ -636,24 +636,25 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     return out
 
 
-def reads_prepared(cfg: MoeConfig, quant: str) -> bool:
+def reads_prepared(cfg: MoeConfig, quant: str, n: int = 0, gated: bool = False) -> bool:
     """Whether a stage GEMM with `cfg` reads prepared MXFP4 weights (re-encoded, tile-major: kernels/mxfp4_swizzle.py):
     the swapped GEMM on tiles of at least 64 rows (the re-encoding follows the Hopper wgmma's register order, which
     smaller tiles do not use: a 32-row tile decoded garbage on the H100), by pointers or through TMA with a K step
-    inside one tile-major chunk (BLOCK_K at most 128)."""
+    inside one tile-major chunk (BLOCK_K at most 128); a gated stage 1 only where its up rows start a chunk
+    (inter_dim `n` a multiple of 64)."""
     return (k32_input(cfg, quant) and cfg.BLOCK_SIZE_N >= TILE_ROWS
-            and (not cfg.USE_TMA or cfg.BLOCK_SIZE_K <= TILE_BLOCK_K))
+            and (not cfg.USE_TMA or cfg.BLOCK_SIZE_K <= TILE_BLOCK_K) and not (gated and n % TILE_ROWS))
 
 
 def check_swizzled(cfg: MoeConfig, quant: str, kernel: str, n: int = 0, gated: bool = False) -> None:
     """What prepared MXFP4 weights (kernels/mxfp4_swizzle.py) need: the one GEMM that reads them (`reads_prepared`),
     and for a gated stage 1 up rows that start on a 64-row chunk (inter_dim `n` a multiple of 64)."""
-    if not reads_prepared(cfg, quant):
+    if not reads_prepared(cfg, quant):  # the config's rules first (their message), then the shape's
         raise ValueError(f"{cfg.name(kernel, quant)}: prepared MXFP4 weights (prepare_mxfp4_weights) are read only by "
                          f"the swapped GEMM ({MXFP4} with SWAP_AB) with BLOCK_SIZE_N >= {TILE_ROWS}, through TMA "
                          f"with BLOCK_SIZE_K <= {TILE_BLOCK_K}; "
                          "pass the standard packed bytes for this config")
-    if gated and n % TILE_ROWS:
+    if not reads_prepared(cfg, quant, n, gated):
         raise ValueError(f"prepared MXFP4 weights: the gated stage 1 needs inter_dim a multiple of {TILE_ROWS} (its up "
                          f"rows start a tile-major chunk), got {n}; pass the standard packed bytes")
 

@@ -33,7 +33,7 @@ from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.launch import row_major_strides
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
 from tritune.kernels.mxfp4_records import records_shape
-from tritune.kernels.mxfp4_swizzle import TILE_ROWS, tile_box, tile_view_shape
+from tritune.kernels.mxfp4_swizzle import tile_box, tile_view_shape
 from tritune.knobs import interpreting
 
 
@@ -114,7 +114,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     split = cfg.KSPLIT > 1 and not atomic
     out_dt = f32 if split or atomic else dims.dtype
     w_desc = MockTensor(w_dt)
-    prepared = dims.swizzled and reads_prepared(cfg, q) and not (gated and n % TILE_ROWS)  # as check_swizzled
+    prepared = dims.swizzled and reads_prepared(cfg, q, n, gated)
     if prepared and cfg.USE_TMA:  # tile-major (mxfp4_swizzle.tile_view), as _launch_gemm and MoeLaunch pass them
         shape = tile_view_shape(dims.experts, n_w, k // 2)
         box = tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)

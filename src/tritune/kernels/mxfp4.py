@@ -333,11 +333,11 @@ def k32_permute_triton(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def mxfp4_tile_k32(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr, SWIZZLED: tl.constexpr = False):
+                   BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """`mxfp4_tile` (bf16 or fp16) with its columns in the K32 order: column c of the tile is K index k0 + the K32
     order's index at c, from the standard packed bytes (`mxfp4_decode_k32`); operand conventions as `mxfp4_tile`."""
     packed, codes = mxfp4_raw(w_ptr, scale_ptr, offs_n, k0, stride_wn, stride_sn, K, BLOCK_K)
-    return mxfp4_decode_k32(packed, codes, BLOCK_N, BLOCK_K, OUT_DTYPE, SWIZZLED)
+    return mxfp4_decode_k32(packed, codes, BLOCK_N, BLOCK_K, OUT_DTYPE)
 
 
 @triton.jit

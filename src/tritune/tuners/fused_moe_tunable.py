@@ -22,7 +22,7 @@ from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
 from tritune.kernels.mxfp4_records import RECORD_ROWS, Mxfp4Scales, scale_records
-from tritune.kernels.mxfp4_swizzle import TILE_ROWS, Mxfp4Weights, prepare_mxfp4_weights
+from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, prepare_mxfp4_weights
 from tritune.kernels.pdl import target_pdl
 from tritune.knobs import interpreting
 from tritune.ops.fused_moe import MoeChoice, fused_moe
@@ -421,8 +421,8 @@ class FusedMoeTunable:
 
         def weight(name: str, cfg: fm.MoeConfig | None) -> torch.Tensor | Mxfp4Weights:
             """The GEMM that reads prepared MXFP4 weights gets them (as the op does when users prepare them)."""
-            up_rows_align = name == "w2" or not s.use_g1u1 or s.inter_dim % TILE_ROWS == 0  # check_swizzled's rule
-            if cfg is not None and f"{name}_tiles" in x and fm.reads_prepared(cfg, s.quant) and up_rows_align:
+            gated = name == "w1" and s.use_g1u1
+            if cfg is not None and f"{name}_tiles" in x and fm.reads_prepared(cfg, s.quant, s.inter_dim, gated):
                 return Mxfp4Weights(x[f"{name}_tiles"], *x[name].shape[1:])
             return x[name]
 
