@@ -27,6 +27,7 @@ same order as from the standard layout, so the decode is unchanged. The scales a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import triton
@@ -166,7 +167,7 @@ class Mxfp4Weights:
         """The standard packed shape [E, N, K/2]."""
         return torch.Size((self.tiles.shape[0], self.rows, self.half_k))
 
-    @property
+    @cached_property  # made once: the op reads it on every call
     def view(self) -> torch.Tensor:
         """The tiles seen with the standard shape [E, N, K/2]: what shape checks, plan keys and launch arguments
         read. Its strides (expert, 64, 1) are not the layout; kernels read the bytes through `tile_view`."""
