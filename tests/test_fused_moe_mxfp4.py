@@ -305,18 +305,21 @@ def test_the_whole_call_refuses_bad_mxfp4_operands():
         fused_moe_2stage(hidden, q1[:, :100], q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
 
 
-def test_the_op_serves_mxfp4_with_the_rule_tables_2_stage_kernels():
+@pytest.mark.parametrize("inter", [64, 96], ids=["1-stage", "2-stage"])
+def test_the_op_serves_mxfp4_with_the_rule_tables_kernels(inter):
     from tritune import ops
     from tritune.kernels.moe_reference import fused_moe_reference
 
-    hidden, w1, w2, ids, weights = operands(inter=64)
+    hidden, w1, w2, ids, weights = operands(inter=inter)
     (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
     on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
     choice = ops.fused_moe_choice(on[0], on[1], on[2], on[4], quant=fm.MXFP4)
-    assert not choice.run_1stage and choice.source == "heuristic"
-    # the swapped GEMM with its packed weights through TMA (the heuristic's Hopper rule; the interpreter runs it too)
-    assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32
-               for c in (choice.stage1, choice.stage2))
+    # 14 pairs, 4 an expert: the swapped 1-stage kernel where the up rows start a 64-row record (inter 64), else the
+    # stage pair; the swapped GEMM with its packed weights through TMA either way (the heuristic's Hopper rule; the
+    # interpreter runs it too)
+    assert choice.run_1stage == (inter % 64 == 0) and choice.source == "heuristic"
+    kernels = (choice.stage1,) if choice.run_1stage else (choice.stage1, choice.stage2)
+    assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32 for c in kernels)
     ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
     first = ops.fused_moe_mxfp4(*on)
     assert first.shape == (TOKENS, D) and rel_l2(first.cpu(), ref) < 2e-3
@@ -331,10 +334,14 @@ def test_the_op_serves_mxfp4_with_the_rule_tables_2_stage_kernels():
         ops.fused_moe_mxfp4(*on, act_dtype=torch.float32)
 
 
-def test_the_rule_table_never_gives_mxfp4_the_1_stage_kernel():
+def test_the_rule_table_gives_mxfp4_only_the_swapped_1_stage_kernel():
     from tritune.ops.heuristics import moe_heuristic
 
-    for tokens in (1, 3, 64, 4096):
+    for tokens in (3, 64):  # 12 and 256 pairs: the swapped 1-stage kernel (test_heuristics.py has its bounds)
+        run_1stage, one, none = moe_heuristic(tokens, 2880, 2880, 128, 4, fm.MXFP4)
+        assert run_1stage and none is None and one.SWAP_AB == one.USE_TMA == 1
+        check_config(one, "1stage", fm.MXFP4)
+    for tokens in (1, 4096):
         run_1stage, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, fm.MXFP4)
         assert not run_1stage and s2 is not None
         for cfg, kernel in ((s1, "stage1"), (s2, "stage2")):

@@ -14,6 +14,7 @@ from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import (
     ONE_STAGE_MAX_PAIRS,
     ONE_STAGE_SPACE,
+    ONE_STAGE_SWAP_MAX_MEAN,
     REL_L2_BOUND,
     STAGE_SPACE,
     FusedMoeTunable,
@@ -55,7 +56,7 @@ def stage_config(**changes) -> Config:
 def one_config(**changes) -> Config:
     """A 1-stage config passing every rule for ONE (below), with `changes`; every ONE_STAGE_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, BLOCK_SIZE_D=64, GROUP_SIZE_M=1, num_warps=4,
-                  num_stages=2)
+                  num_stages=2, SWAP_AB=0, USE_TMA=0, SCALE_TMA=0)
     params.update(changes)
     assert set(params) == set(ONE_STAGE_SPACE)
     return Config.of(**params)
@@ -131,18 +132,36 @@ STAGE_RULES = [
      stage_config(USE_TMA=1)),  # stage 2 K is inter_dim: 1028 bf16 = 2056-byte rows
 ]
 
+PAIRS_RULE = (f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs (swapped MXFP4: {ONE_STAGE_SWAP_MAX_MEAN} "
+              "pairs an expert)")
+SWAP1_RULE = "SWAP_AB only for per_1x32, and always there on a GPU with TMA"
+TILES1_RULE = ("the swapped 1-stage tiles: BLOCK_N 64 or 128, BLOCK_D a multiple of 64, both at most 16 x num_warps, "
+               "BLOCK_K 128 through TMA, SCALE_TMA where the records fit (BLOCK_N 128); no TMA or SCALE_TMA unswapped")
+# gpt-oss-120b at 16 tokens: 64 pairs over 128 experts
+MX1 = MoeProblem(shape("per_1x32", token=16, expert=128, topk=4, model_dim=2880, inter_dim=2880, q_dtype_a="bf16",
+                       q_dtype_w="fp4x2"), "1stage")
+SWAPPED1 = dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, BLOCK_SIZE_D=128, num_warps=8, num_stages=3, SWAP_AB=1,
+                USE_TMA=1, SCALE_TMA=1)
+
 ONE_STAGE_RULES = [
-    (f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs", MoeProblem(ONE.shape.with_token(200), "1stage"),
-     one_config()),  # 400 pairs
-    ("shared memory > device limit", ONE,
+    (PAIRS_RULE, MoeProblem(ONE.shape.with_token(200), "1stage"), DEV, one_config()),  # 400 pairs
+    (PAIRS_RULE, MoeProblem(MX1.shape.with_token(600), "1stage"), GPU, one_config(**SWAPPED1)),  # 19 pairs an expert
+    (SWAP1_RULE, ONE, DEV, one_config(BLOCK_SIZE_K=128, USE_TMA=1, SWAP_AB=1)),  # bf16 never swaps
+    (SWAP1_RULE, MX1, GPU, one_config()),  # MXFP4 on a GPU with TMA always swaps
+    (TILES1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"BLOCK_SIZE_N": 64}))),  # records need w2's K step of 128
+    (TILES1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"num_warps": 4}))),  # 128 rows on 4 warps raced
+    (TILES1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"BLOCK_SIZE_K": 64}))),
+    (TILES1_RULE, ONE, DEV, one_config(USE_TMA=1)),  # TMA unswapped
+    ("shared memory > device limit", ONE, DEV,
      one_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=256, num_stages=4)),  # 4*(16+2*128)*256*2 B = 544 KiB
-    ("BLOCK_SIZE_M above 2x the pairs per expert", ONE, one_config(BLOCK_SIZE_M=32)),  # 4 pairs: up to 16
+    ("BLOCK_SIZE_M above 2x the pairs per expert", ONE, DEV, one_config(BLOCK_SIZE_M=32)),  # 4 pairs: up to 16
     ("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128", MoeProblem(
-        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), one_config(BLOCK_SIZE_N=256)),
+        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), DEV, one_config(BLOCK_SIZE_N=256)),
     ("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128", MoeProblem(
-        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), one_config(BLOCK_SIZE_K=256)),
-    ("8 warps on a tile under 32x128", ONE, one_config(num_warps=8)),  # 16x64 output tile
-    ("num_stages beyond the K steps", ONE,
+        shape("per_1x128", token=16, model_dim=512, inter_dim=256), "1stage"), DEV, one_config(BLOCK_SIZE_K=256)),
+    ("8 warps on a tile under 32x128 (not the swapped MXFP4 kernel: its work is the decode)", ONE, DEV,
+     one_config(num_warps=8)),  # 16x64 output tile
+    ("num_stages beyond the K steps", ONE, DEV,
      one_config(BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, num_stages=5)),  # D=512: 2 K steps, so at most 4 stages
 ]
 
@@ -155,9 +174,10 @@ def test_each_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, dev, 
     assert result.kept == [] and result.pruned == {rule: 1}
 
 
-@pytest.mark.parametrize(("rule", "problem", "config"), ONE_STAGE_RULES, ids=[r[0] for r in ONE_STAGE_RULES])
-def test_each_one_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, config: Config) -> None:
-    rules = one_stage_constraints(problem, DEV)
+@pytest.mark.parametrize(("rule", "problem", "dev", "config"), ONE_STAGE_RULES,
+                         ids=[f"{i}-{r[0][:40]}" for i, r in enumerate(ONE_STAGE_RULES)])
+def test_each_one_stage_rule_prunes_on_its_own(rule: str, problem: MoeProblem, dev, config: Config) -> None:
+    rules = one_stage_constraints(problem, dev)
     assert _failing(rules, config) == [rule]
     result = SearchSpace({k: (v,) for k, v in config.items}, rules).prune()
     assert result.kept == [] and result.pruned == {rule: 1}
@@ -222,6 +242,13 @@ def test_stage_config_passing_every_rule(problem: MoeProblem, config: Config) ->
 
 def test_one_stage_config_passing_every_rule() -> None:
     assert _failing(one_stage_constraints(ONE, DEV), one_config()) == []
+    # the swapped MXFP4 kernel on a GPU: 128-row tiles on 8 warps, the codes' records; under the interpreter either
+    assert _failing(one_stage_constraints(MX1, GPU), one_config(**SWAPPED1)) == []
+    interp = dataclasses.replace(GPU, interpreter=True)
+    assert _failing(one_stage_constraints(MX1, interp), one_config(**SWAPPED1)) == []
+    assert _failing(one_stage_constraints(MX1, interp), one_config()) == []
+    unrecorded = dict(SWAPPED1, BLOCK_SIZE_N=64, BLOCK_SIZE_D=64, num_warps=4, SCALE_TMA=0)
+    assert _failing(one_stage_constraints(MX1, GPU), one_config(**unrecorded)) == []
 
 
 def test_space_uses_the_rules_of_its_kind() -> None:
@@ -383,6 +410,11 @@ FP8_TINY = TINY | dict(q_dtype_a="fp8", q_dtype_w="fp8", q_type="per_1x128", dow
 LEVERS = dataclasses.replace(SMALL, SORTED_INTER=2, TOPK_ATOMIC=1)
 MX_TINY = TINY | dict(model_dim=64, inter_dim=32, q_dtype_w="fp4x2", q_type="per_1x32")  # K multiples of 32
 MX8_TINY = MX_TINY | dict(q_dtype_a="fp8")  # per_1x32_a8: fp8 per-token activations
+# The swapped MXFP4 1-stage kernel: prepared weights and the codes' records (inter_dim 128: a 128-row slice, gate and
+# up rows each on their own record)
+MX1_TINY = MX_TINY | dict(inter_dim=128)
+SWAPPED_ONE = dataclasses.replace(SMALL, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, BLOCK_SIZE_D=64, num_warps=8,
+                                  SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
 
 
 @pytest.mark.parametrize(("fields", "kind", "config", "plan"), [
@@ -401,9 +433,11 @@ MX8_TINY = MX_TINY | dict(q_dtype_a="fp8")  # per_1x32_a8: fp8 per-token activat
     (MX8_TINY, "stage2", STAGE, None),
     (MX8_TINY, "1stage", ONE_STAGE, None),
     (MX8_TINY, "e2e", None, (SMALL, SMALL)),
+    (MX1_TINY, "1stage", Config.of(**{k: getattr(SWAPPED_ONE, k) for k in ONE_STAGE_SPACE}), None),
+    (MX1_TINY, "e2e", None, (SWAPPED_ONE, None)),
 ], ids=["stage1", "stage1-ksplit2", "stage2", "stage2-ksplit2-doweight", "1stage", "e2e-2stage", "e2e-1stage",
         "stage2-per_1x128", "e2e-1stage-per_1x128", "e2e-levers", "e2e-levers-per_1x128", "stage1-mxfp4",
-        "stage2-mxfp4-a8", "1stage-mxfp4-a8", "e2e-mxfp4-a8"])
+        "stage2-mxfp4-a8", "1stage-mxfp4-a8", "e2e-mxfp4-a8", "1stage-mxfp4-swapped", "e2e-1stage-mxfp4-swapped"])
 def test_worker_path_matches_reference(fields: dict, kind: str, config: Config | None, plan) -> None:
     problem = MoeProblem(FmoeShape(**fields), kind, plan=plan)
     tunable = FusedMoeTunable()

@@ -7,7 +7,7 @@ import pytest
 
 from tritune.device import current_device
 from tritune.kernels import gemm as gk
-from tritune.kernels.fused_moe import check_config, check_plan
+from tritune.kernels.fused_moe import MoeConfig, check_config, check_plan
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
@@ -198,7 +198,7 @@ def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_sh
             check_config(config, kind, quant)
             params = dataclasses.asdict(config)
             if kind == "1stage":
-                params.pop("USE_TMA"), params.pop("KSPLIT")
+                params.pop("KSPLIT")
                 rules = one_stage_constraints(MoeProblem(shape, kind), dev)
             else:
                 params.pop("BLOCK_SIZE_D")
@@ -252,6 +252,31 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
     assert levers(1024, inter=14340) == (0, 0)  # rows of 28680 bytes: not a 16-byte multiple, no descriptor
 
 
+def test_mxfp4_takes_the_swapped_1_stage_kernel_past_8_pairs_up_to_8_pairs_an_expert():
+    """The swapped 1-stage kernel (both GEMMs of a 128-wide slice of the intermediate in one program) beat the stage
+    pair on the H100 at 4-64 tokens on four shapes (twenty-first session); at 1 token (4-8 pairs) it lost. Only on
+    Hopper with the codes' records, and a gated w1's up rows on a record."""
+    def one(tokens, dims=(2880, 2880, 128, 4), **kw):
+        run_1stage, first, second = moe_heuristic(tokens, *dims, "per_1x32", **kw)
+        assert (second is None) == run_1stage
+        return first if run_1stage else None
+
+    want = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
+                     BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
+    for tokens in (3, 4, 16, 64, 256):  # 12 pairs .. 8 an expert
+        assert one(tokens) == want, tokens
+        check_config(want, "1stage", "per_1x32")
+    assert one(1) is None and one(2) is None  # 4 and 8 pairs: the stage pair splits K
+    assert one(257) is None  # 9 pairs an expert
+    assert one(16, (2048, 768, 128, 8)) == want and one(1, (2048, 768, 128, 8)) is None  # Qwen3-like: 8 pairs at 1
+    assert one(16, capability=(8, 0)) is None  # no TMA
+    assert one(16, scale_records=False) is None  # codes only: the stage pair's codes-by-pointer tiles
+    assert one(16, one_stage=False) is None
+    assert one(16, (2880, 2880 + 32, 128, 4)) is None  # up rows at 2912: not on a record
+    assert one(16, (2880, 2880 + 32, 128, 4), gated=False) == want
+    assert moe_heuristic(16, 2880, 2880, 128, 4, "per_1x32_a8")[0] is False  # fp8 activations: not swapped
+
+
 def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     """MXFP4 with 16-bit activations: SWAP_AB on both stages (H100, gpt-oss-120b: 1.6-1.8x faster than tl.dot_scaled
     at 16-256 tokens); on Hopper the weights and the codes through TMA (SCALE_TMA at BLOCK_K 128), 16-row blocks up
@@ -259,8 +284,8 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     where the routed experts' tiles would not give 2 programs an SM (4 where each split keeps 4 K steps); 16-row
     blocks take 128-row tiles on 8 warps where that grid fills two waves unsplit (stage 2 since the nineteenth
     session; stage 1, on 3 stages, up to 2 pairs an expert, since the twentieth)."""
-    def plan(tokens, dims=(2880, 2880, 128, 4)):
-        run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32")
+    def plan(tokens, dims=(2880, 2880, 128, 4)):  # the stage pair (the 1-stage kernel takes 9-8E pairs: below)
+        run_1stage, s1, s2 = moe_heuristic(tokens, *dims, "per_1x32", one_stage=False)
         assert not run_1stage
         check_plan(s1, s2, "per_1x32")
         return [(*tile(c), c.KSPLIT, c.SWAP_AB) for c in (s1, s2)]
@@ -269,14 +294,14 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     assert plan(1, (512, 512, 128, 4)) == [(16, 64, 128, 2, 1)] * 2  # K 512: 4 steps a split at 2 splits, not 4
     for tokens in (16, 64):  # 64+ experts routed x 23 tiles of 128 >= 2 x 132 SMs, up to 2 pairs an expert
         assert plan(tokens) == [(16, 128, 128, 1, 1)] * 2, tokens
-        _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32")
+        _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32", one_stage=False)
         assert s1.num_warps == s2.num_warps == 8, tokens
     assert plan(256) == [(16, 64, 128, 1, 1), (16, 128, 128, 1, 1)]  # 8 pairs an expert: stage 1 on 64 rows
     assert plan(2) == [(16, 64, 128, 1, 1)] * 2  # 8 experts x 23 tiles of 128 = 184 < 264: 64 wide (360 programs)
     assert plan(4) == [(16, 128, 128, 1, 1)] * 2  # 16 x 23 = 368
     assert plan(1024) == plan(4096) == plan(16384) == [(64, 128, 128, 1, 1)] * 2  # past 16 pairs an expert
     for tokens, stages in ((1, (3, 3)), (2, (4, 4)), (64, (3, 4)), (256, (4, 4)), (4096, (3, 4))):
-        _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32")
+        _, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, "per_1x32", one_stage=False)
         assert (s1.num_stages, s2.num_stages) == stages and s1.SCALE_TMA == s2.SCALE_TMA == 1, tokens
     _, s1, s2 = moe_heuristic(64, 2880, 2880, 128, 4, "per_1x32", capability=(8, 0))  # no TMA before Hopper
     assert s1.USE_TMA == s1.SCALE_TMA == 0 and tile(s1) == (16, 64, 128)

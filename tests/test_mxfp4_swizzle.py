@@ -163,8 +163,12 @@ def test_the_op_takes_prepared_weights_and_a_choice_that_cannot_read_them_gives_
     with pytest.warns(UserWarning, match=r"tuned: f.csv, row 2 does not run the swapped MXFP4 GEMM"):
         given = op._swizzle_as_given(tuned, fm.MXFP4, (True, True), lambda: rule)
     assert (given.stage1, given.stage2) == (ST, ST) and "row 2 not swapped" in given.source
+    unswapped_one = dataclasses.replace(ST, SWAP_AB=0, USE_TMA=0, BLOCK_SIZE_D=64)
     with pytest.warns(UserWarning, match="does not run the swapped"):
-        op._swizzle_as_given(MoeChoice(True, ST, None, "tuned: 1-stage"), fm.MXFP4, (True, False), lambda: rule)
+        op._swizzle_as_given(MoeChoice(True, unswapped_one, None, "tuned: 1-stage"), fm.MXFP4, (True, False),
+                             lambda: rule)
+    swapped_one = MoeChoice(True, dataclasses.replace(ST, BLOCK_SIZE_D=64), None, "tuned: swapped 1-stage")
+    assert op._swizzle_as_given(swapped_one, fm.MXFP4, (True, True), None) is swapped_one  # it reads them
 
 
 def test_the_weights_wrapper_is_an_identity_keyed_holder():

@@ -15,9 +15,12 @@ from tritune.kernels.fused_moe import (
     _activation,
     _block_pairs,
     _gated_tile,
+    _k32_columns,
+    _mxfp4_swap_dot,
     _pid_mn,
 )
-from tritune.kernels.mxfp4 import mxfp4_tile
+from tritune.kernels.mxfp4 import k32_unscale, mxfp4_tile
+from tritune.kernels.pdl import pdl_start
 
 # The 1-stage call's last launch (`_acc_to_out_kernel`, fp32 accumulator to the output dtype) done inside the GEMM
 # kernel instead: each program counts itself on the tokens it added to, and the last contributor of a token converts
@@ -105,6 +108,80 @@ def _moe_1stage_kernel(
 
 
 @triton.jit
+def _moe_1stage_swap_kernel(
+    a_ptr,  # hidden [T, D] 16-bit in the K32 order (the sort's first launch copies it so: kernels/mxfp4.py)
+    w1_ptr, w1_desc, w1_scale_ptr,  # MXFP4 w1 [E, INTER·(2 if GATED else 1), D/2] (or prepared), its TMA view, and
+    # its codes [E, ·, D/32] (pointers) or the records' TMA view (SCALE_TMA)
+    w2_ptr, w2_desc, w2_scale_ptr,  # the same for w2 [E, D, INTER/2]
+    out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
+    numel, INTER, D, num_pid_m,
+    stride_am, stride_w1e, stride_w1n, stride_w1se, stride_w1sn, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
+    TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
+    W_SWIZZLED: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """`_moe_1stage_kernel` for MXFP4 weights on the swapped GEMM (SWAP_AB: the decoded weight tile is the wgmma's
+    register operand, its 64 rows from the weight): the decode's whole call in one GEMM launch.
+
+    Why: at 1 token the stage pair's two GEMM launches, each with its own fill and drain, plus the split-K finish
+    and the top-k sum between and after them, cost about as much as the weight bytes themselves (RESULTS.md,
+    twentieth session: the two reads alone 33.6 µs of the op's 51.5 on gpt-oss-120b). Here a program computes
+    the BLOCK_N slice of the intermediate of one block of pairs (stage 1's swapped K loop over D), applies the
+    activation and the routing weight, puts the slice in the K32 order in registers and multiplies it with the
+    matching BLOCK_N-wide K slice of w2, BLOCK_D output rows a step (a second swapped K loop, each step one w2 tile),
+    adding each step's [pairs, BLOCK_D] into the fp32 output. Every weight byte is read once.
+
+    w2's K step is BLOCK_N (64 or 128, within one tile-major chunk); with SCALE_TMA (BLOCK_N 128) its codes come from
+    one record a step. Grid: (num_pid_m·⌈INTER/BLOCK_N⌉,).
+    """
+    pdl_start(PDL)
+    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
+        return
+    pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, TOPK, BLOCK_SIZE_M)
+    i0 = pid_n * BLOCK_SIZE_N
+    offs_i_out = i0 + tl.arange(0, BLOCK_SIZE_N)
+    offs_i = offs_i_out % INTER
+    # Stage 1, as the swapped stage-1 kernel computes its tile (fused_moe._moe_gemm_kernel).
+    if SCALE_TMA:
+        ws1, s1_row = w1_scale_ptr, (expert * stride_w1se + pid_n * (BLOCK_SIZE_N // 64)).to(tl.int32)
+        ws2 = w2_scale_ptr
+    else:
+        ws1, s1_row = w1_scale_ptr + expert * stride_w1se, stride_w1sn
+        ws2 = w2_scale_ptr + expert * stride_w2se
+    rows1 = 2 * INTER if GATED else INTER
+    rows2 = D
+    if W_SWIZZLED:  # prepared weights keep whole 64-row chunks
+        rows1 = tl.cdiv(rows1, 64) * 64
+        rows2 = tl.cdiv(rows2, 64) * 64
+    acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, 0, D, D, INTER, w1_ptr + expert * stride_w1e, offs_i,
+                               stride_w1n, a_ptr, 0, ws1, s1_row, w1_desc, (expert * rows1 + i0).to(tl.int32), a_ptr,
+                               0, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                               SWAP_AB=True, SCALE_TMA=SCALE_TMA, W_SWIZZLED=W_SWIZZLED)
+    inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
+    inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
+    inter = tl.where((offs_i_out < INTER)[None, :], inter, 0.0)
+    # w2's K slice [i0, i0 + BLOCK_N) decodes in the K32 order, so the intermediate's columns go in that order too.
+    inter_t = tl.trans(_k32_columns(inter, BLOCK_SIZE_M, BLOCK_SIZE_N).to(a_ptr.dtype.element_ty))
+    unscale = k32_unscale(a_ptr.dtype.element_ty)
+    out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
+    w2_base = w2_ptr + expert * stride_w2e
+    for d in tl.range(0, D, BLOCK_SIZE_D):
+        offs_d = d + tl.arange(0, BLOCK_SIZE_D)
+        s2_row = stride_w2sn
+        if SCALE_TMA:  # this step's records: block d / 64 of this expert's
+            s2_row = (expert * stride_w2se + d // 64).to(tl.int32)
+        acc = tl.zeros((BLOCK_SIZE_D, BLOCK_SIZE_M), dtype=tl.float32)
+        acc = _mxfp4_swap_dot(inter_t, w2_base, ws2, offs_d % D, i0, stride_w2n, s2_row, INTER, acc, w2_desc,
+                              (expert * rows2 + d).to(tl.int32), USE_TMA, BLOCK_SIZE_D, BLOCK_SIZE_N, SCALE_TMA,
+                              W_SWIZZLED)
+        tl.atomic_add(out_rows + offs_d[None, :], tl.trans(acc) * unscale,
+                      mask=row_ok[:, None] & (offs_d < D)[None, :], sem="relaxed")
+
+
+@triton.jit
 def _cast_finished_rows(acc_rows, final_ptr, count_ptr, tokens, row_ok, D, contributions, BLOCK_SIZE_D: tl.constexpr):
     """Count this program's contribution to each of its tokens; where it was the last one, write the token's fp32 sum
     (`acc_rows`) to its row of `final_ptr` in that dtype. Every add of every program is published by the release of
@@ -125,12 +202,13 @@ def _cast_finished_rows(acc_rows, final_ptr, count_ptr, tokens, row_ok, D, contr
 def _acc_to_out_kernel(
     acc_ptr,  # fp32 [n]
     out_ptr,  # [n] in the activation dtype
-    n, BLOCK: tl.constexpr,
+    n, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out = acc in out's dtype (the 1-stage kernel sums into fp32 with atomics).
 
     Grid: (⌈n/BLOCK⌉,).
     """
+    pdl_start(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.load(acc_ptr + offs, mask=offs < n).to(out_ptr.dtype.element_ty), mask=offs < n)
 
@@ -144,10 +222,21 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     Same arguments and result as `fused_moe_2stage`. The routing weight is applied to the intermediate whichever
     way doweight_stage1 says, since both GEMMs are in one kernel and the result is the same.
     """
+    from tritune.kernels.fused_moe import stage_scales
     from tritune.kernels.fused_moe_launch import MoeLaunch
 
+    w1_scale, w2_scale = stage_scales(w1_scale, config.SCALE_TMA), stage_scales(w2_scale, config.SCALE_TMA)
     launch = MoeLaunch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, stage1=config, stage2=None,
                        activation=activation, quant=quant, doweight_stage1=doweight_stage1)
     if out is None:
         out = torch.empty((hidden.shape[0], w2.shape[1]), device=hidden.device, dtype=hidden.dtype)
     return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
+
+
+def check_1stage_swap(cfg: MoeConfig, inter_dim: int, model_dim: int, gated: bool, prepared: bool) -> None:
+    """What the swapped 1-stage kernel needs of the shape past `check_config`: a gated w1's up rows starting on a
+    64-row chunk and record (inter_dim a multiple of 64) where it reads prepared weights or scale records."""
+    if gated and (prepared or cfg.SCALE_TMA) and inter_dim % 64:
+        raise ValueError(f"{cfg.name('1stage', 'per_1x32')}: with prepared weights or scale records (SCALE_TMA) the "
+                         f"gated w1 needs inter_dim a multiple of 64 (its up rows start a 64-row chunk), got "
+                         f"{inter_dim}")

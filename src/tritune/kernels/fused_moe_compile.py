@@ -18,6 +18,7 @@ from tritune.kernels.fused_moe import (
     _ACT_ID,
     FP8,
     FP8_QUANTS,
+    MXFP4,
     MXFP4_QUANTS,
     SCALE_BLOCK,
     MoeConfig,
@@ -27,7 +28,7 @@ from tritune.kernels.fused_moe import (
     reads_prepared,
     scale_records_box,
 )
-from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel
+from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel, _moe_1stage_swap_kernel, check_1stage_swap
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.launch import row_major_strides
@@ -82,6 +83,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     ws_dt = torch.uint8 if q in MXFP4_QUANTS else f32
     numel = dims.numel
     num_pid_m = gemm_blocks(numel, dims.experts, cfg.BLOCK_SIZE_M)  # as the launches pass it (its specialization)
+    if kernel == "1stage" and cfg.SWAP_AB:
+        return _compile_1stage_swap(dims, cfg, num_pid_m, pdl)
     if kernel == "1stage":
         d, inter = dims.model_dim, dims.inter_dim
         s1 = _mock_scale_strides(q, dims.experts, inter * (2 if dims.gated else 1), d)
@@ -147,6 +150,44 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
         AMAX_OUT=0, A_QUANT_ON_LOAD=False, OUT_SORTED=stage1 and bool(cfg.SORTED_INTER), A_SORTED=a_sorted,
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
         OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
+
+
+def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: bool) -> Any:
+    """`compile_only` of the swapped MXFP4 1-stage kernel, its operands as MoeLaunch._bind_1stage_swap passes them."""
+    from triton.runtime.jit import MockTensor
+
+    d, inter, e = dims.model_dim, dims.inter_dim, dims.experts
+    prepared = dims.swizzled and reads_prepared(cfg, MXFP4, inter, dims.gated)  # as the tuner's launcher passes them
+    check_1stage_swap(cfg, inter, d, dims.gated, prepared)
+    operands = []
+    for rows, k, tile_rows, k_step in ((inter * (2 if dims.gated else 1), d, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K),
+                                       (d, inter, cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N)):
+        # Strides as the weight's view has them (prepared: Mxfp4Weights.view, (expert, 64, 1) over whole chunks).
+        strides_w = ((-(-rows // 64) * 64 * (-(-k // 128) * 64), 64) if prepared else (rows * (k // 2), k // 2))
+        w_desc = MockTensor(torch.uint8)
+        if prepared and cfg.USE_TMA:
+            shape = tile_view_shape(e, rows, k // 2)
+            w_desc = TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape),
+                                      tile_box(tile_rows, k_step))
+        elif cfg.USE_TMA:
+            w_desc = TensorDescriptor(MockTensor(torch.uint8), [e * rows, k // 2], [k // 2, 1],
+                                      [tile_rows, k_step // 2])
+        ws, strides = MockTensor(torch.uint8), _mock_scale_strides(MXFP4, e, rows, k)
+        if cfg.SCALE_TMA:
+            _, nb, kb, rec = records_shape(e, rows, k)
+            ws = TensorDescriptor(MockTensor(torch.uint8), [e * nb, kb, rec], [kb * rec, rec, 1],
+                                  [tile_rows // 64, 1, rec])
+            strides = (nb, 0)
+        operands.append((w_desc, ws, (*strides_w, *strides)))
+    (d1, s1, st1), (d2, s2, st2) = operands
+    f32, i32, u8 = torch.float32, torch.int32, torch.uint8
+    return _moe_1stage_swap_kernel.warmup(
+        dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, dims.numel, inter, d, num_pid_m, d, *st1, *st2,
+        TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(MXFP4),
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
+        BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
+        USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 

@@ -88,8 +88,8 @@ class MoeConfig:
         def shown(long: str) -> bool:
             if long == "BLOCK_SIZE_D":
                 return kernel == "1stage"
-            if long == "USE_TMA":
-                return kernel != "1stage"
+            if long == "USE_TMA":  # the 1-stage kernel's names written before its TMA variant have no TMA field
+                return kernel != "1stage" or self.USE_TMA != 0
             return long not in OPTIONAL_FIELDS or getattr(self, long) != 0
 
         parts = [f"{short}{getattr(self, long)}" for long, short in self._SHORT.items() if shown(long)]
@@ -182,12 +182,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          f"{' or '.join(PERSISTENT_QUANTS)}")
     if config.SCALE_TMA not in (0, 1) or (config.SCALE_TMA and not (
             scale_records_fit(quant, config.SWAP_AB, config.USE_TMA, config.BLOCK_SIZE_K, config.BLOCK_SIZE_N)
-            and not config.PERSISTENT and kernel != "1stage")):
+            and not config.PERSISTENT)):
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
     if config.SWAP_AB and kernel == "1stage":
-        raise ValueError(f"{config.name(kernel, quant)}: SWAP_AB is a stage-kernel option")
+        _check_1stage_swap(config, quant)
     if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:
         # H100, Triton 3.6: BM 64 BN 128 BK 64 on 4 warps (two 64-row wgmmas a warp group, the A operand from
         # registers) gave a different stage-2 output on 7 of 30 identical runs, with non-finite values; 8 warps and
@@ -203,13 +203,38 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         d = config.BLOCK_SIZE_D
         if d < 16 or d & (d - 1) or config.KSPLIT != 1:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
-        if config.USE_TMA:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no TMA variant")
+        if config.USE_TMA and not config.SWAP_AB:
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage reads through TMA only in its swapped MXFP4 "
+                             "variant (SWAP_AB 1)")
         if config.SORTED_INTER or config.TOPK_ATOMIC or config.GATHER_A:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage has no sorted-intermediate, top-k-atomic or "
                              "gathered-A variant (SORTED_INTER, TOPK_ATOMIC, GATHER_A are 2-stage plan options)")
         if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
+
+
+def _check_1stage_swap(config: MoeConfig, quant: str) -> None:
+    """The swapped 1-stage kernel (fused_moe_1stage._moe_1stage_swap_kernel): MXFP4 with 16-bit activations; w1's
+    tile BLOCK_N rows (64 or 128: the K step of w2's tile, within one tile-major chunk and one scale record) and
+    w2's BLOCK_D rows (a multiple of 64), both one 64-row wgmma a warp group at most (the race check_config cites)."""
+    name = config.name("1stage", quant)
+    if quant != MXFP4:
+        raise ValueError(f"{name}: the swapped 1-stage kernel (SWAP_AB 1) is for {MXFP4} with 16-bit activations")
+    rows_cap = 16 * config.num_warps
+    if config.BLOCK_SIZE_N not in (64, 128) or config.BLOCK_SIZE_N > rows_cap:
+        raise ValueError(f"{name}: the swapped 1-stage kernel needs BLOCK_SIZE_N 64 or 128 and at most 16 x "
+                         f"num_warps = {rows_cap}")
+    if config.BLOCK_SIZE_D % 64 or config.BLOCK_SIZE_D > rows_cap:
+        raise ValueError(f"{name}: the swapped 1-stage kernel needs BLOCK_SIZE_D a multiple of 64 and at most 16 x "
+                         f"num_warps = {rows_cap}")
+    if config.BLOCK_SIZE_M < 16 or (config.USE_TMA and config.BLOCK_SIZE_K > 128):
+        raise ValueError(f"{name}: the swapped 1-stage kernel needs BLOCK_SIZE_M >= 16 and, through TMA, "
+                         "BLOCK_SIZE_K <= 128")
+    if config.SCALE_TMA and config.BLOCK_SIZE_N != RECORD_K:
+        # w2's K step is BLOCK_N: a record's 128. Half a record (BLOCK_N 64, the codes picked apart in registers)
+        # was correct in the interpreter and wrong on the H100 (Triton 3.6; RESULTS.md, twenty-first session).
+        raise ValueError(f"{name}: the swapped 1-stage kernel reads scale records (SCALE_TMA) only with BLOCK_SIZE_N "
+                         f"{RECORD_K} (w2's K step is BLOCK_N, a record's)")
 
 
 def check_plan(stage1: MoeConfig, stage2: MoeConfig, quant: str) -> None:

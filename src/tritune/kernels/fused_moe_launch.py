@@ -38,7 +38,12 @@ from tritune.kernels.fused_moe import (
     quant_id,
     scale_records_box,
 )
-from tritune.kernels.fused_moe_1stage import _acc_to_out_kernel, _moe_1stage_kernel
+from tritune.kernels.fused_moe_1stage import (
+    _acc_to_out_kernel,
+    _moe_1stage_kernel,
+    _moe_1stage_swap_kernel,
+    check_1stage_swap,
+)
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
 from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
@@ -46,6 +51,7 @@ from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace, row_major_strides
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
+from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS
 from tritune.kernels.mxfp4_swizzle import check_prepared_device, split_weights, tile_box, tile_view, tile_view_shape
 from tritune.kernels.pdl import plan_pdl
 from tritune.kernels.quant import QuantLaunch
@@ -150,11 +156,12 @@ class MoeLaunch:
         self.one_stage = stage2 is None
         if self.one_stage:
             check_config(stage1, "1stage", quant)
-            if any(s is not None and s.dim() == 4 for s in (w1_scale, w2_scale)):
-                raise ValueError("the 1-stage kernel reads the MXFP4 scales as codes [E, N, K/32], not as records")
-            if swizzled1 or swizzled2:
+            if not stage1.SWAP_AB and any(s is not None and s.dim() == 4 for s in (w1_scale, w2_scale)):
+                raise ValueError("the 1-stage kernel reads the MXFP4 scales as codes [E, N, K/32], not as records "
+                                 "(only its swapped variant, SWAP_AB 1, reads records)")
+            if not stage1.SWAP_AB and (swizzled1 or swizzled2):
                 raise ValueError("the 1-stage kernel reads the standard packed MXFP4 bytes, not prepared ones "
-                                 "(prepare_mxfp4_weights): only the swapped stage GEMMs decode those")
+                                 "(prepare_mxfp4_weights): only the swapped GEMMs (SWAP_AB 1) decode those")
         else:
             check_plan(stage1, stage2, quant)
         tokens, topk = topk_ids.shape
@@ -174,7 +181,7 @@ class MoeLaunch:
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
         # The swapped MXFP4 stage 1 reads hidden in the K32 order: the sort's first launch copies it so.
-        self.k32_ride = not self.one_stage and k32_input(stage1, quant)
+        self.k32_ride = k32_input(stage1, quant)
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
                          stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride)
@@ -328,8 +335,13 @@ class MoeLaunch:
         else:
             fn, grid = _moe_gemm_kernel, (tiles, cfg.KSPLIT)
         self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
+        self._cache_descriptors(first, w_t)
+
+    def _cache_descriptors(self, first: int, w_t: torch.Tensor) -> None:
+        """The last bound kernel's TMA operands (self.tma[first:], in signature order): each one's descriptor cache
+        (GPU) and its launch-argument width."""
         bound = self.calls[-1][0]
-        for nth, tma in enumerate(self.tma[first:]):  # this kernel's descriptor parameters, in signature order
+        for nth, tma in enumerate(self.tma[first:]):
             encode = partial(bound.encode, nth=nth)
             if w_t.is_cuda:
                 tma.cache = DescriptorCache(tma.shape, row_major_strides(tma.shape), tma.dtype, tma.block,
@@ -416,8 +428,8 @@ class MoeLaunch:
                    atomic_topk=topk if self.topk_atomic else 0, swizzled=self.swizzled[1])
         if self.topk_atomic:
             n = tokens * model_dim
-            self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [target2, ("t", "out"), ("v", n), ("v", 1024)],
-                       example, pieces, 4, 1)
+            self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),),
+                       [target2, ("t", "out"), ("v", n), ("v", 1024), ("v", False)], example, pieces, 4, 1)
         elif not direct:
             block = min(triton.next_power_of_2(model_dim), 1024)
             self._bind(_topk_sum_kernel, (tokens, triton.cdiv(model_dim, block)),
@@ -431,6 +443,12 @@ class MoeLaunch:
                    "w2_scale": w2_scale, "out": torch.empty((self.tokens, model_dim), device=hidden.device,
                                                             dtype=hidden.dtype)}
         acc = ("p", self.align.zero_piece)  # zeroed by the sort's first launch
+        if cfg.SWAP_AB:
+            self._bind_1stage_swap(example, pieces, cfg, numel, topk, inter_dim, model_dim, activation, quant)
+            n = self.tokens * model_dim
+            self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),),
+                       [acc, ("t", "out"), ("v", n), ("v", 1024), ("v", self.pdl)], example, pieces, 4, 1, self.pdl)
+            return
         dummy = ("p", self.dummy)
         fp8_a = quant in FP8_QUANTS  # activations quantized by the sort's first launch
         a, s = (("p", self.q1), ("p", self.q1 + 1)) if fp8_a else (("t", "hidden"), dummy)
@@ -451,8 +469,56 @@ class MoeLaunch:
         if self.final_cast:
             return
         n = self.tokens * model_dim
-        self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [acc, ("t", "out"), ("v", n), ("v", 1024)],
-                   example, pieces, 4, 1)
+        self._bind(_acc_to_out_kernel, (triton.cdiv(n, 1024),), [acc, ("t", "out"), ("v", n), ("v", 1024),
+                                                                  ("v", False)], example, pieces, 4, 1)
+
+    def _bind_1stage_swap(self, example: dict, pieces: _Pieces, cfg: MoeConfig, numel: int, topk: int,
+                          inter_dim: int, model_dim: int, activation: str, quant: str) -> None:
+        """The swapped MXFP4 1-stage kernel (`_moe_1stage_swap_kernel`): hidden in the K32 order (copied by the sort's
+        first launch), each weight and its scales through TMA or by pointers as `cfg` says."""
+        check_compiles_here(cfg, "1stage", quant, triton.__version__, interpreting())
+        check_1stage_swap(cfg, inter_dim, model_dim, self.gated, self.swizzled[0])
+        if self.swizzled[0] != self.swizzled[1]:
+            raise ValueError("the swapped 1-stage kernel needs w1 and w2 both prepared (prepare_mxfp4_weights) or "
+                             "both standard packed bytes")
+        first = len(self.tma)
+        operands = []
+        # (weight, its scales, the tile's rows, its K step, the scales' strides when read by pointers)
+        for w, ws, rows, k_step, strides, swizzled in (
+                ("w1", "w1_scale", cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, self._w_strides[0], self.swizzled[0]),
+                ("w2", "w2_scale", cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N, self._w_strides[1], self.swizzled[1])):
+            w_t = example[w]
+            desc = ("t", w)
+            if swizzled and cfg.USE_TMA:
+                desc = self._descriptor(("t", w), tile_view_shape(*w_t.shape), w_t.dtype, tile_box(rows, k_step),
+                                        example, "prepared weights", view=tile_view)
+            elif cfg.USE_TMA:
+                desc = self._descriptor(("t", w), (w_t.shape[0] * w_t.shape[1], w_t.shape[2]), w_t.dtype,
+                                        [rows, k_step // 2], example, "USE_TMA")
+            scale_t = example[ws]
+            if bool(cfg.SCALE_TMA) != (scale_t.dim() == 4):
+                wants = "SCALE_TMA reads the scales as records" if cfg.SCALE_TMA else "scale records need SCALE_TMA"
+                raise ValueError(f"{cfg.name('1stage', quant)}: {wants} (kernels/mxfp4_records.py "
+                                 f"prepare_mxfp4_scales); got {ws} {tuple(scale_t.shape)}")
+            scale = ("t", ws)
+            if cfg.SCALE_TMA:
+                e, nb, kb, width = scale_t.shape
+                scale = self._descriptor(("t", ws), (e * nb, kb, width), torch.uint8,
+                                         [rows // RECORD_ROWS, 1, RECORD_BYTES], example, "SCALE_TMA")
+                strides = (nb, 0)
+            operands.append((("t", w), desc, scale, (w_t.stride(0), w_t.stride(1), *strides)))
+        (w1, d1, s1, st1), (w2, d2, s2, st2) = operands
+        num_pid_m = self.align.gemm_blocks
+        recipe = [("p", self.q1), w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
+                  ("p", 2), ("t", "topk_weights")]
+        recipe += [("v", v) for v in (
+            numel, inter_dim, model_dim, num_pid_m, model_dim, *st1, *st2, topk, self.gated, _ACT_ID[activation],
+            quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D,
+            cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA), bool(cfg.SCALE_TMA),
+            self.swizzled[0], self.pdl)]
+        grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
+        self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
+        self._cache_descriptors(first, example["w1"])
 
     def __call__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,

@@ -287,11 +287,11 @@ def _scale_forms(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
                                       doweight_stage1=doweight_stage1)
             choice = _swizzle_as_given(choice, quant, swizzled, lambda: _rule_choice(
                 hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=True))
-        two = not choice.run_1stage
+        second = choice.stage1 if choice.run_1stage else choice.stage2  # the 1-stage kernel reads both weights
         if len(_SCALE_FORMS) >= _PLANS_MAX:
             _SCALE_FORMS.clear()
-        hit = _SCALE_FORMS[key] = (_weak(w1_scale), _weak(w2_scale), bool(two and choice.stage1.SCALE_TMA),
-                                   bool(two and choice.stage2.SCALE_TMA), choice)
+        hit = _SCALE_FORMS[key] = (_weak(w1_scale), _weak(w2_scale), bool(choice.stage1.SCALE_TMA),
+                                   bool(second.SCALE_TMA), choice)
     _, _, records1, records2, choice = hit
     return fm.stage_scales(w1_scale, records1), fm.stage_scales(w2_scale, records2), choice
 
@@ -307,8 +307,8 @@ def _swizzle_as_given(choice: MoeChoice, quant: str, swizzled: tuple[bool, bool]
     refuses what it cannot run, as it does any prepared weights with fp8 activations)."""
     if not any(swizzled) or quant != fm.MXFP4:
         return choice
-    stages = () if choice.run_1stage else (choice.stage1, choice.stage2)
-    if stages and all(fm.reads_prepared(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
+    stages = (choice.stage1, choice.stage1) if choice.run_1stage else (choice.stage1, choice.stage2)
+    if all(fm.reads_prepared(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
         return choice
     fallback = swapped_rule()
     warnings.warn(f"tritune: {choice.source} does not run the swapped MXFP4 GEMM (64-row tiles or more) that prepared "
@@ -324,20 +324,22 @@ def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> Mo
     (`codes_rule()`: its tiles differ); a tuned choice keeps its tiles with SCALE_TMA off (the codes by pointers),
     with one warning a plan: those tiles were timed with the records (gpt-oss-120b's 128-wide ones ran 1.3x slower
     by pointers on the H100)."""
-    if choice.run_1stage:
-        return choice
+    second = choice.stage1 if choice.run_1stage else choice.stage2  # the 1-stage kernel reads both weights
     plain = [s is not None and s.dim() == 3 and c.SCALE_TMA for s, c in ((w1_scale, choice.stage1),
-                                                                          (w2_scale, choice.stage2))]
+                                                                          (w2_scale, second))]
     if not any(plain):
         return choice
     if choice.source == "heuristic":
         return codes_rule()
+    if choice.run_1stage:  # one config for both weights: records for both or for neither
+        plain = [True, True]
     s1, s2 = (dataclasses.replace(c, SCALE_TMA=0) if off else c
-              for off, c in zip(plain, (choice.stage1, choice.stage2), strict=True))
+              for off, c in zip(plain, (choice.stage1, second), strict=True))
     warnings.warn(f"tritune: {choice.source} reads the MXFP4 codes through TMA (SCALE_TMA) but the scales came as "
                   "codes: running its tiles with the codes by pointers; pass tritune.ops.prepare_mxfp4_scales(...) "
                   "results (made once per weight) for the tuned speed", stacklevel=4)
-    return MoeChoice(False, s1, s2, choice.source + " (SCALE_TMA off: the scales came as codes)")
+    return MoeChoice(choice.run_1stage, s1, None if choice.run_1stage else s2,
+                     choice.source + " (SCALE_TMA off: the scales came as codes)")
 
 
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,

@@ -68,6 +68,13 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   (417 / 830 / 891 / 1463 / 3580 µs at 16 / 64 / 256 / 1024 / 4096 tokens against 492 / 967 / 1030 / 1597 / 3878 by
   pointers, seventeenth session); with fp8 activations (per_1x32_a8) the
   bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
+- MXFP4 with 16-bit activations on Hopper, its codes' records at hand, past 8 routed pairs and up to
+  MXFP4_ONE_STAGE_MAX_MEAN pairs an expert: the swapped 1-stage kernel (both GEMMs of a BLOCK_N slice of the
+  intermediate in one program: BM 16, BN 128, BK 128, BLOCK_D 128, 8 warps, 3 stages, weights and codes through
+  TMA). H100 (twenty-first session), against the rule table's stage pair: gpt-oss-120b 0.91 / 0.93 / 0.98 / 0.96x at
+  8 / 16 / 32 / 64 tokens, gpt-oss-20b 0.86 / 0.93 / 1.03x (4 stages 0.97x) at 4 / 16 / 64, Qwen3-30B-A3B-like
+  0.90 / 0.86 / 0.95x, DeepSeek-V2-Lite-like 0.83 / 0.90 / 1.02x (0.97x); at 1 token (4-8 pairs) 1.10-1.25x: there
+  a program's two serial K loops are too few to fill the GPU, and the stage pair splits K;
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -88,11 +95,12 @@ from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
 from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
 from tritune.ops import cost_model as cm
 
-__all__ = ["ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES", "gemm_heuristic", "moe_heuristic"]
+__all__ = ["MXFP4_ONE_STAGE_MAX_MEAN", "ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES", "gemm_heuristic", "moe_heuristic"]
 
 SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before split-K's second launch pays
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
+MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swapped 1-stage kernel (past 8 pairs)
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 # bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
@@ -295,6 +303,18 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     return configs[0], configs[1]
 
 
+def _mxfp4_one_stage(pairs: int, experts: int, inter_dim: int, gated: bool, tma_codes: bool) -> MoeConfig | None:
+    """The swapped MXFP4 1-stage config (module docstring), or None where the stage pair is the rule: at most
+    ONE_STAGE_PAIRS pairs, past MXFP4_ONE_STAGE_MAX_MEAN pairs an expert, without TMA or the codes' records, or a
+    gated w1 whose up rows do not start a record (inter_dim not a multiple of 64)."""
+    if not tma_codes or pairs <= ONE_STAGE_PAIRS or _cdiv(pairs, experts) > MXFP4_ONE_STAGE_MAX_MEAN:
+        return None
+    if gated and inter_dim % 64:
+        return None
+    return MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
+                     BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
+
+
 def _moe_block_m(m: float, quant: str) -> int:
     if m <= 12:
         return 16
@@ -345,6 +365,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")
     if quant == fm.MXFP4:
+        one = _mxfp4_one_stage(tokens * topk, experts, inter_dim, gated, capability[0] >= 9 and scale_records)
+        if one is not None and one_stage:
+            return True, one, None
         return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9,
                                       scale_records)
     if quant in fm.MXFP4_QUANTS:

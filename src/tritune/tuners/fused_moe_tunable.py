@@ -21,7 +21,7 @@ from tritune.kernels.fused_moe_config import FMA_QUANTS, scale_records_fit
 from tritune.kernels.moe_align import compile_sort_only, moe_align_block_size
 from tritune.kernels.moe_reference import fused_moe_reference, stage1_reference, stage2_reference
 from tritune.kernels.mxfp4_format import BITS_PER_WEIGHT
-from tritune.kernels.mxfp4_records import RECORD_ROWS, Mxfp4Scales, scale_records
+from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS, Mxfp4Scales, scale_records
 from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, prepare_mxfp4_weights
 from tritune.kernels.pdl import target_pdl
 from tritune.knobs import interpreting
@@ -73,7 +73,14 @@ ONE_STAGE_SPACE: dict[str, tuple] = {
     "GROUP_SIZE_M": (1,),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "SWAP_AB": (0, 1),  # the swapped MXFP4 1-stage kernel (fused_moe_1stage._moe_1stage_swap_kernel)
+    "USE_TMA": (0, 1),
+    "SCALE_TMA": (0, 1),
 }
+# The swapped MXFP4 1-stage kernel is searched up to this many pairs an expert (the other 1-stage kernels up to
+# ONE_STAGE_MAX_PAIRS pairs in all): on the H100 it beat the stage pair at 2-8 pairs an expert on four shapes
+# (benchmarks/RESULTS.md, twenty-first session).
+ONE_STAGE_SWAP_MAX_MEAN = 16
 # The values each parameter may take at all (`--search-space` is checked against them before any work; a name goes
 # to every space that has it): tiles are powers of two >= 16 (fm.check_config), num_warps a power of two.
 _TILE, _COUNT = Param(16, pow2=True), Param(1)
@@ -85,6 +92,7 @@ STAGE_RULES: dict[str, Param] = {
 ONE_STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
     "GROUP_SIZE_M": _COUNT, "num_warps": Param(1, pow2=True), "num_stages": _COUNT,
+    "SWAP_AB": Param(choices=(0, 1)), "USE_TMA": Param(choices=(0, 1)), "SCALE_TMA": Param(choices=(0, 1)),
 }
 
 
@@ -267,21 +275,47 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
     mean = max(1, math.ceil(numel / s.expert))
     b_tiles = 2 if s.use_g1u1 else 1
     elt = _elt(p)
+    # On a GPU with TMA the MXFP4 1-stage kernel is the swapped one: the unswapped one never beat the stage pair
+    # there (the op never took it); the interpreter runs either (its space keeps the unswapped one's small tiles).
+    swap_only = s.quant == fm.MXFP4 and dev.supports_tma and not dev.interpreter
 
     def smem(c: Config) -> int:
+        if c["SWAP_AB"]:  # packed weight tiles of both loops (half a byte a weight) and the activations' tiles
+            return c["num_stages"] * ((b_tiles * c["BLOCK_SIZE_N"] + c["BLOCK_SIZE_D"]) * c["BLOCK_SIZE_K"] // 2
+                                      + c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_K"] * 2 + 4 * RECORD_BYTES)
         first = c["num_stages"] * (c["BLOCK_SIZE_M"] + b_tiles * c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt
         return max(first, 2 * (c["BLOCK_SIZE_M"] + c["BLOCK_SIZE_D"]) * c["BLOCK_SIZE_N"] * 2)
 
+    def swapped_fits(c: Config) -> bool:
+        """The swapped 1-stage kernel's tiles (fused_moe_config._check_1stage_swap), BLOCK_K 128 through TMA, and
+        the codes' records exactly where they fit (BLOCK_N 128; a gated w1's up rows on a record)."""
+        if not c["SWAP_AB"]:
+            return not c["USE_TMA"] and not c["SCALE_TMA"]
+        records = c["BLOCK_SIZE_N"] == 128 and (not s.use_g1u1 or s.inter_dim % RECORD_ROWS == 0)
+        cap = 16 * c["num_warps"]
+        return (c["USE_TMA"] == 1 and c["BLOCK_SIZE_K"] == 128 and bool(c["SCALE_TMA"]) == records
+                and c["BLOCK_SIZE_N"] in (64, 128) and c["BLOCK_SIZE_N"] <= cap
+                and c["BLOCK_SIZE_D"] % 64 == 0 and c["BLOCK_SIZE_D"] <= cap)
+
     return (
-        Constraint(f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs", lambda c: numel <= ONE_STAGE_MAX_PAIRS),
+        Constraint(f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs (swapped MXFP4: "
+                   f"{ONE_STAGE_SWAP_MAX_MEAN} pairs an expert)",
+                   lambda c: (mean <= ONE_STAGE_SWAP_MAX_MEAN) if c["SWAP_AB"] else numel <= ONE_STAGE_MAX_PAIRS),
+        Constraint(f"SWAP_AB only for {fm.MXFP4}, and always there on a GPU with TMA",
+                   lambda c: (c["SWAP_AB"] == 1) == swap_only or (c["SWAP_AB"] == 1 and s.quant == fm.MXFP4
+                                                                  and dev.interpreter)),
+        Constraint("the swapped 1-stage tiles: BLOCK_N 64 or 128, BLOCK_D a multiple of 64, both at most 16 x "
+                   "num_warps, BLOCK_K 128 through TMA, SCALE_TMA where the records fit (BLOCK_N 128); "
+                   "no TMA or SCALE_TMA unswapped", swapped_fits),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
         Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
                    lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
         Constraint("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128",
                    lambda c: s.quant != "per_1x128" or (fm.SCALE_BLOCK % c["BLOCK_SIZE_K"] == 0
                                                          and fm.SCALE_BLOCK % c["BLOCK_SIZE_N"] == 0)),
-        Constraint("8 warps on a tile under 32x128",
-                   lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_D"] >= 32 * 128),
+        Constraint("8 warps on a tile under 32x128 (not the swapped MXFP4 kernel: its work is the decode)",
+                   lambda c: c["num_warps"] == 4 or c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_D"] >= 32 * 128
+                   or bool(c["SWAP_AB"])),
         Constraint("num_stages beyond the K steps",
                    lambda c: c["num_stages"] <= 2 + triton.cdiv(s.model_dim, c["BLOCK_SIZE_K"])),
     )
@@ -434,8 +468,12 @@ class FusedMoeTunable:
                 cfg1, cfg2 = config_of(config), None
                 fm.check_config(cfg1, "1stage", s.quant)
             choice = MoeChoice(cfg2 is None, cfg1, cfg2, "tuner")
-            cfg1_2stage = None if cfg2 is None else cfg1  # the 1-stage kernel reads the standard bytes
-            args = (x["hidden"], weight("w1", cfg1_2stage), weight("w2", cfg2), x["topk_weights"], x["topk_ids"])
+            # The unswapped 1-stage kernel reads the standard bytes; the swapped one reads both weights prepared.
+            reads1 = cfg1 if cfg2 is not None or cfg1.SWAP_AB else None
+            if cfg2 is None and not fm.reads_prepared(cfg1, s.quant, s.inter_dim, s.use_g1u1):
+                reads1 = None  # both weights as they are (MoeLaunch takes both prepared or neither)
+            reads2 = cfg2 if cfg2 is not None else reads1
+            args = (x["hidden"], weight("w1", reads1), weight("w2", reads2), x["topk_weights"], x["topk_ids"])
             return lambda: fused_moe(*args, out=out, choice=choice, **kw)
         cfg = config_of(config)
         fm.check_config(cfg, problem.kind, s.quant)
@@ -461,13 +499,14 @@ class FusedMoeTunable:
             return
         if problem.kind != "e2e":
             cfg = config_of(config)
-            compile_only(problem.kind, problem.dims, cfg)
+            # The swapped 1-stage kernel is timed inside the op, whose plan launches it as a programmatic dependent.
+            compile_only(problem.kind, problem.dims, cfg, pdl=problem.kind == "1stage" and target_pdl())
             if problem.kind != "1stage":  # the stage launcher sorts for its BLOCK_SIZE_M (int32 ids, as make_inputs)
                 compile_sort_only(problem.dims.numel, cfg.BLOCK_SIZE_M, problem.dims.experts)
             return
         cfg1, cfg2 = problem.plan
         if cfg2 is None:
-            compile_only("1stage", problem.dims, cfg1)
+            compile_only("1stage", problem.dims, cfg1, pdl=target_pdl())
         else:  # the op's plan launches its GEMMs as programmatic dependents on Hopper (kernels/pdl.py)
             compile_only("stage1", problem.dims, cfg1, pdl=target_pdl())
             compile_only("stage2", problem.dims, cfg2, pdl=target_pdl())

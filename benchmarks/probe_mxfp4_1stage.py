@@ -1,0 +1,142 @@
+"""MXFP4 at decode sizes in one GEMM launch: the swapped 1-stage kernel (`_moe_1stage_swap_kernel`: both GEMMs of a
+block's BLOCK_N slice of the intermediate in one program) against the op's stage pair, on one GPU.
+
+Each token count: the op as users call it (prepared weights and scales; its tuned row from --mxfp4-csv, else the rule
+table), the rule table's stage pair (what the op ran before the 1-stage kernel joined the rule), then the op forced
+onto each swapped 1-stage config of a small sweep, each checked against the op's output (relative L2) and timed with
+the engine's timer (L2 flushed, median); the best one's kernels under torch.profiler and its CUDA-graph replay beside
+the op's.
+
+    PYTHONPATH=src python benchmarks/probe_mxfp4_1stage.py [--mxfp4-csv M] [--dims 2880,2880,128,4] \\
+        [--tokens 1,2,4,8] [--tiles BM:BN:BD:W:S:ST,...] [--no-profile] [--json F]       # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from bench_mxfp4_tuned_ab import floor_us, parse_dims  # noqa: E402
+
+# BLOCK_M:BLOCK_N:BLOCK_D:num_warps:num_stages:SCALE_TMA, comma-separated: w1's slice rows, w2's tile rows (each
+# at most 16 rows a warp).
+TILES = "16:128:128:8:3:1,16:128:128:8:4:1,16:128:64:8:3:1,16:64:64:4:3:1,16:64:128:8:3:1"
+
+
+def sweep(tiles: str) -> list:
+    from tritune.kernels.fused_moe import MoeConfig
+
+    out = []
+    for spec in tiles.split(","):
+        bm, bn, bd, warps, stages, st = (int(v) for v in spec.split(":"))
+        out.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128, BLOCK_SIZE_D=bd, GROUP_SIZE_M=1,
+                             num_warps=warps, num_stages=stages, SWAP_AB=1, USE_TMA=1, SCALE_TMA=st))
+    return out
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mxfp4-csv", type=pathlib.Path, default=None, help="tuned MXFP4 rows for the op's choice")
+    ap.add_argument("--dims", type=parse_dims, default=(2880, 2880, 128, 4), help="D,I,E,TOPK (gpt-oss-120b)")
+    ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--tiles", default=TILES, help="BM:BN:BD:W:S:SCALE_TMA,... (the 1-stage configs swept)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the best config's graph and kernel profile")
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_mxfp4_1stage: needs a GPU (it times kernels)")
+    if args.mxfp4_csv is not None:
+        if not args.mxfp4_csv.is_file():
+            raise SystemExit(f"probe_mxfp4_1stage: no such file: {args.mxfp4_csv}")
+        os.environ["TRITUNE_CONFIG_FMOE"] = str(args.mxfp4_csv)
+    from probe_decode_floor import kernel_profile
+
+    from tritune import ops
+    from tritune.kernels import fused_moe as fm
+    from tritune.ops.fused_moe import MoeChoice
+    from tritune.ops.heuristics import moe_heuristic
+    from tritune.tuning.bench import capture_graph, time_kernel
+
+    d, inter, experts, topk = args.dims
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
+    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
+    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
+    del w1, w2
+    pw1, pw2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
+    ps1, ps2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    rows = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        hidden = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+        weights, ids = ops.sample_routing(tokens, experts, topk, seed=1234, device=torch.device("cuda"))
+        floor = floor_us(int(torch.unique(ids).numel()), tokens, d, inter)
+
+        def op(choice=None, h=hidden, w=weights, i=ids):
+            return ops.fused_moe(h, pw1, pw2, w, i, quant=fm.MXFP4, w1_scale=ps1, w2_scale=ps2, choice=choice)
+
+        ref = op().clone()
+        source = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4).source
+        base = time_kernel(op, iters=30, warmup=3).median_us
+        _, p1, p2 = moe_heuristic(tokens, d, inter, experts, topk, fm.MXFP4, one_stage=False)
+        pair_choice = MoeChoice(False, p1, p2, "the rule table's stage pair")
+        pair = time_kernel(lambda c=pair_choice: op(c), iters=30, warmup=3).median_us
+        print(f"\n## {tokens} tokens (floor {floor:.1f} µs): the op ({source}) {base:.1f} µs; the rule table's stage "
+              f"pair {pair:.1f} µs", flush=True)
+        print("| config | µs | x op | x floor | rel L2 vs op |\n|---|---|---|---|---|")
+        results = []
+        for cfg in sweep(args.tiles):
+            choice = MoeChoice(True, cfg, None, "forced")
+            name = cfg.name("1stage", fm.MXFP4)
+            try:
+                err = rel_l2(op(choice), ref)
+                us = time_kernel(lambda c=choice: op(c), iters=30, warmup=3).median_us
+            except Exception as exc:  # noqa: BLE001 (a config that fails to build is a row, not the end)
+                print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | |", flush=True)
+                results.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                continue
+            print(f"| {name} | {us:.1f} | {us / base:.3f} | {us / floor:.2f} | {err:.2e} |", flush=True)
+            results.append({"config": name, "us": us, "rel_l2": err, "choice": choice})
+        ok = [r for r in results if "us" in r and r["rel_l2"] < 1e-2]
+        row = {"tokens": tokens, "floor_us": floor, "op_us": base, "op_source": source, "pair_us": pair,
+               "sweep": [{k: v for k, v in r.items() if k != "choice"} for r in results]}
+        if ok:
+            best = min(ok, key=lambda r: r["us"])
+            row.update(best=best["config"], best_us=best["us"])
+            print(f"best {best['config']}: {best['us']:.1f} µs ({best['us'] / floor:.2f}x floor, "
+                  f"{best['us'] / base:.3f}x the op, {best['us'] / pair:.3f}x the stage pair)", flush=True)
+        if ok and not args.no_profile:
+            fn = lambda c=best["choice"]: op(c)  # noqa: E731
+            graphs = {}
+            for what, call in (("op", op), ("1stage", fn)):
+                call()
+                graph, _ = capture_graph(call)
+                graphs[what] = time_kernel(graph.replay, iters=30, warmup=3).median_us
+            again = {"op": time_kernel(op, iters=30, warmup=3).median_us,
+                     "1stage": time_kernel(fn, iters=30, warmup=3).median_us}
+            prof = kernel_profile(fn, "zero")
+            row.update(graph_us=graphs, again_us=again, kernels=prof)
+            print(f"again op {again['op']:.1f} / 1-stage {again['1stage']:.1f}; graph op {graphs['op']:.1f} / "
+                  f"1-stage {graphs['1stage']:.1f}")
+            for k in prof:
+                print(f"    {k['kernel']:<72} {k['us']:8.2f} gap {k['gap_us']:6.2f}")
+        rows.append(row)
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "dims": args.dims, "rows": rows},
+                                        indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
