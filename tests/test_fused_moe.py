@@ -308,7 +308,7 @@ def test_gathered_a_equals_the_pointer_gather(dims: Dims, quant: str, more: dict
 def test_swap_ab_names_and_refusals() -> None:
     assert SWAP.name("stage1").endswith("_TMA0_SW1") and "SW" not in SMALL.name("stage1")  # shown only when on
     assert MoeConfig.parse_name(SWAP.name("stage2", "per_token")) == ("stage2", SWAP)
-    with pytest.raises(ValueError, match="SWAP_AB is a stage-kernel option"):
+    with pytest.raises(ValueError, match=r"the swapped 1-stage kernel \(SWAP_AB 1\) is for per_1x32"):
         fm.check_config(dataclasses.replace(ONE, SWAP_AB=1), "1stage", "none")
     with pytest.raises(ValueError, match="SWAP_AB is not for MXFP4 weights with fp8 activations"):  # not built
         fm.check_config(dataclasses.replace(SWAP, BLOCK_SIZE_K=32), "stage1", fm.MXFP4_A8)
@@ -493,7 +493,7 @@ def test_check_config_accepts(cfg: MoeConfig, kernel: str, quant: str) -> None:
     (dataclasses.replace(ONE, KSPLIT=2), "1stage", "none", "1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1"),
     (SMALL, "1stage", "none", "1-stage needs BLOCK_SIZE_D"),  # BLOCK_SIZE_D left at 0
     (dataclasses.replace(ONE, BLOCK_SIZE_D=48), "1stage", "none", "1-stage needs BLOCK_SIZE_D"),
-    (dataclasses.replace(ONE, USE_TMA=1), "1stage", "none", "1-stage has no TMA variant"),
+    (dataclasses.replace(ONE, USE_TMA=1), "1stage", "none", "1-stage reads through TMA only in its swapped MXFP4 variant"),
     (dataclasses.replace(ONE, BLOCK_SIZE_N=256), "1stage", "per_1x128", "needs BLOCK_SIZE_N dividing 128"),
     (dataclasses.replace(SMALL, BLOCK_SIZE_N=24), "stage1", "none", "BLOCK_SIZE_N=24 must be a power of two"),
     (dataclasses.replace(SMALL, BLOCK_SIZE_M=12), "stage2", "none", "BLOCK_SIZE_M=12 must be a power of two >= 16"),
@@ -564,7 +564,7 @@ def test_1stage_validates_like_2stage() -> None:
     q = make_moe(quant="per_1x128")
     with pytest.raises(ValueError, match="per_1x128 wants w2_scale"):
         fused_moe_1stage(*q.args, ONE, **(q.kw("silu", False) | {"w2_scale": None}))
-    with pytest.raises(ValueError, match="1-stage has no TMA variant"):
+    with pytest.raises(ValueError, match="1-stage reads through TMA only in its swapped MXFP4 variant"):
         fused_moe_1stage(*q.args, dataclasses.replace(ONE, USE_TMA=1), **q.kw("silu", False))
 
 
