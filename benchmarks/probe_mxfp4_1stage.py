@@ -26,8 +26,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench_mxfp4_tuned_ab import floor_us, parse_dims  # noqa: E402
 
-# BLOCK_M:BLOCK_N:BLOCK_D:num_warps:num_stages:SCALE_TMA, comma-separated: w1's slice rows, w2's tile rows (each
-# at most 16 rows a warp).
+# BLOCK_M:BLOCK_N:BLOCK_D:num_warps:num_stages:SCALE_TMA[:KSPLIT], comma-separated: w1's slice rows, w2's tile rows
+# (each at most 16 rows a warp), stage 1's K splits (default 1).
 TILES = "16:128:128:8:3:1,16:128:128:8:4:1,16:128:64:8:3:1,16:64:64:4:3:1,16:64:128:8:3:1"
 
 
@@ -36,9 +36,10 @@ def sweep(tiles: str) -> list:
 
     out = []
     for spec in tiles.split(","):
-        bm, bn, bd, warps, stages, st = (int(v) for v in spec.split(":"))
+        bm, bn, bd, warps, stages, st, *split = (int(v) for v in spec.split(":"))
         out.append(MoeConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128, BLOCK_SIZE_D=bd, GROUP_SIZE_M=1,
-                             num_warps=warps, num_stages=stages, SWAP_AB=1, USE_TMA=1, SCALE_TMA=st))
+                             num_warps=warps, num_stages=stages, KSPLIT=split[0] if split else 1, SWAP_AB=1,
+                             USE_TMA=1, SCALE_TMA=st))
     return out
 
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mxfp4-csv", type=pathlib.Path, default=None, help="tuned MXFP4 rows for the op's choice")
     ap.add_argument("--dims", type=parse_dims, default=(2880, 2880, 128, 4), help="D,I,E,TOPK (gpt-oss-120b)")
     ap.add_argument("--tokens", default="1,2,4,8")
-    ap.add_argument("--tiles", default=TILES, help="BM:BN:BD:W:S:SCALE_TMA,... (the 1-stage configs swept)")
+    ap.add_argument("--tiles", default=TILES, help="BM:BN:BD:W:S:SCALE_TMA[:KSPLIT],... (the 1-stage configs swept)")
     ap.add_argument("--no-profile", action="store_true", help="skip the best config's graph and kernel profile")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)

@@ -6,6 +6,7 @@ idle experts, split-K)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -29,6 +30,10 @@ def operands(dtype=torch.float16, topk: int = TOPK, inter: int = INTER, gated: b
     ids = torch.randint(0, E - 1, (TOKENS, topk), generator=gen, dtype=torch.int32)  # expert E-1 idle
     weights = torch.rand(TOKENS, topk, generator=gen)
     return hidden, w1, w2, ids, weights
+
+
+def op_module():
+    return importlib.import_module("tritune.ops.fused_moe")
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -305,21 +310,44 @@ def test_the_whole_call_refuses_bad_mxfp4_operands():
         fused_moe_2stage(hidden, q1[:, :100], q2, weights, ids, CFG, cfg2, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
 
 
-@pytest.mark.parametrize("inter", [64, 96], ids=["1-stage", "2-stage"])
-def test_the_op_serves_mxfp4_with_the_rule_tables_kernels(inter):
+@pytest.fixture
+def four_sms(monkeypatch):
+    """The op's rule table on a 4-SM device, where this file's tiny MoE fills the waves the swapped 1-stage kernel
+    wants (a full-size GPU sends it to the stage pair)."""
+    op = importlib.import_module("tritune.ops.fused_moe")
+    real = op._device_facts
+    monkeypatch.setattr(op, "_device_facts", lambda index: (4, *real(index)[1:]))
+    op.reload_moe_configs()
+    yield
+    op.reload_moe_configs()
+
+
+@pytest.mark.parametrize("sms", [132, 4], ids=["stage pair", "1-stage"])
+def test_the_op_serves_mxfp4_with_the_rule_tables_kernels(sms, request):
     from tritune import ops
     from tritune.kernels.moe_reference import fused_moe_reference
 
-    hidden, w1, w2, ids, weights = operands(inter=inter)
+    if sms == 4:
+        request.getfixturevalue("four_sms")
+    hidden, w1, w2, ids, weights = operands(inter=64)
     (q1, s1), (q2, s2) = quantize_weights(w1, fm.MXFP4), quantize_weights(w2, fm.MXFP4)
     on = [t.to(DEVICE) for t in (hidden, q1, q2, weights, ids, s1, s2)]
     choice = ops.fused_moe_choice(on[0], on[1], on[2], on[4], quant=fm.MXFP4)
-    # 14 pairs, 4 an expert: the swapped 1-stage kernel where the up rows start a 64-row record (inter 64), else the
-    # stage pair; the swapped GEMM with its packed weights through TMA either way (the heuristic's Hopper rule; the
-    # interpreter runs it too)
-    assert choice.run_1stage == (inter % 64 == 0) and choice.source == "heuristic"
-    kernels = (choice.stage1,) if choice.run_1stage else (choice.stage1, choice.stage2)
-    assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32 for c in kernels)
+    codes_rule = op_module()._rule_choice(on[0], on[1], on[2], on[4], "silu", fm.MXFP4, False, scale_records=False)
+    # the scales as codes: the stage pair, the swapped GEMM with its packed weights through TMA (the heuristic's Hopper
+    # rule; the interpreter runs it too)
+    assert not codes_rule.run_1stage and choice.source == "heuristic"
+    assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32
+               for c in (codes_rule.stage1, codes_rule.stage2))
+    # with the codes' records (the choice): on 132 SMs the stage pair; on 4, 4 blocks x 1 slice fill them, the
+    # swapped 1-stage kernel with stage 1 split in 2 (under 3 waves)
+    assert choice.run_1stage == (sms == 4)
+    if sms == 4:
+        assert choice.stage1.KSPLIT == 2 and choice.stage1.SWAP_AB == choice.stage1.SCALE_TMA == 1
+        p1, p2 = ops.prepare_mxfp4_scales(on[5]), ops.prepare_mxfp4_scales(on[6])
+        one = ops.fused_moe(on[0], on[1], on[2], on[3], on[4], quant=fm.MXFP4, w1_scale=p1, w2_scale=p2)
+        ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+        assert rel_l2(one.cpu(), ref) < 2e-3
     ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
     first = ops.fused_moe_mxfp4(*on)
     assert first.shape == (TOKENS, D) and rel_l2(first.cpu(), ref) < 2e-3

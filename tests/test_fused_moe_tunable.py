@@ -56,7 +56,7 @@ def stage_config(**changes) -> Config:
 def one_config(**changes) -> Config:
     """A 1-stage config passing every rule for ONE (below), with `changes`; every ONE_STAGE_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, BLOCK_SIZE_D=64, GROUP_SIZE_M=1, num_warps=4,
-                  num_stages=2, SWAP_AB=0, USE_TMA=0, SCALE_TMA=0)
+                  num_stages=2, SWAP_AB=0, USE_TMA=0, SCALE_TMA=0, KSPLIT=1)
     params.update(changes)
     assert set(params) == set(ONE_STAGE_SPACE)
     return Config.of(**params)
@@ -137,6 +137,7 @@ PAIRS_RULE = (f"1-stage only up to {ONE_STAGE_MAX_PAIRS} routed pairs (swapped M
 SWAP1_RULE = "SWAP_AB only for per_1x32, and always there on a GPU with TMA"
 TILES1_RULE = ("the swapped 1-stage tiles: BLOCK_N 64 or 128, BLOCK_D a multiple of 64, both at most 16 x num_warps, "
                "BLOCK_K 128 through TMA, SCALE_TMA where the records fit (BLOCK_N 128); no TMA or SCALE_TMA unswapped")
+SPLIT1_RULE = "1-stage split-K only swapped, on a grid under three waves, each split 2 K steps or more"
 # gpt-oss-120b at 16 tokens: 64 pairs over 128 experts
 MX1 = MoeProblem(shape("per_1x32", token=16, expert=128, topk=4, model_dim=2880, inter_dim=2880, q_dtype_a="bf16",
                        q_dtype_w="fp4x2"), "1stage")
@@ -152,6 +153,10 @@ ONE_STAGE_RULES = [
     (TILES1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"num_warps": 4}))),  # 128 rows on 4 warps raced
     (TILES1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"BLOCK_SIZE_K": 64}))),
     (TILES1_RULE, ONE, DEV, one_config(USE_TMA=1)),  # TMA unswapped
+    (SPLIT1_RULE, ONE, DEV, one_config(KSPLIT=2)),  # unswapped
+    (SPLIT1_RULE, MX1, GPU, one_config(**(SWAPPED1 | {"KSPLIT": 2}))),  # 64 blocks x 23 slices: 11 waves
+    (SPLIT1_RULE, MoeProblem(dataclasses.replace(MX1.shape, token=1, model_dim=256), "1stage"), GPU,
+     one_config(**(SWAPPED1 | {"KSPLIT": 2}))),  # K 256: one 128-deep step a split
     ("shared memory > device limit", ONE, DEV,
      one_config(BLOCK_SIZE_N=128, BLOCK_SIZE_K=256, num_stages=4)),  # 4*(16+2*128)*256*2 B = 544 KiB
     ("BLOCK_SIZE_M above 2x the pairs per expert", ONE, DEV, one_config(BLOCK_SIZE_M=32)),  # 4 pairs: up to 16
@@ -249,6 +254,8 @@ def test_one_stage_config_passing_every_rule() -> None:
     assert _failing(one_stage_constraints(MX1, interp), one_config()) == []
     unrecorded = dict(SWAPPED1, BLOCK_SIZE_N=64, BLOCK_SIZE_D=64, num_warps=4, SCALE_TMA=0)
     assert _failing(one_stage_constraints(MX1, GPU), one_config(**unrecorded)) == []
+    two = MoeProblem(MX1.shape.with_token(2), "1stage")  # 8 blocks x 23 slices: split stage 1
+    assert _failing(one_stage_constraints(two, GPU), one_config(**(SWAPPED1 | {"KSPLIT": 4}))) == []
 
 
 def test_space_uses_the_rules_of_its_kind() -> None:

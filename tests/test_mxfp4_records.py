@@ -124,12 +124,17 @@ def test_the_op_takes_prepared_scales_and_turns_scale_tma_off_for_plain_codes():
                               w1_scale=s1.cpu(), w2_scale=s2.cpu())
     assert torch.equal(forced, plain) and rel_l2(forced, ref) < TOL and rel_l2(prepared, ref) < TOL
     heur = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4)
-    # the rule table asks for it: 18 pairs, 5 an expert take the swapped 1-stage kernel, which reads both records
-    assert heur.run_1stage and heur.stage1.SWAP_AB == heur.stage1.SCALE_TMA == 1
-    with pytest.warns(UserWarning, match="SCALE_TMA"):  # a forced 1-stage choice with records, given codes
-        one = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2,
-                            choice=MoeChoice(True, heur.stage1, None, "test"))
-    assert torch.equal(one, prepared) and rel_l2(one, ref) < TOL
+    # the rule table asks for it where BLOCK_K is 128 (stage 1; stage 2's K of 64 takes BLOCK_K 64)
+    assert (heur.stage1.SCALE_TMA, heur.stage2.SCALE_TMA, heur.stage2.BLOCK_SIZE_K) == (1, 0, 64)
+    # the swapped 1-stage kernel reads both records; given codes, a forced choice reads them by pointers
+    one_cfg = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, BLOCK_SIZE_D=128, GROUP_SIZE_M=1,
+                        num_warps=8, num_stages=2, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
+    records = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=ops.prepare_mxfp4_scales(s1),
+                            w2_scale=ops.prepare_mxfp4_scales(s2), choice=MoeChoice(True, one_cfg, None, "test"))
+    with pytest.warns(UserWarning, match="SCALE_TMA"):
+        codes = ops.fused_moe(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2,
+                              choice=MoeChoice(True, one_cfg, None, "test"))
+    assert rel_l2(records, ref) < TOL and rel_l2(codes, records.float().cpu()) < 1e-5
 
 
 def test_plain_codes_get_the_codes_only_rule_or_the_tuned_tiles_without_scale_tma():

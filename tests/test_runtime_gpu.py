@@ -132,7 +132,7 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
         return moe_call(x)
     for tokens in (16, 1024):
         cases.append((f"fused_moe op (selected kernels) MXFP4 prepared scales E32 top4 {tokens} tok",
-                      lambda tokens=tokens: prepared(tokens), tokens != 16))  # 16: the 1-stage kernel's atomics
+                      lambda tokens=tokens: prepared(tokens), True))
 
     def prepared_weights(tokens: int):  # and the weights re-encoded (prepare_mxfp4_weights): the swapped decode's PTX
         from tritune.ops import prepare_mxfp4_scales, prepare_mxfp4_weights
@@ -143,7 +143,17 @@ def safety_cases() -> list[tuple[str, Callable[[], Callable[[], torch.Tensor]], 
         return moe_call(x)
     for tokens in (16, 1024):
         cases.append((f"fused_moe op (selected kernels) MXFP4 prepared weights E32 top4 {tokens} tok",
-                      lambda tokens=tokens: prepared_weights(tokens), tokens != 16))  # 16: the 1-stage kernel's atomics
+                      lambda tokens=tokens: prepared_weights(tokens), True))
+
+    def one_stage_rule():  # 64 pairs over 32 experts x 12 slices of I 1536: the rule's swapped 1-stage kernel
+        from tritune.ops import prepare_mxfp4_scales, prepare_mxfp4_weights
+
+        x = moe_inputs(16, 1024, 1536, 32, 4, "per_1x32")
+        x["w1_scale"], x["w2_scale"] = prepare_mxfp4_scales(x["w1_scale"]), prepare_mxfp4_scales(x["w2_scale"])
+        x["w1"], x["w2"] = prepare_mxfp4_weights(x["w1"]), prepare_mxfp4_weights(x["w2"])
+        return moe_call(x)
+    # its fp32 atomics add in any order: graph replay within 1e-2 relative L2 of eager, not bit for bit
+    cases.append(("fused_moe op (selected kernels) MXFP4 swapped 1-stage E32 top4 16 tok", one_stage_rule, False))
 
     def grouped(kind: str):
         from tritune.kernels.grouped_gemm import group_by_expert

@@ -115,12 +115,14 @@ def _moe_1stage_swap_kernel(
     w2_ptr, w2_desc, w2_scale_ptr,  # the same for w2 [E, D, INTER/2]
     out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
-    numel, INTER, D, num_pid_m,
+    part_ptr,  # KSPLIT > 1: fp32 [KSPLIT, numel, INTER·(2 if GATED else 1)] stage 1's partial sums; else unused
+    count_ptr,  # KSPLIT > 1: fp32 [num_pid_m·⌈INTER/BLOCK_N⌉], zeroed: the splits of each slice done; else unused
+    numel, INTER, D, num_pid_m, k_per_split,
     stride_am, stride_w1e, stride_w1n, stride_w1se, stride_w1sn, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
     TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
-    W_SWIZZLED: tl.constexpr, PDL: tl.constexpr = False,
+    W_SWIZZLED: tl.constexpr, KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """`_moe_1stage_kernel` for MXFP4 weights on the swapped GEMM (SWAP_AB: the decoded weight tile is the wgmma's
     register operand, its 64 rows from the weight): the decode's whole call in one GEMM launch.
@@ -134,7 +136,12 @@ def _moe_1stage_swap_kernel(
     adding each step's [pairs, BLOCK_D] into the fp32 output. Every weight byte is read once.
 
     w2's K step is BLOCK_N (64 or 128, within one tile-major chunk); with SCALE_TMA (BLOCK_N 128) its codes come from
-    one record a step. Grid: (num_pid_m·⌈INTER/BLOCK_N⌉,).
+    one record a step.
+
+    KSPLIT > 1 (for a handful of pairs, where blocks × slices leave SMs idle): stage 1's K loop is split over KSPLIT
+    programs, each storing its partial sums; the last of a slice's splits to count itself done (an fp32 counter the
+    sort's first launch zeroes) adds them up and runs the rest, as the GEMM's split-K fixup does.
+    Grid: (num_pid_m·⌈INTER/BLOCK_N⌉, KSPLIT).
     """
     pdl_start(PDL)
     pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
@@ -147,19 +154,68 @@ def _moe_1stage_swap_kernel(
     # Stage 1, as the swapped stage-1 kernel computes its tile (fused_moe._moe_gemm_kernel).
     if SCALE_TMA:
         ws1, s1_row = w1_scale_ptr, (expert * stride_w1se + pid_n * (BLOCK_SIZE_N // 64)).to(tl.int32)
-        ws2 = w2_scale_ptr
     else:
         ws1, s1_row = w1_scale_ptr + expert * stride_w1se, stride_w1sn
-        ws2 = w2_scale_ptr + expert * stride_w2se
     rows1 = 2 * INTER if GATED else INTER
-    rows2 = D
     if W_SWIZZLED:  # prepared weights keep whole 64-row chunks
         rows1 = tl.cdiv(rows1, 64) * 64
+    k_start = tl.program_id(1) * k_per_split
+    acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, D), D, INTER,
+                               w1_ptr + expert * stride_w1e, offs_i, stride_w1n, a_ptr, 0, ws1, s1_row, w1_desc,
+                               (expert * rows1 + i0).to(tl.int32), a_ptr, 0, GATED, QUANT, EVEN_K, USE_TMA,
+                               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB=True, SCALE_TMA=SCALE_TMA,
+                               W_SWIZZLED=W_SWIZZLED)
+    last = True
+    if KSPLIT > 1:
+        acc_g, acc_u, last = _split_fixup(acc_g, acc_u, part_ptr, count_ptr + pid_m * tl.cdiv(INTER, BLOCK_SIZE_N)
+                                          + pid_n, pairs, row_ok, offs_i_out, numel, INTER, GATED, KSPLIT,
+                                          BLOCK_SIZE_M, BLOCK_SIZE_N)
+    if last:
+        _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
+                          w2_scale_ptr, INTER, D, stride_w2e, stride_w2n, stride_w2se, stride_w2sn, TOPK, GATED, ACT,
+                          BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_D, USE_TMA, SCALE_TMA, W_SWIZZLED, a_ptr)
+
+
+@triton.jit
+def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, pairs, row_ok, offs_i_out, numel, INTER, GATED: tl.constexpr,
+                 KSPLIT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """Store this split's (gate, up) partial sums [BLOCK_M, BLOCK_N] of its pairs; count the split done; the last one
+    of the slice gets them all back summed, in split order: (acc_g, acc_u, whether this program is that one)."""
+    n_w = 2 * INTER if GATED else INTER
+    split = tl.program_id(1)
+    part = part_ptr + pairs.to(tl.int64)[:, None] * n_w + offs_i_out[None, :]
+    ok = row_ok[:, None] & (offs_i_out < INTER)[None, :]
+    tl.store(part + split * numel * n_w, acc_g, mask=ok)
+    if GATED:
+        tl.store(part + split * numel * n_w + INTER, acc_u, mask=ok)
+    tl.debug_barrier()  # every thread's partial is stored before the release below publishes them
+    done = tl.atomic_add(count_ptr, 1.0, sem="acq_rel", scope="gpu")
+    acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    last = done == KSPLIT - 1
+    if last:
+        for s in tl.static_range(KSPLIT):  # L2 loads (.cg): other SMs wrote them
+            acc_g += tl.load(part + s * numel * n_w, mask=ok, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc_u += tl.load(part + s * numel * n_w + INTER, mask=ok, other=0.0, cache_modifier=".cg")
+    return acc_g, acc_u, last
+
+
+@triton.jit
+def _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
+                      w2_scale_ptr, INTER, D, stride_w2e, stride_w2n, stride_w2se, stride_w2sn, TOPK: tl.constexpr,
+                      GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                      BLOCK_SIZE_D: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
+                      W_SWIZZLED: tl.constexpr, a_ptr):
+    """The swapped 1-stage kernel's second half: the activation and routing weight on the slice's (gate, up) sums,
+    then its product with w2's K slice [i0, i0 + BLOCK_N), BLOCK_D output columns a step, added into `out_ptr`."""
+    if SCALE_TMA:
+        ws2 = w2_scale_ptr
+    else:
+        ws2 = w2_scale_ptr + expert * stride_w2se
+    rows2 = D
+    if W_SWIZZLED:  # prepared weights keep whole 64-row chunks
         rows2 = tl.cdiv(rows2, 64) * 64
-    acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, 0, D, D, INTER, w1_ptr + expert * stride_w1e, offs_i,
-                               stride_w1n, a_ptr, 0, ws1, s1_row, w1_desc, (expert * rows1 + i0).to(tl.int32), a_ptr,
-                               0, GATED, QUANT, EVEN_K, USE_TMA, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                               SWAP_AB=True, SCALE_TMA=SCALE_TMA, W_SWIZZLED=W_SWIZZLED)
     inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
     inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     inter = tl.where((offs_i_out < INTER)[None, :], inter, 0.0)

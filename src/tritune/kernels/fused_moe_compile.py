@@ -182,12 +182,14 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         operands.append((w_desc, ws, (*strides_w, *strides)))
     (d1, s1, st1), (d2, s2, st2) = operands
     f32, i32, u8 = torch.float32, torch.int32, torch.uint8
+    k_per_split = triton.cdiv(triton.cdiv(d, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     return _moe_1stage_swap_kernel.warmup(
-        dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, dims.numel, inter, d, num_pid_m, d, *st1, *st2,
+        dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, f32, f32, dims.numel, inter, d, num_pid_m,
+        k_per_split, d, *st1, *st2,
         TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(MXFP4),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
-        USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, PDL=pdl,
+        USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 

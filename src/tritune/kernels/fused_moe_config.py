@@ -201,8 +201,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                          f"({MXFP4_A8})")
     if kernel == "1stage":
         d = config.BLOCK_SIZE_D
-        if d < 16 or d & (d - 1) or config.KSPLIT != 1:
-            raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1")
+        if d < 16 or d & (d - 1) or (config.KSPLIT != 1 and not config.SWAP_AB):
+            raise ValueError(f"{config.name(kernel, quant)}: 1-stage needs BLOCK_SIZE_D a power of two >= 16, KSPLIT 1 "
+                             "(split-K only in its swapped MXFP4 variant)")
         if config.USE_TMA and not config.SWAP_AB:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage reads through TMA only in its swapped MXFP4 "
                              "variant (SWAP_AB 1)")

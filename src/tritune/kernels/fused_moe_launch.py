@@ -50,7 +50,7 @@ from tritune.kernels.fused_moe_gather import _gather_rows_kernel, gather_grid
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace, row_major_strides
-from tritune.kernels.moe_align import AlignLaunch, RideAlong, sorted_rows
+from tritune.kernels.moe_align import AlignLaunch, RideAlong, gemm_blocks, sorted_rows
 from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS
 from tritune.kernels.mxfp4_swizzle import check_prepared_device, split_weights, tile_box, tile_view, tile_view_shape
 from tritune.kernels.pdl import plan_pdl
@@ -177,6 +177,11 @@ class MoeLaunch:
         self.inter_rows = sorted_rows(numel, experts, stage1.BLOCK_SIZE_M) if self.sorted_inter else numel
         # Stage 2 sums the top-k slots with atomics into an fp32 [T, D] accumulator (not when it writes `out` itself).
         self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
+        # The swapped 1-stage kernel split along K counts each slice's finished splits (one fp32 counter a slice).
+        self.split_counts = 0
+        if self.one_stage and stage1.SWAP_AB and stage1.KSPLIT > 1:
+            self.split_counts = (gemm_blocks(numel, experts, stage1.BLOCK_SIZE_M)
+                                 * triton.cdiv(inter_dim, stage1.BLOCK_SIZE_N))
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
@@ -218,8 +223,8 @@ class MoeLaunch:
             quant, stage1, stage2, self.inter_rows * inter_dim * hidden.element_size(), hidden.element_size(),
             props.L2_cache_size if props else None, props.shared_memory_per_block_optin if props else None)
         self.final_cast = self.one_stage and fused_moe_1stage.FINAL_CAST_IN_KERNEL
-        if self.one_stage:  # with the cast in the kernel, zero2 holds its per-token counts
-            return tokens * model_dim, tokens if self.final_cast else 0
+        if self.one_stage:  # zero2: the per-token counts of the cast in the kernel, or the split counters
+            return tokens * model_dim, tokens if self.final_cast else self.split_counts
         self.amax_groups = triton.cdiv(inter_dim, SCALE_BLOCK) if quant == "per_1x128" else 1
         return (self.inter_rows * self.amax_groups if self.fused_quant else 0,
                 tokens * model_dim if self.topk_atomic else 0)
@@ -509,14 +514,19 @@ class MoeLaunch:
             operands.append((("t", w), desc, scale, (w_t.stride(0), w_t.stride(1), *strides)))
         (w1, d1, s1, st1), (w2, d2, s2, st2) = operands
         num_pid_m = self.align.gemm_blocks
+        split = cfg.KSPLIT > 1  # stage 1's partial sums by pair, and the counters the sort zeroes
+        part = ("p", pieces.add(_F32, cfg.KSPLIT * numel * inter_dim * (2 if self.gated else 1))) if split else \
+            ("p", self.dummy)
+        count = ("p", self.align.zero2_piece) if split else ("p", self.dummy)
+        k_per_split = triton.cdiv(triton.cdiv(model_dim, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         recipe = [("p", self.q1), w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
-                  ("p", 2), ("t", "topk_weights")]
+                  ("p", 2), ("t", "topk_weights"), part, count]
         recipe += [("v", v) for v in (
-            numel, inter_dim, model_dim, num_pid_m, model_dim, *st1, *st2, topk, self.gated, _ACT_ID[activation],
-            quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, cfg.BLOCK_SIZE_D,
-            cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA), bool(cfg.SCALE_TMA),
-            self.swizzled[0], self.pdl)]
-        grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N),)
+            numel, inter_dim, model_dim, num_pid_m, k_per_split, model_dim, *st1, *st2, topk, self.gated,
+            _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K,
+            cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA),
+            bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl)]
+        grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
         self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
         self._cache_descriptors(first, example["w1"])
 

@@ -50,6 +50,7 @@ INTERPRETER_STAGE_SPACE: dict[str, tuple] = {
 INTERPRETER_ONE_STAGE_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16,), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "BLOCK_SIZE_D": (32,),
     "GROUP_SIZE_M": (1,), "num_warps": (4,), "num_stages": (2,), "SWAP_AB": (0,), "USE_TMA": (0,), "SCALE_TMA": (0,),
+    "KSPLIT": (1,),
 }
 PROFILE_COLUMNS = ("token", "model_dim", "inter_dim", "expert", "topk", "act_type", "dtype", "q_type", "use_g1u1",
                    "doweight_stage1", "kind", "kernelName", "status", "us", "err", "rel_l2", "message", "us_eager",

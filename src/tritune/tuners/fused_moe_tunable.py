@@ -76,6 +76,7 @@ ONE_STAGE_SPACE: dict[str, tuple] = {
     "SWAP_AB": (0, 1),  # the swapped MXFP4 1-stage kernel (fused_moe_1stage._moe_1stage_swap_kernel)
     "USE_TMA": (0, 1),
     "SCALE_TMA": (0, 1),
+    "KSPLIT": (1, 2, 4),  # the swapped one's stage 1 split along K
 }
 # The swapped MXFP4 1-stage kernel is searched up to this many pairs an expert (the other 1-stage kernels up to
 # ONE_STAGE_MAX_PAIRS pairs in all): on the H100 it beat the stage pair at 2-8 pairs an expert on four shapes
@@ -93,6 +94,7 @@ ONE_STAGE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": _TILE, "BLOCK_SIZE_N": _TILE, "BLOCK_SIZE_K": _TILE, "BLOCK_SIZE_D": _TILE,
     "GROUP_SIZE_M": _COUNT, "num_warps": Param(1, pow2=True), "num_stages": _COUNT,
     "SWAP_AB": Param(choices=(0, 1)), "USE_TMA": Param(choices=(0, 1)), "SCALE_TMA": Param(choices=(0, 1)),
+    "KSPLIT": _COUNT,
 }
 
 
@@ -308,6 +310,10 @@ def one_stage_constraints(p: MoeProblem, dev: DeviceInfo) -> tuple[Constraint, .
                    "num_warps, BLOCK_K 128 through TMA, SCALE_TMA where the records fit (BLOCK_N 128); "
                    "no TMA or SCALE_TMA unswapped", swapped_fits),
         Constraint("shared memory > device limit", lambda c: smem(c) <= dev.max_shared_mem),
+        Constraint("1-stage split-K only swapped, on a grid under three waves, each split 2 K steps or more",
+                   lambda c: c["KSPLIT"] == 1 or (bool(c["SWAP_AB"]) and min(numel, s.expert) * triton.cdiv(
+                       s.inter_dim, c["BLOCK_SIZE_N"]) < 3 * dev.sm_count
+                       and s.model_dim >= 2 * c["KSPLIT"] * c["BLOCK_SIZE_K"])),
         Constraint("BLOCK_SIZE_M above 2x the pairs per expert",
                    lambda c: c["BLOCK_SIZE_M"] <= max(16, triton.next_power_of_2(2 * mean))),
         Constraint("per_1x128 needs BLOCK_SIZE_K and BLOCK_SIZE_N dividing 128",
