@@ -564,3 +564,17 @@ def test_the_multiply_add_rules_one_by_one(monkeypatch) -> None:
     assert space.params["BLOCK_SIZE_M"][:4] == fmt.FMA_BLOCK_M
     kept = {c["BLOCK_SIZE_M"] for c in space.prune().kept}
     assert 1 in kept and not kept & {2, 4, 8}
+
+
+def test_deterministic_leaves_the_rule_plan_a_stage_pair(monkeypatch):
+    """TRITUNE_DETERMINISTIC=1: the op passes over 1-stage plans (they sum with atomics), so the tuner neither tunes
+    the 1-stage kind nor re-times the rule table's 1-stage plan."""
+    from tritune import knobs
+    from tritune.tuners.fused_moe_tunable import rule_plan
+
+    gpu = dataclasses.replace(GPU, capability=(9, 0))
+    first, second = rule_plan(MX1.shape, gpu)  # gpt-oss-120b at 16 tokens: the swapped 1-stage kernel
+    assert second is None and first.SWAP_AB == 1
+    monkeypatch.setenv(knobs.DETERMINISTIC, "1")
+    first, second = rule_plan(MX1.shape, gpu)
+    assert second is not None and first.SWAP_AB == second.SWAP_AB == 1

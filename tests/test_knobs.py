@@ -8,7 +8,7 @@ from tritune import knobs
 
 ALL = (knobs.CONFIG_DIR, knobs.CONFIG_FMOE, knobs.CACHE_DIR, knobs.LOG_LEVEL, knobs.ONLINE_TUNE, knobs.ONLINE_BUDGET,
        knobs.START_METHOD, knobs.TIMER_PARK, knobs.MXFP4_DECODE, knobs.WORKER_PRELOAD,
-       knobs.MOE_MLP_LAYOUT)
+       knobs.MOE_MLP_LAYOUT, knobs.DETERMINISTIC)
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +27,15 @@ def test_defaults(monkeypatch, tmp_path):
     assert knobs.online_budget() == knobs.ONLINE_BUDGET_DEFAULT_S == 10.0
     assert knobs.start_method() == "forkserver"  # Linux has it
     assert knobs.worker_preload() is True
+    assert knobs.deterministic() is False
+
+
+def test_deterministic_is_a_boolean(monkeypatch):
+    monkeypatch.setenv(knobs.DETERMINISTIC, "yes")
+    assert knobs.deterministic() is True
+    monkeypatch.setenv(knobs.DETERMINISTIC, "always")
+    with pytest.raises(ValueError, match=r"^TRITUNE_DETERMINISTIC='always' is not a boolean"):
+        knobs.deterministic()
 
 
 @pytest.mark.parametrize(("name", "read", "default", "text", "value", "bad", "message"), [

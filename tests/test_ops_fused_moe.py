@@ -295,3 +295,24 @@ def test_a_cached_plan_keeps_no_call_tensor_alive(use_rows):
     gc.collect()
     assert len(op._PLANS) == plans + 1  # the plan is cached...
     assert [r() is None for r in refs] == [True] * 5  # ...and every tensor of the call is gone
+
+
+def test_deterministic_passes_over_plans_that_sum_with_atomics(use_rows, monkeypatch):
+    """TRITUNE_DETERMINISTIC=1: a tuned 1-stage or TOPK_ATOMIC row gives way to the neighbouring rows or the rule
+    table's stage pair, and the rule table never takes the 1-stage kernel (here at 2 tokens, 4 pairs), so every
+    run adds in the same order: two calls, the same bits."""
+    levers = dataclasses.replace(SMALL, TOPK_ATOMIC=1)
+    use_rows([row(shape(), ONE.name("1stage", "none", "silu"), run_1stage=True),
+              two_stage(shape(token=2), levers, levers)])
+    hidden, w1, w2, weights, ids, _, _ = problem()
+    assert fused_moe_choice(hidden, w1, w2, ids).run_1stage  # the tuned 1-stage row
+    monkeypatch.setenv(knobs.DETERMINISTIC, "1")
+    reload_moe_configs()
+    for tokens in (T, 2):
+        hidden, w1, w2, weights, ids, _, _ = problem(tokens=tokens)
+        choice = fused_moe_choice(hidden, w1, w2, ids)
+        assert not op.sums_with_atomics(choice) and choice.source.startswith("heuristic"), (tokens, choice)
+        first = fused_moe(hidden, w1, w2, weights, ids)
+        assert torch.equal(fused_moe(hidden, w1, w2, weights, ids), first)
+        assert rel_l2(first, fused_moe_reference(hidden, w1, w2, weights, ids)) < 1e-2
+    assert op.heuristic_moe_choice(2, D, INTER, E, TOPK, "none").run_1stage  # the rule table's own at 4 pairs

@@ -26,6 +26,7 @@ TIMER_PARK = "TRITUNE_TIMER_PARK"
 MXFP4_DECODE = "TRITUNE_MXFP4_DECODE"
 WORKER_PRELOAD = "TRITUNE_WORKER_PRELOAD"
 MOE_MLP_LAYOUT = "TRITUNE_MOE_MLP_LAYOUT"
+DETERMINISTIC = "TRITUNE_DETERMINISTIC"
 INTERPRET = "TRITON_INTERPRET"  # Triton's own variable: read here (interpreting()), never in KNOBS' table
 
 ONLINE_BUDGET_DEFAULT_S = 10.0
@@ -116,6 +117,18 @@ def worker_preload() -> bool:
     Accepts 1/0, true/false, yes/no, on/off (any case); anything else is a ValueError naming the variable.
     """
     return _bool(WORKER_PRELOAD, True)
+
+
+def deterministic() -> bool:
+    """TRITUNE_DETERMINISTIC: "1" keeps the fused-MoE op to plans that add in a fixed order, so the same inputs give
+    the same bits on every run: no 1-stage kernel and no TOPK_ATOMIC stage 2 (both sum with fp32 atomics, in whatever
+    order the programs run); tuned rows that name one are passed over, the rule table's stage pair taking their
+    place. Read when the op first binds a call signature (`tritune.ops.reload_moe_configs()` after changing it).
+    Default off.
+
+    Accepts 1/0, true/false, yes/no, on/off (any case); anything else is a ValueError naming the variable.
+    """
+    return _bool(DETERMINISTIC, False)
 
 
 def _bool(name: str, default: bool) -> bool:
@@ -250,6 +263,8 @@ KNOBS: tuple[Knob, ...] = (
                                          "the GPU times the current one. 0: each binary loads on its first run."),
     Knob(MOE_MLP_LAYOUT, moe_mlp_layout, "Rows the training MoE MLP gives a scheduled dW: padded (default; made "
                                          "padded where produced) or plain (the dW loop copies one operand)."),
+    Knob(DETERMINISTIC, deterministic, "1: the fused-MoE op runs only plans that add in a fixed order (no 1-stage "
+                                       "kernel, no TOPK_ATOMIC): the same bits every run. Default 0."),
 )
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tritune import knobs
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
@@ -57,13 +58,14 @@ class MoeChoice:
 
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
                          sm_count: int = 132, max_shared: int = 232448, gated: bool = True,
-                         scale_records: bool = True) -> MoeChoice:
+                         scale_records: bool = True, deterministic: bool = False) -> MoeChoice:
     """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape
-    (`scale_records` False: MXFP4 scales as codes only)."""
+    (`scale_records` False: MXFP4 scales as codes only; `deterministic`: never a plan that sums with atomics)."""
     if quant not in OP_QUANTS:
         raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
-                                               max_shared, gated=gated, scale_records=scale_records)
+                                               max_shared, gated=gated, scale_records=scale_records,
+                                               one_stage=not deterministic)
     return MoeChoice(run_1stage, stage1, stage2, "heuristic")
 
 
@@ -144,10 +146,18 @@ def _tuned_choice(row: FmoeTuned, origin: str) -> MoeChoice:
     return MoeChoice(False, stage1, stage2, f"tuned: {origin}")
 
 
+def sums_with_atomics(choice: MoeChoice) -> bool:
+    """Whether a plan adds into its output in whatever order its programs run (the 1-stage kernels, TOPK_ATOMIC),
+    so its bits may differ from run to run; TRITUNE_DETERMINISTIC keeps the op off such plans."""
+    return choice.run_1stage or bool(choice.stage2.TOPK_ATOMIC)
+
+
 def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> MoeChoice:
     cu_num, max_shared, machine = _device_facts(index)
+    fixed_order = knobs.deterministic()
     heuristic = heuristic_moe_choice(tokens, shape.model_dim, shape.inter_dim, shape.expert, shape.topk,
-                                     shape.quant, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1)
+                                     shape.quant, sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
+                                     deterministic=fixed_order)
     table = default_table()
     rows, origins = [], {}
     for row in table.rows_of(machine.sm_count, shape, machine=machine):  # the cu_num rows record: 0 interpreted
@@ -156,6 +166,8 @@ def _choose(index: int, shape: FmoeShape, tokens: int, online: bool = True) -> M
             choice = _tuned_choice(row, origin)
         except ValueError as err:
             warnings.warn(f"tritune: skipping tuned fused-MoE row {origin}: {err}", stacklevel=4)
+            continue
+        if fixed_order and sums_with_atomics(choice):  # TRITUNE_DETERMINISTIC: not this row (no warning: asked for)
             continue
         if math.isfinite(row.us) and row.us > 0:
             rows.append(MoeRow(row.shape.token, choice.run_1stage, choice.stage1, choice.stage2, row.us))
@@ -234,7 +246,7 @@ def _rule_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
     cu_num, max_shared, _ = _device_facts(_index(hidden_states.device))
     return heuristic_moe_choice(shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, quant,
                                 sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
-                                scale_records=scale_records)
+                                scale_records=scale_records, deterministic=knobs.deterministic())
 
 
 def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from tritune import knobs
 from tritune.device import DeviceInfo
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
@@ -338,7 +339,8 @@ def rule_plan(shape: FmoeShape, device: DeviceInfo) -> Plan:
     """What the op runs for a row of `shape` with no tuned file on `device` (the rule table)."""
     run_1stage, first, second = moe_heuristic(
         shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.quant, device.sm_count,
-        device.max_shared_mem, gated=shape.use_g1u1, capability=device.capability)
+        device.max_shared_mem, gated=shape.use_g1u1, capability=device.capability,
+        one_stage=not knobs.deterministic())
     return (first, None) if run_1stage else (first, second)
 
 
