@@ -14,6 +14,7 @@ the op's.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pathlib
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1,2,4,8")
     ap.add_argument("--tiles", default=TILES, help="BM:BN:BD:W:S:SCALE_TMA[:KSPLIT],... (the 1-stage configs swept)")
     ap.add_argument("--no-profile", action="store_true", help="skip the best config's graph and kernel profile")
+    ap.add_argument("--no-coop", action="store_true", help="split configs' last split runs all of w2 (not COOP_SPLIT)")
+    ap.add_argument("--tickets", default="1", help="COOP_TICKET values to sweep, alternating: 1, 0 or 1,0,1,0")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -66,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from tritune import ops
     from tritune.kernels import fused_moe as fm
+    from tritune.kernels import fused_moe_1stage
+
+    fused_moe_1stage.COOP_SPLIT = not args.no_coop
+    op_module = importlib.import_module("tritune.ops.fused_moe")  # the module (tritune.ops.fused_moe is the op)
     from tritune.ops.fused_moe import MoeChoice
     from tritune.ops.heuristics import moe_heuristic
     from tritune.tuning.bench import capture_graph, time_kernel
@@ -97,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
               f"pair {pair:.1f} µs", flush=True)
         print("| config | µs | x op | x floor | rel L2 vs op |\n|---|---|---|---|---|")
         results = []
-        for cfg in sweep(args.tiles):
+        for ticket, cfg in ((t, c) for t in (int(v) for v in args.tickets.split(",")) for c in sweep(args.tiles)):
+            fused_moe_1stage.COOP_TICKET = bool(ticket)
+            op_module._PLANS.clear()  # plans bind the switch
             choice = MoeChoice(True, cfg, None, "forced")
-            name = cfg.name("1stage", fm.MXFP4)
+            name = cfg.name("1stage", fm.MXFP4) + ("" if ticket else " (no tickets)")
             try:
                 err = rel_l2(op(choice), ref)
                 us = time_kernel(lambda c=choice: op(c), iters=30, warmup=3).median_us

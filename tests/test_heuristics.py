@@ -251,11 +251,11 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
     assert levers(1024, inter=14340) == (0, 0)  # rows of 28680 bytes: not a 16-byte multiple, no descriptor
 
 
-def test_mxfp4_takes_the_swapped_1_stage_kernel_from_a_wave_of_programs_up_to_8_pairs_an_expert():
+def test_mxfp4_takes_the_swapped_1_stage_kernel_up_to_8_pairs_an_expert_split_under_1_25_waves():
     """The swapped 1-stage kernel (both GEMMs of a 128-wide slice of the intermediate in one program) beat the stage
-    pair on the H100 at 2-64 tokens on four shapes (twenty-first session) where its programs (16-row blocks x slices)
-    filled a wave, stage 1 split in 2 under a wave and a quarter; under a wave it lost or tied. Only on Hopper with
-    the codes' records, and a gated w1's up rows on a record."""
+    pair on the H100 at 1-64 tokens on four shapes (twenty-first session), its stage 1 split along K (the splits then
+    sharing w2's rows) until the programs make 1.25 waves. Only on Hopper with the codes' records, and a gated w1's up
+    rows on a record."""
     def one(tokens, dims=(2880, 2880, 128, 4), **kw):
         run_1stage, first, second = moe_heuristic(tokens, *dims, "per_1x32", **kw)
         assert (second is None) == run_1stage
@@ -263,17 +263,17 @@ def test_mxfp4_takes_the_swapped_1_stage_kernel_from_a_wave_of_programs_up_to_8_
 
     want = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
                      BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
-    split = dataclasses.replace(want, KSPLIT=2)
-    assert one(1) is None  # 4 blocks x 23 slices = 92 programs < 132 SMs: the stage pair
-    for tokens in (2, 4, 16, 64, 256):  # 184 programs .. 8 pairs an expert
+    split = {k: dataclasses.replace(want, KSPLIT=k) for k in (2, 4, 8)}
+    assert one(1) == split[2]  # 4 blocks x 23 slices = 92 programs: under 1.25 waves of 132 SMs
+    for tokens in (2, 3, 4, 16, 64, 256):  # 184 programs .. 8 pairs an expert
         assert one(tokens) == want, tokens
-    for config in (want, split):
+    for config in (want, *split.values()):
         check_config(config, "1stage", "per_1x32")
     assert one(257) is None  # 9 pairs an expert
-    assert one(1, (2048, 1408, 64, 6)) is None and one(2, (2048, 1408, 64, 6)) == split  # DeepSeek-like: 66, 132
-    assert one(2, (2048, 768, 128, 8)) is None and one(4, (2048, 768, 128, 8)) == want  # Qwen3-like: 96, 192
-    assert one(1, (2048, 1408, 64, 6), sm_count=60) == split  # 66 programs on 60 SMs
-    assert one(16, (2048, 768, 128, 8)) == want  # 6 slices x 128 blocks
+    assert one(1, (2048, 1408, 64, 6)) == split[4] and one(2, (2048, 1408, 64, 6)) == split[2]  # 66, 132 programs
+    assert one(1, (2048, 768, 128, 8)) == split[4] and one(2, (2048, 768, 128, 8)) == split[2]  # Qwen3-like: 48, 96
+    assert one(1, (512, 256, 8, 2)) is None  # 2 blocks x 2 slices: 8 splits would not make a wave
+    assert one(1, (512, 1024, 8, 2), sm_count=64) == split[2]  # K 512: each split 2 steps at least
     assert one(16, capability=(8, 0)) is None  # no TMA
     assert one(16, scale_records=False) is None  # codes only: the stage pair's codes-by-pointer tiles
     assert one(16, one_stage=False) is None

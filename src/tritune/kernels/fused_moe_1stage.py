@@ -18,9 +18,11 @@ from tritune.kernels.fused_moe import (
     _k32_columns,
     _mxfp4_swap_dot,
     _pid_mn,
+    _tile_mn,
 )
 from tritune.kernels.mxfp4 import k32_unscale, mxfp4_tile
 from tritune.kernels.pdl import pdl_start
+from tritune.knobs import interpreting
 
 # The 1-stage call's last launch (`_acc_to_out_kernel`, fp32 accumulator to the output dtype) done inside the GEMM
 # kernel instead: each program counts itself on the tokens it added to, and the last contributor of a token converts
@@ -29,6 +31,15 @@ from tritune.kernels.pdl import pdl_start
 # counter and the last contributor's read-back cost more GPU time than the launch saves (graph time at 1 token: Mixtral
 # 242-243 -> 246 µs, Qwen3-30B-A3B 41-42 -> 44 µs; eager no better; RESULTS.md 2026-11-26, fifth session).
 FINAL_CAST_IN_KERNEL = False
+
+# The swapped 1-stage kernel split along K (KSPLIT > 1) on a GPU: every split of a slice waits for the others and runs
+# a share of w2's rows (COOP), instead of the last one running all of them: H100, one token, 0.76-0.89x the time of
+# the last-split form and of the stage pair (RESULTS.md, twenty-first session). Never in the interpreter, which runs
+# one program at a time (a waiting program would wait for ever): there the last split runs them all.
+COOP_SPLIT = True
+# Cooperative splits take their work by ticket (an atomic counter, in the order programs start) rather than by
+# program id: the wait is then safe whatever order the GPU starts programs in. A probe's switch.
+COOP_TICKET = True
 
 
 @triton.jit
@@ -116,13 +127,15 @@ def _moe_1stage_swap_kernel(
     out_ptr,  # fp32 [T, D], zeroed; every program adds its share atomically
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, weights_ptr,
     part_ptr,  # KSPLIT > 1: fp32 [KSPLIT, numel, INTER·(2 if GATED else 1)] stage 1's partial sums; else unused
-    count_ptr,  # KSPLIT > 1: fp32 [num_pid_m·⌈INTER/BLOCK_N⌉], zeroed: the splits of each slice done; else unused
+    count_ptr,  # KSPLIT > 1: fp32 [num_pid_m·⌈INTER/BLOCK_N⌉ (+ 1 with COOP: the ticket counter)], zeroed: the splits
+    # of each slice done; else unused
     numel, INTER, D, num_pid_m, k_per_split,
     stride_am, stride_w1e, stride_w1n, stride_w1se, stride_w1sn, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
     TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
-    W_SWIZZLED: tl.constexpr, KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False,
+    W_SWIZZLED: tl.constexpr, KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, COOP: tl.constexpr = False,
+    TICKET: tl.constexpr = True,
 ):
     """`_moe_1stage_kernel` for MXFP4 weights on the swapped GEMM (SWAP_AB: the decoded weight tile is the wgmma's
     register operand, its 64 rows from the weight): the decode's whole call in one GEMM launch.
@@ -139,12 +152,23 @@ def _moe_1stage_swap_kernel(
     one record a step.
 
     KSPLIT > 1 (for a handful of pairs, where blocks × slices leave SMs idle): stage 1's K loop is split over KSPLIT
-    programs, each storing its partial sums; the last of a slice's splits to count itself done (an fp32 counter the
-    sort's first launch zeroes) adds them up and runs the rest, as the GEMM's split-K fixup does.
-    Grid: (num_pid_m·⌈INTER/BLOCK_N⌉, KSPLIT).
+    programs, each storing its partial sums and counting itself done (an fp32 counter the sort's first launch
+    zeroes). COOP (on a GPU): every split waits for the count, adds the partials up and runs its share of w2's rows;
+    otherwise the last split runs them all, as the GEMM's split-K fixup does.
+    Grid: (num_pid_m·⌈INTER/BLOCK_N⌉·KSPLIT,) with COOP, else (num_pid_m·⌈INTER/BLOCK_N⌉, KSPLIT).
     """
     pdl_start(PDL)
-    pid_m, pid_n = _pid_mn(num_pid_m, tl.cdiv(INTER, BLOCK_SIZE_N), GROUP_SIZE_M)
+    n_slices = tl.cdiv(INTER, BLOCK_SIZE_N)
+    if COOP and not TICKET:  # a slice's splits are neighbours in launch order
+        tile, split = tl.program_id(0) // KSPLIT, tl.program_id(0) % KSPLIT
+    elif COOP:
+        # Work by ticket, in the order programs start: the programs holding the first t tickets are all running, so
+        # every slice among them but the last is whole and finishes, and none waits for a split that cannot start.
+        ticket = tl.atomic_add(count_ptr + num_pid_m * n_slices, 1.0, sem="relaxed", scope="gpu").to(tl.int32)
+        tile, split = ticket // KSPLIT, ticket % KSPLIT
+    else:
+        tile, split = tl.program_id(0), tl.program_id(1)
+    pid_m, pid_n = _tile_mn(tile, num_pid_m, n_slices, GROUP_SIZE_M)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
         return
     pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, TOPK, BLOCK_SIZE_M)
@@ -159,30 +183,37 @@ def _moe_1stage_swap_kernel(
     rows1 = 2 * INTER if GATED else INTER
     if W_SWIZZLED:  # prepared weights keep whole 64-row chunks
         rows1 = tl.cdiv(rows1, 64) * 64
-    k_start = tl.program_id(1) * k_per_split
+    k_start = split * k_per_split
     acc_g, acc_u = _gated_tile(a_ptr, a_rows, stride_am, k_start, tl.minimum(k_start + k_per_split, D), D, INTER,
                                w1_ptr + expert * stride_w1e, offs_i, stride_w1n, a_ptr, 0, ws1, s1_row, w1_desc,
                                (expert * rows1 + i0).to(tl.int32), a_ptr, 0, GATED, QUANT, EVEN_K, USE_TMA,
                                BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB=True, SCALE_TMA=SCALE_TMA,
                                W_SWIZZLED=W_SWIZZLED)
     last = True
+    d_start, d_end = 0, D
     if KSPLIT > 1:
-        acc_g, acc_u, last = _split_fixup(acc_g, acc_u, part_ptr, count_ptr + pid_m * tl.cdiv(INTER, BLOCK_SIZE_N)
-                                          + pid_n, pairs, row_ok, offs_i_out, numel, INTER, GATED, KSPLIT,
-                                          BLOCK_SIZE_M, BLOCK_SIZE_N)
+        acc_g, acc_u, last = _split_fixup(acc_g, acc_u, part_ptr, count_ptr + pid_m * n_slices + pid_n, split,
+                                          pairs, row_ok, offs_i_out, numel, INTER, GATED, KSPLIT, BLOCK_SIZE_M,
+                                          BLOCK_SIZE_N, COOP)
+        if COOP:  # every split takes its share of w2's rows
+            d_per = tl.cdiv(tl.cdiv(D, KSPLIT), BLOCK_SIZE_D) * BLOCK_SIZE_D
+            d_start = split * d_per
+            d_end = tl.minimum(d_start + d_per, D)
     if last:
         _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
-                          w2_scale_ptr, INTER, D, stride_w2e, stride_w2n, stride_w2se, stride_w2sn, TOPK, GATED, ACT,
-                          BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_D, USE_TMA, SCALE_TMA, W_SWIZZLED, a_ptr)
+                          w2_scale_ptr, INTER, D, d_start, d_end, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
+                          TOPK, GATED, ACT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_D, USE_TMA, SCALE_TMA, W_SWIZZLED,
+                          a_ptr)
 
 
 @triton.jit
-def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, pairs, row_ok, offs_i_out, numel, INTER, GATED: tl.constexpr,
-                 KSPLIT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, split, pairs, row_ok, offs_i_out, numel, INTER,
+                 GATED: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                 COOP: tl.constexpr = False):
     """Store this split's (gate, up) partial sums [BLOCK_M, BLOCK_N] of its pairs; count the split done; the last one
-    of the slice gets them all back summed, in split order: (acc_g, acc_u, whether this program is that one)."""
+    of the slice gets them all back summed, in split order: (acc_g, acc_u, whether this program is that one).
+    COOP: every split waits until the slice's count is full and gets the sums (each then runs a share of w2)."""
     n_w = 2 * INTER if GATED else INTER
-    split = tl.program_id(1)
     part = part_ptr + pairs.to(tl.int64)[:, None] * n_w + offs_i_out[None, :]
     ok = row_ok[:, None] & (offs_i_out < INTER)[None, :]
     tl.store(part + split * numel * n_w, acc_g, mask=ok)
@@ -193,6 +224,11 @@ def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, pairs, row_ok, offs_i_out, n
     acc_g = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     last = done == KSPLIT - 1
+    if COOP:  # the slice's splits hold neighbouring tickets, so they all run: wait for the others
+        seen = done + 1.0
+        while seen < KSPLIT:
+            seen = tl.atomic_add(count_ptr, 0.0, sem="acquire", scope="gpu")
+        last = seen >= KSPLIT
     if last:
         for s in tl.static_range(KSPLIT):  # L2 loads (.cg): other SMs wrote them
             acc_g += tl.load(part + s * numel * n_w, mask=ok, other=0.0, cache_modifier=".cg")
@@ -203,12 +239,14 @@ def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, pairs, row_ok, offs_i_out, n
 
 @triton.jit
 def _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
-                      w2_scale_ptr, INTER, D, stride_w2e, stride_w2n, stride_w2se, stride_w2sn, TOPK: tl.constexpr,
+                      w2_scale_ptr, INTER, D, d_start, d_end, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
+                      TOPK: tl.constexpr,
                       GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
                       BLOCK_SIZE_D: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
                       W_SWIZZLED: tl.constexpr, a_ptr):
     """The swapped 1-stage kernel's second half: the activation and routing weight on the slice's (gate, up) sums,
-    then its product with w2's K slice [i0, i0 + BLOCK_N), BLOCK_D output columns a step, added into `out_ptr`."""
+    then its product with w2's K slice [i0, i0 + BLOCK_N), BLOCK_D output columns a step over [d_start, d_end),
+    added into `out_ptr`."""
     if SCALE_TMA:
         ws2 = w2_scale_ptr
     else:
@@ -224,7 +262,7 @@ def _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_p
     unscale = k32_unscale(a_ptr.dtype.element_ty)
     out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
     w2_base = w2_ptr + expert * stride_w2e
-    for d in tl.range(0, D, BLOCK_SIZE_D):
+    for d in tl.range(d_start, d_end, BLOCK_SIZE_D):
         offs_d = d + tl.arange(0, BLOCK_SIZE_D)
         s2_row = stride_w2sn
         if SCALE_TMA:  # this step's records: block d / 64 of this expert's
@@ -296,3 +334,8 @@ def check_1stage_swap(cfg: MoeConfig, inter_dim: int, model_dim: int, gated: boo
         raise ValueError(f"{cfg.name('1stage', 'per_1x32')}: with prepared weights or scale records (SCALE_TMA) the "
                          f"gated w1 needs inter_dim a multiple of 64 (its up rows start a 64-row chunk), got "
                          f"{inter_dim}")
+
+
+def coop_split(cfg: MoeConfig) -> bool:
+    """Whether the swapped 1-stage kernel with `cfg` runs its splits cooperatively (COOP_SPLIT, on a GPU)."""
+    return bool(cfg.SWAP_AB) and cfg.KSPLIT > 1 and COOP_SPLIT and not interpreting()

@@ -28,7 +28,12 @@ from tritune.kernels.fused_moe import (
     reads_prepared,
     scale_records_box,
 )
-from tritune.kernels.fused_moe_1stage import _moe_1stage_kernel, _moe_1stage_swap_kernel, check_1stage_swap
+from tritune.kernels.fused_moe_1stage import (
+    _moe_1stage_kernel,
+    _moe_1stage_swap_kernel,
+    check_1stage_swap,
+    coop_split,
+)
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.launch import row_major_strides
@@ -190,6 +195,7 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
         USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
+        COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 

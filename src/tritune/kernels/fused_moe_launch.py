@@ -43,6 +43,7 @@ from tritune.kernels.fused_moe_1stage import (
     _moe_1stage_kernel,
     _moe_1stage_swap_kernel,
     check_1stage_swap,
+    coop_split,
 )
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
@@ -179,9 +180,9 @@ class MoeLaunch:
         self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
         # The swapped 1-stage kernel split along K counts each slice's finished splits (one fp32 counter a slice).
         self.split_counts = 0
-        if self.one_stage and stage1.SWAP_AB and stage1.KSPLIT > 1:
+        if self.one_stage and stage1.SWAP_AB and stage1.KSPLIT > 1:  # and, cooperative, one ticket counter
             self.split_counts = (gemm_blocks(numel, experts, stage1.BLOCK_SIZE_M)
-                                 * triton.cdiv(inter_dim, stage1.BLOCK_SIZE_N))
+                                 * triton.cdiv(inter_dim, stage1.BLOCK_SIZE_N) + coop_split(stage1))
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
@@ -525,8 +526,10 @@ class MoeLaunch:
             numel, inter_dim, model_dim, num_pid_m, k_per_split, model_dim, *st1, *st2, topk, self.gated,
             _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K,
             cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA),
-            bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl)]
-        grid = (num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
+            bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl, coop_split(cfg),
+            fused_moe_1stage.COOP_TICKET)]
+        tiles = num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N)
+        grid = (tiles * cfg.KSPLIT,) if coop_split(cfg) else (tiles, cfg.KSPLIT)
         self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
         self._cache_descriptors(first, example["w1"])
 

@@ -69,14 +69,13 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   pointers, seventeenth session); with fp8 activations (per_1x32_a8) the
   bf16/fp16 choice as a 2-stage plan without TMA or the sorted intermediate, BLOCK_K ≥ 32 (not measured apart);
 - MXFP4 with 16-bit activations on Hopper, its codes' records at hand, up to MXFP4_ONE_STAGE_MAX_MEAN pairs an
-  expert, where its programs (16-row blocks × 128-wide slices of the intermediate) fill at least a wave: the swapped
-  1-stage kernel (both GEMMs of a slice in one program: BM 16, BN 128, BK 128, BLOCK_D 128, 8 warps, 3 stages,
-  weights and codes through TMA), stage 1 split in 2 along K under a wave and a quarter. H100 (twenty-first
-  session), against the rule table's stage pair: gpt-oss-120b 0.80 / 0.89 / 0.91 / 0.93 / 0.98 / 0.96x at 2 / 4 / 8
-  / 16 / 32 / 64 tokens, gpt-oss-20b 0.77 / 0.83 / 0.93 / 1.03x (4 stages 0.97x) at 2 / 4 / 16 / 64, Qwen3-30B-A3B-
-  like 0.89 / 0.86 / 0.95x at 4 / 16 / 64, DeepSeek-V2-Lite-like 0.79 (2 tokens, split) / 0.83 / 0.90 / 1.02x
-  (0.97x); under a wave (gpt-oss at 1 token, 92 programs; Qwen3-like at 1-2, DeepSeek-like at 1) 0.93-1.3x, split
-  or not: the stage pair splits K over more programs there;
+  expert: the swapped 1-stage kernel (both GEMMs of a 128-wide slice of the intermediate in one program: BM 16, BN
+  128, BK 128, BLOCK_D 128, 8 warps, 3 stages, weights and codes through TMA), stage 1 split along K under 1.25 waves
+  of programs, the splits of a slice then sharing w2's rows (`_mxfp4_one_stage`). H100 (twenty-first session),
+  against the rule table's stage pair: one token 0.88x (gpt-oss-120b), 0.79x (Qwen3-30B-A3B-like), 0.76x
+  (DeepSeek-V2-Lite-like); gpt-oss-120b 0.79 / 0.78 / 0.92 / 0.95 / 0.98 / 0.96x at 2 / 4 / 8 / 16 / 32 / 64 tokens,
+  gpt-oss-20b 0.77 / 0.79 / 0.93 / 1.01x at 2 / 4 / 16 / 64, Qwen3-like 0.80 / 0.88 / 0.89 / 0.95x at 2 / 4 / 16 /
+  64, DeepSeek-like 0.70 / 0.79 / 0.88 / 1.00x;
 - 1-stage only up to 8 routed pairs (tuned: 2 pairs 1-stage, 16 pairs 2-stage; the tuner's own limit is 256);
 - split-K as for the GEMM, on the tuner's grid count (experts with pairs × blocks each × N tiles) and the weight
   bytes each program streams;
@@ -305,23 +304,27 @@ def _mxfp4_swapped(pairs: int, experts: int, model_dim: int, inter_dim: int,
     return configs[0], configs[1]
 
 
-def _mxfp4_one_stage(pairs: int, experts: int, inter_dim: int, gated: bool, tma_codes: bool,
+def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, gated: bool, tma_codes: bool,
                      sm_count: int) -> MoeConfig | None:
-    """The swapped MXFP4 1-stage config (module docstring), or None where the stage pair is the rule: fewer programs
-    (16-row blocks × 128-wide slices of the intermediate) than SMs, past MXFP4_ONE_STAGE_MAX_MEAN pairs an expert,
-    without TMA or the codes' records, or a gated w1 whose up rows do not start a record (inter_dim not a multiple
-    of 64). Stage 1 split in 2 along K while the programs are under a wave and a quarter (H100: DeepSeek-V2-Lite-
-    like at 2 tokens, 132 programs, 46.4 against 54.3 µs unsplit; from 184 programs up unsplit ran as fast or 3-6%
-    faster)."""
+    """The swapped MXFP4 1-stage config (module docstring), or None where the stage pair is the rule: programs (16-row
+    blocks × 128-wide slices of the intermediate) that 8 splits would not make a wave of, past
+    MXFP4_ONE_STAGE_MAX_MEAN pairs an expert, without TMA or the codes' records, or a gated w1 whose up rows do not
+    start a record (inter_dim not a multiple of 64). Under 1.25 waves stage 1 splits along K (2, 4 or 8, each split
+    2 K steps at least) until the programs make 1.25 waves, the splits of a slice sharing w2's rows (fused_moe_1stage
+    COOP_SPLIT). H100 (twenty-first session): at one token gpt-oss-120b (92 slices) split 2 46.3 µs against 51.3 split
+    4, Qwen3-30B-A3B-like (48) and DeepSeek-V2-Lite-like (66) split 4 25.9 / 27.6 against 27.9 / 30.2 split 2; from
+    368 programs unsplit ran fastest (gpt-oss-120b at 4 tokens 112.7 against 117.3 split 2)."""
     mean = _cdiv(pairs, experts)
     if not tma_codes or mean > MXFP4_ONE_STAGE_MAX_MEAN or (gated and inter_dim % 64):
         return None
     programs = min(pairs, experts) * _cdiv(inter_dim, 128)
-    if programs < sm_count:
+    if programs * 8 < sm_count:
         return None
+    split = 1
+    while 4 * programs * split < 5 * sm_count and split < 8 and model_dim >= 2 * 2 * split * 128:
+        split *= 2
     return MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
-                     KSPLIT=2 if 4 * programs < 5 * sm_count else 1, BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1,
-                     SCALE_TMA=1)
+                     KSPLIT=split, BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
 
 
 def _moe_block_m(m: float, quant: str) -> int:
@@ -374,8 +377,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         raise ValueError(f"bad fused-MoE shape: tokens={tokens} model_dim={model_dim} inter_dim={inter_dim} "
                          f"experts={experts} topk={topk}")
     if quant == fm.MXFP4:
-        one = _mxfp4_one_stage(tokens * topk, experts, inter_dim, gated, capability[0] >= 9 and scale_records,
-                               sm_count)
+        one = _mxfp4_one_stage(tokens * topk, experts, model_dim, inter_dim, gated,
+                               capability[0] >= 9 and scale_records, sm_count)
         if one is not None and one_stage:
             return True, one, None
         return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9,
