@@ -339,11 +339,11 @@ def test_the_op_serves_mxfp4_with_the_rule_tables_kernels(sms, request):
     assert not codes_rule.run_1stage and choice.source == "heuristic"
     assert all(c.SWAP_AB == 1 and c.USE_TMA == 1 and c.SORTED_INTER == 0 and c.BLOCK_SIZE_K >= 32
                for c in (codes_rule.stage1, codes_rule.stage2))
-    # with the codes' records (the choice): on 132 SMs the stage pair; on 4, 4 blocks x 1 slice fill them, the
-    # swapped 1-stage kernel with stage 1 split in 2 (under 3 waves)
+    # with the codes' records (the choice): on 132 SMs the stage pair (4 blocks x 1 slice, 8 splits would not make a
+    # wave); on 4 SMs the swapped 1-stage kernel, unsplit (K 96: not 2 steps a split)
     assert choice.run_1stage == (sms == 4)
     if sms == 4:
-        assert choice.stage1.KSPLIT == 2 and choice.stage1.SWAP_AB == choice.stage1.SCALE_TMA == 1
+        assert choice.stage1.KSPLIT == 1 and choice.stage1.SWAP_AB == choice.stage1.SCALE_TMA == 1
         p1, p2 = ops.prepare_mxfp4_scales(on[5]), ops.prepare_mxfp4_scales(on[6])
         one = ops.fused_moe(on[0], on[1], on[2], on[3], on[4], quant=fm.MXFP4, w1_scale=p1, w2_scale=p2)
         ref = fused_moe_reference(hidden, q1, q2, weights, ids, quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
@@ -365,11 +365,11 @@ def test_the_op_serves_mxfp4_with_the_rule_tables_kernels(sms, request):
 def test_the_rule_table_gives_mxfp4_only_the_swapped_1_stage_kernel():
     from tritune.ops.heuristics import moe_heuristic
 
-    for tokens in (3, 64):  # 12 and 256 pairs: the swapped 1-stage kernel (test_heuristics.py has its bounds)
+    for tokens in (1, 3, 64):  # 4 to 256 pairs: the swapped 1-stage kernel (test_heuristics.py has its bounds)
         run_1stage, one, none = moe_heuristic(tokens, 2880, 2880, 128, 4, fm.MXFP4)
         assert run_1stage and none is None and one.SWAP_AB == one.USE_TMA == 1
         check_config(one, "1stage", fm.MXFP4)
-    for tokens in (1, 4096):
+    for tokens in (4096,):
         run_1stage, s1, s2 = moe_heuristic(tokens, 2880, 2880, 128, 4, fm.MXFP4)
         assert not run_1stage and s2 is not None
         for cfg, kernel in ((s1, "stage1"), (s2, "stage2")):
