@@ -26,7 +26,6 @@ from tritune.kernels.fused_moe import (
     check_config,
     quant_id,
     reads_prepared,
-    scale_records_box,
 )
 from tritune.kernels.fused_moe_1stage import (
     _moe_1stage_kernel,
@@ -38,7 +37,7 @@ from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_vie
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.launch import row_major_strides
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
-from tritune.kernels.mxfp4_records import records_shape
+from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS, records_shape
 from tritune.kernels.mxfp4_swizzle import tile_box, tile_view_shape
 from tritune.knobs import interpreting
 
@@ -124,9 +123,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     w_desc = MockTensor(w_dt)
     prepared = dims.swizzled and reads_prepared(cfg, q, n, gated)
     if prepared and cfg.USE_TMA:  # tile-major (mxfp4_swizzle.tile_view), as _launch_gemm and MoeLaunch pass them
-        shape = tile_view_shape(dims.experts, n_w, k // 2)
-        box = tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
-        w_desc = TensorDescriptor(MockTensor(w_dt), list(shape), row_major_strides(shape), box)
+        w_desc = _mock_weight(dims.experts, n_w, k, True, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
     elif cfg.USE_TMA:
         row, box = weight_tma_view(q, k, cfg)
         w_desc = TensorDescriptor(MockTensor(w_dt), [dims.experts * n_w, row], [row, 1], box)
@@ -141,10 +138,7 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     kernel_fn = _moe_gemm_persistent_kernel if cfg.PERSISTENT else _moe_gemm_kernel  # the same arguments
     ws, scale_strides = ws_dt, _mock_scale_strides(q, dims.experts, n_w, k)
     if cfg.SCALE_TMA:  # the codes' records through TMA (mxfp4_records), as _launch_gemm and MoeLaunch pass them
-        _, nb, kb, rec = records_shape(dims.experts, n_w, k)
-        ws = TensorDescriptor(MockTensor(torch.uint8), [dims.experts * nb, kb, rec], [kb * rec, rec, 1],
-                              scale_records_box(cfg))
-        scale_strides = (nb, 0)
+        ws, scale_strides = _mock_records(dims.experts, n_w, k, cfg.BLOCK_SIZE_N)
     return kernel_fn.warmup(
         a_dt, a_desc, f32, w_dt, w_desc, ws, out_dt, i32, i32, i32, f32, f32, numel, n, k, k_per_split, num_pid_m,
         k, triton.cdiv(k, SCALE_BLOCK) if q == "per_1x128" else 0, n_w * w_row, w_row,
@@ -170,20 +164,10 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
                                        (d, inter, cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N)):
         # Strides as the weight's view has them (prepared: Mxfp4Weights.view, (expert, 64, 1) over whole chunks).
         strides_w = ((-(-rows // 64) * 64 * (-(-k // 128) * 64), 64) if prepared else (rows * (k // 2), k // 2))
-        w_desc = MockTensor(torch.uint8)
-        if prepared and cfg.USE_TMA:
-            shape = tile_view_shape(e, rows, k // 2)
-            w_desc = TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape),
-                                      tile_box(tile_rows, k_step))
-        elif cfg.USE_TMA:
-            w_desc = TensorDescriptor(MockTensor(torch.uint8), [e * rows, k // 2], [k // 2, 1],
-                                      [tile_rows, k_step // 2])
+        w_desc = _mock_weight(e, rows, k, prepared, tile_rows, k_step) if cfg.USE_TMA else MockTensor(torch.uint8)
         ws, strides = MockTensor(torch.uint8), _mock_scale_strides(MXFP4, e, rows, k)
         if cfg.SCALE_TMA:
-            _, nb, kb, rec = records_shape(e, rows, k)
-            ws = TensorDescriptor(MockTensor(torch.uint8), [e * nb, kb, rec], [kb * rec, rec, 1],
-                                  [tile_rows // 64, 1, rec])
-            strides = (nb, 0)
+            ws, strides = _mock_records(e, rows, k, tile_rows)
         operands.append((w_desc, ws, (*strides_w, *strides)))
     (d1, s1, st1), (d2, s2, st2) = operands
     f32, i32, u8 = torch.float32, torch.int32, torch.uint8
@@ -197,6 +181,29 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
         COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
+
+
+def _mock_weight(experts: int, rows: int, k: int, prepared: bool, tile_rows: int, k_step: int) -> TensorDescriptor:
+    """The TMA operand of an MXFP4 weight (experts × [rows, K]) read by tiles of `tile_rows` rows and `k_step` K, as
+    the launches build it: prepared weights tile-major (mxfp4_swizzle.tile_view), standard bytes as [E·rows, K/2]."""
+    from triton.runtime.jit import MockTensor
+
+    if prepared:
+        shape, box = tile_view_shape(experts, rows, k // 2), tile_box(tile_rows, k_step)
+    else:
+        shape, box = (experts * rows, k // 2), [tile_rows, k_step // 2]
+    return TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape), box)
+
+
+def _mock_records(experts: int, rows: int, k: int, tile_rows: int) -> tuple[TensorDescriptor, tuple[int, int]]:
+    """The TMA operand of an MXFP4 weight's scale records (mxfp4_records.records_view) read `tile_rows` rows a K
+    step, and the (expert, row) strides the kernels take with it: (records an expert, 0)."""
+    from triton.runtime.jit import MockTensor
+
+    e, nb, kb, width = records_shape(experts, rows, k)
+    shape = (e * nb, kb, width)
+    return (TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape),
+                             [tile_rows // RECORD_ROWS, 1, RECORD_BYTES]), (nb, 0))
 
 
 def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:
