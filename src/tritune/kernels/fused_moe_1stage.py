@@ -240,13 +240,12 @@ def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, split, pairs, row_ok, offs_i
 @triton.jit
 def _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
                       w2_scale_ptr, INTER, D, d_start, d_end, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
-                      TOPK: tl.constexpr,
-                      GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-                      BLOCK_SIZE_D: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
-                      W_SWIZZLED: tl.constexpr, a_ptr):
+                      TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_D: tl.constexpr, USE_TMA: tl.constexpr,
+                      SCALE_TMA: tl.constexpr, W_SWIZZLED: tl.constexpr, a_ptr):
     """The swapped 1-stage kernel's second half: the activation and routing weight on the slice's (gate, up) sums,
     then its product with w2's K slice [i0, i0 + BLOCK_N), BLOCK_D output columns a step over [d_start, d_end),
-    added into `out_ptr`."""
+    added into `out_ptr`. `a_ptr` (hidden) gives the dtype the intermediate is rounded to for the MMA."""
     if SCALE_TMA:
         ws2 = w2_scale_ptr
     else:
