@@ -384,9 +384,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         return False, *_mxfp4_swapped(tokens * topk, experts, model_dim, inter_dim, sm_count, capability[0] >= 9,
                                       scale_records)
     if quant in fm.MXFP4_QUANTS:
-        # Weights upcast in the kernel: the bf16 tiles (fp8 activations too: not measured apart yet), 2-stage (the
-        # MXFP4 1-stage kernel is the tuner's to pick: not measured), without TMA (the weights load by pointers) or
-        # the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
+        # fp8 activations, weights upcast in the kernel: the bf16 tiles (not measured apart yet), 2-stage (the
+        # unswapped MXFP4 1-stage kernel is the tuner's to pick: not measured), without TMA (the weights load by
+        # pointers) or the sorted intermediate (not measured with MXFP4), BLOCK_K >= 32.
         _, s1, s2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, "none", sm_count, max_shared,
                                   gated=gated, capability=capability, one_stage=False)
         s1, s2 = (replace(c, USE_TMA=0, SORTED_INTER=0, PERSISTENT=0, BLOCK_SIZE_K=max(32, c.BLOCK_SIZE_K))
