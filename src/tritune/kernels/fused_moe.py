@@ -49,9 +49,9 @@ from tritune.kernels.mxfp4 import (
 )
 from tritune.kernels.mxfp4_format import quantize_mxfp4
 from tritune.kernels.mxfp4_records import (
-    RECORD_BYTES,
     RECORD_ROWS,
     Mxfp4Scales,
+    records_box,
     records_shape,
     records_view,
     scale_records,
@@ -605,14 +605,14 @@ def _launch_gemm(a: torch.Tensor, a_scale: torch.Tensor | None, w: torch.Tensor,
     if cfg.SCALE_TMA:  # the codes through TMA, from their records (re-laid here when the caller has none)
         check_scale_records(cfg, n, gated)
         records = scale_records(w_scale) if records is None else records
-        w_s = TensorDescriptor.from_tensor(records_view(records), scale_records_box(cfg))
+        w_s = TensorDescriptor.from_tensor(records_view(records), records_box(cfg.BLOCK_SIZE_N))
         stride_wse, stride_wsn = records.shape[1], 0
     grid = (num_pid_m * triton.cdiv(n, cfg.BLOCK_SIZE_N), cfg.KSPLIT)
     w_desc = w
     if swizzled and cfg.USE_TMA:  # prepared weights: tile-major, one box a K step
         w_desc = TensorDescriptor.from_tensor(tile_view(w), tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K))
     elif cfg.USE_TMA:
-        row, box = weight_tma_view(quant, k, cfg)
+        row, box = weight_tma_view(quant, k, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
         if (row * w.element_size()) % 16:
             raise ValueError(f"USE_TMA needs weight rows of 16-byte multiples; K={k} of {w.dtype} "
                              f"({row * w.element_size()} bytes) is not")
@@ -665,11 +665,6 @@ def check_scale_records(cfg: MoeConfig, n: int, gated: bool) -> None:
     if gated and n % RECORD_ROWS:
         raise ValueError(f"SCALE_TMA: the gated stage 1 needs inter_dim a multiple of {RECORD_ROWS} (its up rows' "
                          f"scale records start at row inter_dim), got {n}")
-
-
-def scale_records_box(cfg: MoeConfig) -> list[int]:
-    """One K step's records of a BLOCK_N tile in `records_view`: BLOCK_N / 64 blocks, 256 bytes each."""
-    return [cfg.BLOCK_SIZE_N // RECORD_ROWS, 1, RECORD_BYTES]
 
 
 def _check_mxfp4(w: torch.Tensor, w_scale: torch.Tensor | None, k: int, cfg: MoeConfig) -> None:

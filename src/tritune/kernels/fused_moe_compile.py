@@ -37,7 +37,7 @@ from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_vie
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.launch import row_major_strides
 from tritune.kernels.moe_align import gemm_blocks, sorted_rows
-from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS, records_shape
+from tritune.kernels.mxfp4_records import records_box, records_shape
 from tritune.kernels.mxfp4_swizzle import tile_box, tile_view_shape
 from tritune.knobs import interpreting
 
@@ -122,11 +122,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     out_dt = f32 if split or atomic else dims.dtype
     w_desc = MockTensor(w_dt)
     prepared = dims.swizzled and reads_prepared(cfg, q, n, gated)
-    if prepared and cfg.USE_TMA:  # tile-major (mxfp4_swizzle.tile_view), as _launch_gemm and MoeLaunch pass them
-        w_desc = _mock_weight(dims.experts, n_w, k, True, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
-    elif cfg.USE_TMA:
-        row, box = weight_tma_view(q, k, cfg)
-        w_desc = TensorDescriptor(MockTensor(w_dt), [dims.experts * n_w, row], [row, 1], box)
+    if cfg.USE_TMA:  # as _launch_gemm and MoeLaunch pass it (prepared weights tile-major: mxfp4_swizzle.tile_view)
+        w_desc = _mock_weight(q, w_dt, dims.experts, n_w, k, prepared, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
     a_sorted = (2 if cfg.GATHER_A else 0) if stage1 else cfg.SORTED_INTER
     a_desc = MockTensor(a_dt)
     if a_sorted == 2:  # stage 1's gathered A has the rows of a sorted intermediate (moe_align.sorted_rows)
@@ -164,7 +161,9 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
                                        (d, inter, cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N)):
         # Strides as the weight's view has them (prepared: Mxfp4Weights.view, (expert, 64, 1) over whole chunks).
         strides_w = ((-(-rows // 64) * 64 * (-(-k // 128) * 64), 64) if prepared else (rows * (k // 2), k // 2))
-        w_desc = _mock_weight(e, rows, k, prepared, tile_rows, k_step) if cfg.USE_TMA else MockTensor(torch.uint8)
+        w_desc = MockTensor(torch.uint8)
+        if cfg.USE_TMA:
+            w_desc = _mock_weight(MXFP4, torch.uint8, e, rows, k, prepared, tile_rows, k_step)
         ws, strides = MockTensor(torch.uint8), _mock_scale_strides(MXFP4, e, rows, k)
         if cfg.SCALE_TMA:
             ws, strides = _mock_records(e, rows, k, tile_rows)
@@ -183,16 +182,19 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
 
 
-def _mock_weight(experts: int, rows: int, k: int, prepared: bool, tile_rows: int, k_step: int) -> TensorDescriptor:
-    """The TMA operand of an MXFP4 weight (experts × [rows, K]) read by tiles of `tile_rows` rows and `k_step` K, as
-    the launches build it: prepared weights tile-major (mxfp4_swizzle.tile_view), standard bytes as [E·rows, K/2]."""
+def _mock_weight(quant: str, dtype: torch.dtype, experts: int, rows: int, k: int, prepared: bool, tile_rows: int,
+                 k_step: int) -> TensorDescriptor:
+    """The TMA operand of a weight (experts × [rows, K] of `dtype`) read by tiles of `tile_rows` rows and `k_step` K,
+    as MoeLaunch._weight_operand builds it: prepared MXFP4 weights tile-major (mxfp4_swizzle.tile_view), others as
+    rows of their K (`weight_tma_view`)."""
     from triton.runtime.jit import MockTensor
 
     if prepared:
         shape, box = tile_view_shape(experts, rows, k // 2), tile_box(tile_rows, k_step)
     else:
-        shape, box = (experts * rows, k // 2), [tile_rows, k_step // 2]
-    return TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape), box)
+        row, box = weight_tma_view(quant, k, tile_rows, k_step)
+        shape = (experts * rows, row)
+    return TensorDescriptor(MockTensor(dtype), list(shape), row_major_strides(shape), box)
 
 
 def _mock_records(experts: int, rows: int, k: int, tile_rows: int) -> tuple[TensorDescriptor, tuple[int, int]]:
@@ -202,8 +204,8 @@ def _mock_records(experts: int, rows: int, k: int, tile_rows: int) -> tuple[Tens
 
     e, nb, kb, width = records_shape(experts, rows, k)
     shape = (e * nb, kb, width)
-    return (TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape),
-                             [tile_rows // RECORD_ROWS, 1, RECORD_BYTES]), (nb, 0))
+    desc = TensorDescriptor(MockTensor(torch.uint8), list(shape), row_major_strides(shape), records_box(tile_rows))
+    return desc, (nb, 0)
 
 
 def _mock_scale_strides(quant: str, experts: int, n: int, k: int) -> tuple[int, int]:

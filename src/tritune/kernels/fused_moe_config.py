@@ -128,12 +128,12 @@ def is_fma(config: MoeConfig) -> bool:
     return config.BLOCK_SIZE_M <= FMA_MAX_BLOCK_M
 
 
-def weight_tma_view(quant: str, k: int, config: MoeConfig) -> tuple[int, list[int]]:
-    """USE_TMA's view of a weight: its row length in its own elements and one tile's box (MXFP4 rows hold K/2 packed
-    bytes)."""
+def weight_tma_view(quant: str, k: int, tile_rows: int, k_step: int) -> tuple[int, list[int]]:
+    """USE_TMA's view of a weight read by tiles of `tile_rows` rows and `k_step` K (a stage kernel's BLOCK_N and
+    BLOCK_K): its row length in its own elements and one tile's box (MXFP4 rows hold K/2 packed bytes)."""
     if quant in MXFP4_QUANTS:
-        return k // 2, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K // 2]
-    return k, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K]
+        return k // 2, [tile_rows, k_step // 2]
+    return k, [tile_rows, k_step]
 
 
 def scale_records_fit(quant: str, swap_ab: int, use_tma: int, block_k: int, block_n: int) -> bool:

@@ -36,7 +36,6 @@ from tritune.kernels.fused_moe import (
     check_swizzled,
     k32_input,
     quant_id,
-    scale_records_box,
 )
 from tritune.kernels.fused_moe_1stage import (
     _acc_to_out_kernel,
@@ -52,7 +51,7 @@ from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
 from tritune.kernels.gemm import programs_per_wave
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace, row_major_strides
 from tritune.kernels.moe_align import AlignLaunch, RideAlong, gemm_blocks, sorted_rows
-from tritune.kernels.mxfp4_records import RECORD_BYTES, RECORD_ROWS
+from tritune.kernels.mxfp4_records import records_box
 from tritune.kernels.mxfp4_swizzle import check_prepared_device, split_weights, tile_box, tile_view, tile_view_shape
 from tritune.kernels.pdl import plan_pdl
 from tritune.kernels.quant import QuantLaunch
@@ -287,6 +286,33 @@ class MoeLaunch:
         self.tma.append(_Tma(source, shape, dtype, block, desc, view=view))
         return ("d", len(self.tma) - 1)
 
+    def _weight_operand(self, w: str, quant: str, k: int, tile_rows: int, k_step: int, prepared: bool,
+                        example: dict) -> tuple[str, int]:
+        """The TMA operand of call tensor `w` read by tiles of `tile_rows` rows and `k_step` K: prepared MXFP4
+        weights tile-major (one box a K step, `tile_view`), others as rows of their K (`weight_tma_view`)."""
+        w_t = example[w]
+        if prepared:
+            return self._descriptor(("t", w), tile_view_shape(*w_t.shape), w_t.dtype, tile_box(tile_rows, k_step),
+                                    example, "prepared weights", view=tile_view)
+        row, box = weight_tma_view(quant, k, tile_rows, k_step)
+        return self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, box, example, "USE_TMA")
+
+    def _scale_operand(self, w_scale: tuple, cfg: MoeConfig, kernel: str, quant: str, tile_rows: int,
+                       strides: tuple[int, int], example: dict) -> tuple[tuple, tuple[int, int]]:
+        """A GEMM's weight-scale argument and its (expert, row) strides: with SCALE_TMA the records' TMA operand (one
+        K step's records of a `tile_rows`-row tile) and (records an expert, 0), else as given. ValueError when the
+        scales came in the other form."""
+        scale_t = example[w_scale[1]] if w_scale[0] == "t" else None
+        if bool(cfg.SCALE_TMA) != (scale_t is not None and scale_t.dim() == 4):
+            wants = "SCALE_TMA reads the scales as records" if cfg.SCALE_TMA else "scale records need SCALE_TMA"
+            raise ValueError(f"{cfg.name(kernel, quant)}: {wants} (kernels/mxfp4_records.py prepare_mxfp4_scales); "
+                             f"got {w_scale[1]} {None if scale_t is None else tuple(scale_t.shape)}")
+        if not cfg.SCALE_TMA:
+            return w_scale, strides
+        e, nb, kb, width = scale_t.shape
+        return (self._descriptor(w_scale, (e * nb, kb, width), torch.uint8, records_box(tile_rows), example,
+                                 "SCALE_TMA"), (nb, 0))
+
     def _gemm(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple, stride_asm: int,
               amax: tuple, stride_amax: int, amax_out: int, quant_on_load: bool, n: int, k: int, numel: int,
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
@@ -306,24 +332,12 @@ class MoeLaunch:
             a_desc = self._descriptor(a, (a_rows or self.inter_rows, k), pieces.items[a[1]][0],
                                       [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_K], example, what)
         w_desc = ("t", w)
-        if swizzled and cfg.USE_TMA:  # prepared weights: tile-major, one box a K step
-            box = tile_box(cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K)
-            w_desc = self._descriptor(("t", w), tile_view_shape(*w_t.shape), w_t.dtype, box, example,
-                                      "prepared weights", view=tile_view)
-        elif cfg.USE_TMA:
-            row, box = weight_tma_view(quant, k, cfg)
-            w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, box, example, "USE_TMA")
-        scale_t = example[w_scale[1]] if w_scale[0] == "t" else None
-        if bool(cfg.SCALE_TMA) != (scale_t is not None and scale_t.dim() == 4):
-            wants = "SCALE_TMA reads the scales as records" if cfg.SCALE_TMA else "scale records need SCALE_TMA"
-            raise ValueError(f"{cfg.name(kernel, quant)}: {wants} (kernels/mxfp4_records.py prepare_mxfp4_scales); "
-                             f"got {w_scale[1]} {None if scale_t is None else tuple(scale_t.shape)}")
-        if cfg.SCALE_TMA:  # the codes through TMA too: one K step's records of the tile
+        if cfg.USE_TMA:
+            w_desc = self._weight_operand(w, quant, k, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, swizzled, example)
+        w_scale, scale_strides = self._scale_operand(w_scale, cfg, kernel, quant, cfg.BLOCK_SIZE_N, scale_strides,
+                                                     example)
+        if cfg.SCALE_TMA:
             check_scale_records(cfg, n, gated)
-            e, nb, kb, width = scale_t.shape
-            w_scale = self._descriptor(w_scale, (e * nb, kb, width), torch.uint8, scale_records_box(cfg), example,
-                                       "SCALE_TMA")
-            scale_strides = (nb, 0)
         recipe = [a, a_desc, a_scale, ("t", w), w_desc, w_scale, target, ("p", 0), ("p", 1), ("p", 2),
                   ("t", "topk_weights"), amax]
         recipe += [("v", v) for v in (
@@ -489,29 +503,15 @@ class MoeLaunch:
                              "both standard packed bytes")
         first = len(self.tma)
         operands = []
-        # (weight, its scales, the tile's rows, its K step, the scales' strides when read by pointers)
-        for w, ws, rows, k_step, strides, swizzled in (
-                ("w1", "w1_scale", cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, self._w_strides[0], self.swizzled[0]),
-                ("w2", "w2_scale", cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N, self._w_strides[1], self.swizzled[1])):
+        # (weight, its scales, its K, the tile's rows, its K step, the scales' strides when read by pointers)
+        for w, ws, k, rows, k_step, strides in (
+                ("w1", "w1_scale", model_dim, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K, self._w_strides[0]),
+                ("w2", "w2_scale", inter_dim, cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N, self._w_strides[1])):
             w_t = example[w]
             desc = ("t", w)
-            if swizzled and cfg.USE_TMA:
-                desc = self._descriptor(("t", w), tile_view_shape(*w_t.shape), w_t.dtype, tile_box(rows, k_step),
-                                        example, "prepared weights", view=tile_view)
-            elif cfg.USE_TMA:
-                desc = self._descriptor(("t", w), (w_t.shape[0] * w_t.shape[1], w_t.shape[2]), w_t.dtype,
-                                        [rows, k_step // 2], example, "USE_TMA")
-            scale_t = example[ws]
-            if bool(cfg.SCALE_TMA) != (scale_t.dim() == 4):
-                wants = "SCALE_TMA reads the scales as records" if cfg.SCALE_TMA else "scale records need SCALE_TMA"
-                raise ValueError(f"{cfg.name('1stage', quant)}: {wants} (kernels/mxfp4_records.py "
-                                 f"prepare_mxfp4_scales); got {ws} {tuple(scale_t.shape)}")
-            scale = ("t", ws)
-            if cfg.SCALE_TMA:
-                e, nb, kb, width = scale_t.shape
-                scale = self._descriptor(("t", ws), (e * nb, kb, width), torch.uint8,
-                                         [rows // RECORD_ROWS, 1, RECORD_BYTES], example, "SCALE_TMA")
-                strides = (nb, 0)
+            if cfg.USE_TMA:
+                desc = self._weight_operand(w, quant, k, rows, k_step, self.swizzled[0], example)
+            scale, strides = self._scale_operand(("t", ws), cfg, "1stage", quant, rows, strides, example)
             operands.append((("t", w), desc, scale, (w_t.stride(0), w_t.stride(1), *strides)))
         (w1, d1, s1, st1), (w2, d2, s2, st2) = operands
         num_pid_m = self.align.gemm_blocks

@@ -48,6 +48,11 @@ def records_shape(experts: int, rows: int, k: int) -> tuple[int, int, int, int]:
     return experts, -(-rows // RECORD_ROWS), -(-k // RECORD_K), RECORD_BYTES
 
 
+def records_box(tile_rows: int) -> list[int]:
+    """One K step's records of a tile of `tile_rows` rows (a multiple of 64) in `records_view`: one TMA box."""
+    return [tile_rows // RECORD_ROWS, 1, RECORD_BYTES]
+
+
 def records_view(records: torch.Tensor) -> torch.Tensor:
     """The records [E, NB, KB, 256] as the TMA view [E·NB, KB, 256]."""
     e, nb, kb, width = records.shape

@@ -55,6 +55,11 @@ class MoeChoice:
     stage2: MoeConfig | None  # None when run_1stage
     source: str  # "tuned: <file>, row N (line L)" or "heuristic"
 
+    @property
+    def w2_config(self) -> MoeConfig:
+        """The config of the kernel that reads w2 (and its scales): stage 2's, or the 1-stage kernel's."""
+        return self.stage1 if self.run_1stage else self.stage2
+
 
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
                          sm_count: int = 132, max_shared: int = 232448, gated: bool = True,
@@ -299,11 +304,10 @@ def _scale_forms(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
                                       doweight_stage1=doweight_stage1)
             choice = _swizzle_as_given(choice, quant, swizzled, lambda: _rule_choice(
                 hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1, scale_records=True))
-        second = choice.stage1 if choice.run_1stage else choice.stage2  # the 1-stage kernel reads both weights
         if len(_SCALE_FORMS) >= _PLANS_MAX:
             _SCALE_FORMS.clear()
         hit = _SCALE_FORMS[key] = (_weak(w1_scale), _weak(w2_scale), bool(choice.stage1.SCALE_TMA),
-                                   bool(second.SCALE_TMA), choice)
+                                   bool(choice.w2_config.SCALE_TMA), choice)
     _, _, records1, records2, choice = hit
     return fm.stage_scales(w1_scale, records1), fm.stage_scales(w2_scale, records2), choice
 
@@ -319,7 +323,7 @@ def _swizzle_as_given(choice: MoeChoice, quant: str, swizzled: tuple[bool, bool]
     refuses what it cannot run, as it does any prepared weights with fp8 activations)."""
     if not any(swizzled) or quant != fm.MXFP4:
         return choice
-    stages = (choice.stage1, choice.stage1) if choice.run_1stage else (choice.stage1, choice.stage2)
+    stages = (choice.stage1, choice.w2_config)
     if all(fm.reads_prepared(c, quant) for c, on in zip(stages, swizzled, strict=True) if on):
         return choice
     fallback = swapped_rule()
@@ -336,7 +340,7 @@ def _scale_tma_as_given(choice: MoeChoice, w1_scale, w2_scale, codes_rule) -> Mo
     (`codes_rule()`: its tiles differ); a tuned choice keeps its tiles with SCALE_TMA off (the codes by pointers),
     with one warning a plan: those tiles were timed with the records (gpt-oss-120b's 128-wide ones ran 1.3x slower
     by pointers on the H100)."""
-    second = choice.stage1 if choice.run_1stage else choice.stage2  # the 1-stage kernel reads both weights
+    second = choice.w2_config
     plain = [s is not None and s.dim() == 3 and c.SCALE_TMA for s, c in ((w1_scale, choice.stage1),
                                                                           (w2_scale, second))]
     if not any(plain):
