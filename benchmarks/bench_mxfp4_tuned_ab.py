@@ -17,6 +17,7 @@ import os
 import pathlib
 import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +30,35 @@ BITS_PER_WEIGHT = 4.25  # e2m1 codes and one e8m0 scale per 32
 def floor_us(routed: int, tokens: int, d: int, inter: int) -> float:
     weights = routed * 3 * d * inter * BITS_PER_WEIGHT / 8
     return (weights + 2 * tokens * d * 2) / COPY_BYTES_PER_S * 1e6
+
+
+@dataclass(frozen=True)
+class Mxfp4Moe:
+    """A seeded random MoE's MXFP4 weights as the op's users hold them: the packed codes (q1, q2: what choices are
+    looked up on), the prepared weights (w1, w2) and scales (s1, s2), and the bf16 weights they came from when
+    asked (bf16, else None)."""
+
+    q1: torch.Tensor
+    q2: torch.Tensor
+    w1: object  # Mxfp4Weights
+    w2: object
+    s1: object  # Mxfp4Scales
+    s2: object
+    bf16: tuple[torch.Tensor, torch.Tensor] | None
+
+
+def mxfp4_moe(d: int, inter: int, experts: int, g: torch.Generator, bf16: bool = False) -> Mxfp4Moe:
+    """gated w1 [E, 2I, D] and w2 [E, D, I] ~ N(0, 1/K) on the GPU from `g`, quantized to MXFP4 and prepared."""
+    from tritune import ops
+    from tritune.kernels import fused_moe as fm
+
+    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
+    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
+    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
+    kept = (w1.bfloat16(), w2.bfloat16()) if bf16 else None
+    del w1, w2
+    return Mxfp4Moe(q1, q2, ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2),
+                    ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2), kept)
 
 
 def parse_dims(text: str) -> tuple[int, int, int, int]:
@@ -61,13 +91,9 @@ def main(argv: list[str] | None = None) -> int:
 
     d, inter, experts, topk = args.dims
     g = torch.Generator(device="cuda").manual_seed(0)
-    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
-    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
-    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
-    b1, b2 = w1.bfloat16(), w2.bfloat16()
-    del w1, w2
-    pw1, pw2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
-    ps1, ps2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    moe = mxfp4_moe(d, inter, experts, g, bf16=True)
+    q1, q2, pw1, pw2, ps1, ps2 = moe.q1, moe.q2, moe.w1, moe.w2, moe.s1, moe.s2
+    b1, b2 = moe.bf16
     rows = []
     print("| tokens | MXFP4 µs | bf16 µs | bf16 / MXFP4 | MXFP4 x floor | MXFP4 row | bf16 row |")
     print("|---|---|---|---|---|---|---|")

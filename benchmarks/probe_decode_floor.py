@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 COPY_BYTES_PER_S = 3.0e12
 FLUSH_BYTES = 200 * 2**20
@@ -329,16 +330,13 @@ def bf16_tile_rows(d: int, inter: int, experts: int, topk: int, tokens: int) -> 
 
 def op_rows(csv: pathlib.Path, d: int, inter: int, experts: int, topk: int, tokens_list: list[int]) -> list[dict]:
     os.environ["TRITUNE_CONFIG_FMOE"] = str(csv)
+    from bench_mxfp4_tuned_ab import mxfp4_moe
+
     from tritune import ops
-    from tritune.kernels import fused_moe as fm
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
-    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
-    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
-    del w1, w2
-    pw1, pw2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
-    ps1, ps2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    moe = mxfp4_moe(d, inter, experts, g)
+    pw1, pw2, ps1, ps2 = moe.w1, moe.w2, moe.s1, moe.s2
     rows = []
     for tokens in tokens_list:
         hidden = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()

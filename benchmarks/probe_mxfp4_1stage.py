@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_mxfp4_tuned_ab import floor_us, parse_dims  # noqa: E402
+from bench_mxfp4_tuned_ab import floor_us, mxfp4_moe, parse_dims  # noqa: E402
 
 # BLOCK_M:BLOCK_N:BLOCK_D:num_warps:num_stages:SCALE_TMA[:KSPLIT], comma-separated: w1's slice rows, w2's tile rows
 # (each at most 16 rows a warp), stage 1's K splits (default 1).
@@ -79,12 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
     d, inter, experts, topk = args.dims
     g = torch.Generator(device="cuda").manual_seed(0)
-    w1 = torch.randn(experts, 2 * inter, d, device="cuda", generator=g) / d**0.5
-    w2 = torch.randn(experts, d, inter, device="cuda", generator=g) / inter**0.5
-    (q1, s1), (q2, s2) = fm.quantize_weights(w1, fm.MXFP4), fm.quantize_weights(w2, fm.MXFP4)
-    del w1, w2
-    pw1, pw2 = ops.prepare_mxfp4_weights(q1), ops.prepare_mxfp4_weights(q2)
-    ps1, ps2 = ops.prepare_mxfp4_scales(s1), ops.prepare_mxfp4_scales(s2)
+    moe = mxfp4_moe(d, inter, experts, g)
+    q1, q2, pw1, pw2, ps1, ps2 = moe.q1, moe.q2, moe.w1, moe.w2, moe.s1, moe.s2
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         hidden = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
