@@ -14,7 +14,7 @@ import torch
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, fused_moe_2stage, quantize_weights
-from tritune.kernels.fused_moe_1stage import check_1stage_swap, fused_moe_1stage
+from tritune.kernels.fused_moe_1stage import fused_moe_1stage
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.kernels.mxfp4_records import prepare_mxfp4_scales
 from tritune.kernels.mxfp4_swizzle import prepare_mxfp4_weights
@@ -106,9 +106,16 @@ def test_what_the_call_refuses():
     with pytest.raises(ValueError, match=r"SCALE_TMA \(0 or 1\) is for the swapped"):  # unswapped: no records
         check_config(dataclasses.replace(ONE, SWAP_AB=0, USE_TMA=0, BLOCK_SIZE_D=64, num_warps=4), "1stage",
                      fm.MXFP4)
-    with pytest.raises(ValueError, match="inter_dim a multiple of 64"):
-        check_1stage_swap(ONE, 96, D, gated=True, prepared=False)
-    check_1stage_swap(dataclasses.replace(ONE, SCALE_TMA=0), 96, D, gated=True, prepared=False)  # codes: any
+    hidden, q1, q2, weights, ids, s1, s2 = operands(inter=96)  # a gated w1's up rows at 96: on no record or chunk
+    with pytest.raises(ValueError, match="inter_dim a multiple of 64"):  # the records
+        fused_moe_1stage(hidden, q1, q2, weights, ids, ONE, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
+                         w2_scale=prepare_mxfp4_scales(s2))
+    with pytest.raises(ValueError, match="inter_dim a multiple of 64"):  # the prepared weights
+        fused_moe_1stage(hidden, prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2), weights, ids,
+                         dataclasses.replace(ONE, SCALE_TMA=0), quant=fm.MXFP4, w1_scale=s1, w2_scale=s2)
+    codes = fused_moe_1stage(hidden, q1, q2, weights, ids, dataclasses.replace(ONE, SCALE_TMA=0), quant=fm.MXFP4,
+                             w1_scale=s1, w2_scale=s2)  # codes and standard bytes: any inter_dim
+    assert rel_l2(codes, reference(hidden, q1, q2, weights, ids, s1, s2)) < TOL
     hidden, q1, q2, weights, ids, s1, s2 = operands()
     with pytest.raises(ValueError, match="both prepared .* or both standard"):
         fused_moe_1stage(hidden, prepare_mxfp4_weights(q1), q2, weights, ids, ONE, quant=fm.MXFP4,

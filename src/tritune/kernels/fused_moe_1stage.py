@@ -326,14 +326,6 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
     return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
 
 
-def check_1stage_swap(cfg: MoeConfig, inter_dim: int, model_dim: int, gated: bool, prepared: bool) -> None:
-    """What the swapped 1-stage kernel needs of the shape past `check_config`: a gated w1's up rows starting on a
-    64-row chunk and record (inter_dim a multiple of 64) where it reads prepared weights or scale records."""
-    if gated and (prepared or cfg.SCALE_TMA) and inter_dim % 64:
-        raise ValueError(f"{cfg.name('1stage', 'per_1x32')}: with prepared weights or scale records (SCALE_TMA) the "
-                         f"gated w1 needs inter_dim a multiple of 64 (its up rows start a 64-row chunk), got "
-                         f"{inter_dim}")
-
 
 def coop_split(cfg: MoeConfig) -> bool:
     """Whether the swapped 1-stage kernel with `cfg` runs its splits cooperatively (COOP_SPLIT, on a GPU)."""

@@ -24,13 +24,13 @@ from tritune.kernels.fused_moe import (
     MoeConfig,
     _moe_gemm_kernel,
     check_config,
+    check_scale_records,
     quant_id,
     reads_prepared,
 )
 from tritune.kernels.fused_moe_1stage import (
     _moe_1stage_kernel,
     _moe_1stage_swap_kernel,
-    check_1stage_swap,
     coop_split,
 )
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
@@ -155,7 +155,8 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
 
     d, inter, e = dims.model_dim, dims.inter_dim, dims.experts
     prepared = dims.swizzled and reads_prepared(cfg, MXFP4, inter, dims.gated)  # as the tuner's launcher passes them
-    check_1stage_swap(cfg, inter, d, dims.gated, prepared)
+    if cfg.SCALE_TMA:  # a gated w1's up rows on a record (prepared weights: `reads_prepared` asked the same)
+        check_scale_records(cfg, inter, dims.gated)
     operands = []
     for rows, k, tile_rows, k_step in ((inter * (2 if dims.gated else 1), d, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K),
                                        (d, inter, cfg.BLOCK_SIZE_D, cfg.BLOCK_SIZE_N)):

@@ -41,7 +41,6 @@ from tritune.kernels.fused_moe_1stage import (
     _acc_to_out_kernel,
     _moe_1stage_kernel,
     _moe_1stage_swap_kernel,
-    check_1stage_swap,
     coop_split,
 )
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
@@ -497,7 +496,10 @@ class MoeLaunch:
         """The swapped MXFP4 1-stage kernel (`_moe_1stage_swap_kernel`): hidden in the K32 order (copied by the sort's
         first launch), each weight and its scales through TMA or by pointers as `cfg` says."""
         check_compiles_here(cfg, "1stage", quant, triton.__version__, interpreting())
-        check_1stage_swap(cfg, inter_dim, model_dim, self.gated, self.swizzled[0])
+        if self.swizzled[0]:  # a gated w1's up rows on a tile-major chunk, as the stage GEMMs need
+            check_swizzled(cfg, quant, "1stage", inter_dim, self.gated)
+        if cfg.SCALE_TMA:  # and on a record
+            check_scale_records(cfg, inter_dim, self.gated)
         if self.swizzled[0] != self.swizzled[1]:
             raise ValueError("the swapped 1-stage kernel needs w1 and w2 both prepared (prepare_mxfp4_weights) or "
                              "both standard packed bytes")
