@@ -8,7 +8,7 @@ the engine's timer (L2 flushed, median); the best one's kernels under torch.prof
 the op's.
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_1stage.py [--mxfp4-csv M] [--dims 2880,2880,128,4] \\
-        [--tokens 1,2,4,8] [--tiles BM:BN:BD:W:S:ST,...] [--no-profile] [--json F]       # GPU
+        [--tokens 1,2,4,8] [--tiles BM:BN:BD:W:S:ST,...] [--maxnreg auto,0,80] [--trace] [--no-profile] [--json F]
 """
 
 from __future__ import annotations
@@ -44,6 +44,41 @@ def sweep(tiles: str) -> list:
     return out
 
 
+def traced(call, op_module, f1) -> dict:
+    """One call of `call` with the swapped 1-stage kernel's phase stamps (kernels/fused_moe_1stage.py TRACE), L2
+    flushed before it: per phase the median / 90th percentile / max over programs (µs), when the programs start and
+    end against the first one's entry, and the programs per SM. Printed, and returned with the raw stamps."""
+    f1.TRACE = True
+    op_module._PLANS.clear()
+    call()
+    plan = next(p for p in op_module._PLANS.values() if getattr(p, "trace_piece", None) is not None)
+    buffer = plan.workspace._last[0]()
+    at = plan.workspace.offsets[plan.trace_piece]
+    n = plan.workspace.pieces[plan.trace_piece][1] // 2
+    stamps = buffer[at:at + 8 * n].view(torch.int64).view(-1, f1.TRACE_SLOTS)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    stamps.zero_()
+    flush.zero_()
+    call()
+    torch.cuda.synchronize()
+    st = stamps.cpu()
+    st = st[st[:, 4] > 0]  # programs that ran to the end (blocks past the sort's count return early)
+    t0 = st[:, 0].min()
+    us = lambda x: (x.double() / 1000.0)  # noqa: E731 (globaltimer ns -> µs)
+    phases = {"wait for sort": st[:, 1] - st[:, 0], "stage 1": st[:, 2] - st[:, 1], "fixup": st[:, 3] - st[:, 2],
+              "w2": st[:, 4] - st[:, 3], "entry (from first)": st[:, 0] - t0, "stage 1 end (from first)":
+              st[:, 2] - t0, "end (from first)": st[:, 4] - t0}
+    out = {"programs": int(st.shape[0]), "span_us": float(us(st[:, 4].max() - t0))}
+    print(f"    trace: {out['programs']} programs, span {out['span_us']:.1f} µs; "
+          f"programs per SM max {int(torch.bincount(st[:, 5]).max())}, SMs used {int(torch.unique(st[:, 5]).numel())}")
+    for name, v in phases.items():
+        q = torch.quantile(us(v), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+        out[name] = [float(x) for x in q] + [float(us(v).max())]
+        print(f"      {name:<26} p10 {q[0]:7.2f}  med {q[1]:7.2f}  p90 {q[2]:7.2f}  max {float(us(v).max()):7.2f}")
+    out["raw"] = st.tolist()
+    return out
+
+
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
 
@@ -57,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-profile", action="store_true", help="skip the best config's graph and kernel profile")
     ap.add_argument("--no-coop", action="store_true", help="split configs' last split runs all of w2 (not COOP_SPLIT)")
     ap.add_argument("--tickets", default="1", help="COOP_TICKET values to sweep, alternating: 1, 0 or 1,0,1,0")
+    ap.add_argument("--maxnreg", default="auto",
+                    help="register caps to sweep: auto (the kernel's rule, register_cap), 0 (ptxas' choice), 80, ...")
+    ap.add_argument("--trace", action="store_true",
+                    help="each config: one call with the kernel's phase stamps (L2 flushed first), summarized")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -90,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         def op(choice=None, h=hidden, w=weights, i=ids):
             return ops.fused_moe(h, pw1, pw2, w, i, quant=fm.MXFP4, w1_scale=ps1, w2_scale=ps2, choice=choice)
 
+        fused_moe_1stage.MAXNREG = None  # the op as shipped
+        op_module._PLANS.clear()
         ref = op().clone()
         source = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4).source
         base = time_kernel(op, iters=30, warmup=3).median_us
@@ -100,11 +141,15 @@ def main(argv: list[str] | None = None) -> int:
               f"pair {pair:.1f} µs", flush=True)
         print("| config | µs | x op | x floor | rel L2 vs op |\n|---|---|---|---|---|")
         results = []
-        for ticket, cfg in ((t, c) for t in (int(v) for v in args.tickets.split(",")) for c in sweep(args.tiles)):
+        for ticket, regs, cfg in ((t, r, c) for t in (int(v) for v in args.tickets.split(","))
+                                  for r in (None if v == "auto" else int(v) for v in args.maxnreg.split(","))
+                                         for c in sweep(args.tiles)):
             fused_moe_1stage.COOP_TICKET = bool(ticket)
-            op_module._PLANS.clear()  # plans bind the switch
+            fused_moe_1stage.MAXNREG = regs
+            op_module._PLANS.clear()  # plans bind the switches
             choice = MoeChoice(True, cfg, None, "forced")
-            name = cfg.name("1stage", fm.MXFP4) + ("" if ticket else " (no tickets)")
+            name = (cfg.name("1stage", fm.MXFP4) + ("" if ticket else " (no tickets)")
+                    + f" maxnreg {'auto' if regs is None else regs}")
             try:
                 err = rel_l2(op(choice), ref)
                 us = time_kernel(lambda c=choice: op(c), iters=30, warmup=3).median_us
@@ -113,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
                 continue
             print(f"| {name} | {us:.1f} | {us / base:.3f} | {us / floor:.2f} | {err:.2e} |", flush=True)
-            results.append({"config": name, "us": us, "rel_l2": err, "choice": choice})
+            results.append({"config": name, "us": us, "rel_l2": err, "choice": choice, "maxnreg": regs})
+            if args.trace:
+                results[-1]["trace"] = traced(lambda c=choice: op(c), op_module, fused_moe_1stage)
+                fused_moe_1stage.TRACE = False
+                op_module._PLANS.clear()
         ok = [r for r in results if "us" in r and r["rel_l2"] < 1e-2]
         row = {"tokens": tokens, "floor_us": floor, "op_us": base, "op_source": source, "pair_us": pair,
                "sweep": [{k: v for k, v in r.items() if k != "choice"} for r in results]}
@@ -123,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"best {best['config']}: {best['us']:.1f} µs ({best['us'] / floor:.2f}x floor, "
                   f"{best['us'] / base:.3f}x the op, {best['us'] / pair:.3f}x the stage pair)", flush=True)
         if ok and not args.no_profile:
+            fused_moe_1stage.MAXNREG = best["maxnreg"]
+            op_module._PLANS.clear()
             fn = lambda c=best["choice"]: op(c)  # noqa: E731
             graphs = {}
             for what, call in (("op", op), ("1stage", fn)):

@@ -132,3 +132,48 @@ def test_its_name_reads_back_and_older_1_stage_names_are_unchanged():
     assert MoeConfig.parse_name(name) == ("1stage", ONE)
     old = dataclasses.replace(ONE, SWAP_AB=0, USE_TMA=0, SCALE_TMA=0)
     assert old.name("1stage", "none") == "moe_1stage_none_silu_BM16_BN128_BK128_GM1_W8_S2_KS1_BD128"
+
+
+def test_registers_are_capped_only_past_two_split_programs_an_sm(monkeypatch):
+    """register_cap: SPLIT_MAXNREG for split configs whose programs (a block an expert × 128-wide slices × splits) pass
+    two an SM, where three then fit; none unsplit, in the interpreter, without an SM count; MAXNREG overrides."""
+    from tritune.kernels import fused_moe_1stage as f1
+
+    monkeypatch.setattr(f1, "interpreting", lambda: False)
+    split = {k: dataclasses.replace(ONE, KSPLIT=k) for k in (1, 2, 4)}
+    # gpt-oss-120b (E 128, I 2880: 23 slices) on 132 SMs: 1 token (4 pairs) split 4 = 368 programs, split 2 = 184
+    assert f1.register_cap(split[4], 4, 128, 2880, 132) == f1.SPLIT_MAXNREG == 80
+    assert f1.register_cap(split[2], 4, 128, 2880, 132) is None
+    assert f1.register_cap(split[2], 8, 128, 2880, 132) == 80  # 2 tokens: 368
+    assert f1.register_cap(split[1], 64, 128, 2880, 132) is None  # unsplit: about 60 registers already
+    assert f1.register_cap(split[4], 6, 64, 1408, 132) is None  # 6 x 11 x 4 = 264: two an SM exactly
+    assert f1.register_cap(split[4], 400, 4, 2880, 200) is None  # 4 experts: 4 blocks x 23 x 4 = 368 of 400 ...
+    assert f1.register_cap(split[4], 400, 4, 2880, 132) == 80  # ... and past two an SM of 132
+    assert f1.register_cap(split[4], 4, 128, 2880, None) is None
+    monkeypatch.setattr(f1, "MAXNREG", 0)
+    assert f1.register_cap(split[4], 4, 128, 2880, 132) is None
+    monkeypatch.setattr(f1, "MAXNREG", 96)
+    assert f1.register_cap(split[1], 4, 128, 2880, 132) == 96
+    monkeypatch.setattr(f1, "MAXNREG", None)
+    monkeypatch.setattr(f1, "interpreting", lambda: True)
+    assert f1.register_cap(split[4], 4, 128, 2880, 132) is None
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="ptxas' register cap and the phase stamps are GPU-only (the interpreter "
+                                              "runs no PTX and ignores both)")
+@pytest.mark.parametrize("cap", [80, 64])
+def test_capped_registers_and_the_phase_stamps_leave_the_result_unchanged(monkeypatch, cap):
+    from tritune.kernels import fused_moe_1stage as f1
+
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
+    cfg = dataclasses.replace(ONE, KSPLIT=2)
+
+    def call():
+        return fused_moe_1stage(hidden, w1, w2, weights, ids, cfg, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
+                                w2_scale=prepare_mxfp4_scales(s2))
+
+    plain = call()
+    monkeypatch.setattr(f1, "MAXNREG", cap)
+    monkeypatch.setattr(f1, "TRACE", True)
+    assert rel_l2(call(), plain) < 1e-5

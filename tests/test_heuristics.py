@@ -254,8 +254,8 @@ def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_
 def test_mxfp4_takes_the_swapped_1_stage_kernel_up_to_8_pairs_an_expert_split_under_1_25_waves():
     """The swapped 1-stage kernel (both GEMMs of a 128-wide slice of the intermediate in one program) beat the stage
     pair on the H100 at 1-64 tokens on four shapes (twenty-first session), its stage 1 split along K (the splits then
-    sharing w2's rows) until the programs make 1.25 waves. Only on Hopper with the codes' records, and a gated w1's up
-    rows on a record."""
+    sharing w2's rows) while the programs stay within three an SM (twenty-second session). Only on Hopper with the
+    codes' records, and a gated w1's up rows on a record."""
     def one(tokens, dims=(2880, 2880, 128, 4), **kw):
         run_1stage, first, second = moe_heuristic(tokens, *dims, "per_1x32", **kw)
         assert (second is None) == run_1stage
@@ -264,16 +264,19 @@ def test_mxfp4_takes_the_swapped_1_stage_kernel_up_to_8_pairs_an_expert_split_un
     want = MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
                      BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
     split = {k: dataclasses.replace(want, KSPLIT=k) for k in (2, 4, 8)}
-    assert one(1) == split[2]  # 4 blocks x 23 slices = 92 programs: under 1.25 waves of 132 SMs
-    for tokens in (2, 3, 4, 16, 64, 256):  # 184 programs .. 8 pairs an expert
+    assert one(1) == split[4]  # 4 blocks x 23 slices = 92 programs: 368 split 4, within 3 an SM of 132
+    assert one(2) == split[2]  # 184: 368 split 2
+    for tokens in (3, 4, 16, 64, 256):  # 276 programs .. 8 pairs an expert
         assert one(tokens) == want, tokens
     for config in (want, *split.values()):
         check_config(config, "1stage", "per_1x32")
     assert one(257) is None  # 9 pairs an expert
     assert one(1, (2048, 1408, 64, 6)) == split[4] and one(2, (2048, 1408, 64, 6)) == split[2]  # 66, 132 programs
-    assert one(1, (2048, 768, 128, 8)) == split[4] and one(2, (2048, 768, 128, 8)) == split[2]  # Qwen3-like: 48, 96
+    # Qwen3-like: 48, 96, 192 programs; split 8 would leave 2 K steps a split
+    assert [one(t, (2048, 768, 128, 8)) for t in (1, 2, 4)] == [split[4], split[4], split[2]]
     assert one(1, (512, 256, 8, 2)) is None  # 2 blocks x 2 slices: 8 splits would not make a wave
-    assert one(1, (512, 1024, 8, 2), sm_count=64) == split[2]  # K 512: each split 2 steps at least
+    assert one(1, (1024, 1024, 8, 2), sm_count=64) == split[2]  # K 1024: each split 4 steps at least
+    assert one(1, (512, 1024, 8, 2), sm_count=64) == want
     assert one(16, capability=(8, 0)) is None  # no TMA
     assert one(16, scale_records=False) is None  # codes only: the stage pair's codes-by-pointer tiles
     assert one(16, one_stage=False) is None

@@ -40,6 +40,19 @@ COOP_SPLIT = True
 # Cooperative splits take their work by ticket (an atomic counter, in the order programs start) rather than by
 # program id: the wait is then safe whatever order the GPU starts programs in. A probe's switch.
 COOP_TICKET = True
+# The swapped 1-stage kernel split along K, left to ptxas, holds 127 registers a thread at 8 warps: two programs an
+# SM. Capped at 80 (no spills, sm90) three fit; the cap goes on only past two programs an SM, since with room for
+# three the GPU packs programs three to an SM and leaves SMs idle. H100 (RESULTS.md, twenty-second session), µs
+# uncapped -> capped: gpt-oss-120b 1 token split 4 (368 programs) 54.6 -> 44.3, 2 tokens split 2 (368) 83.6 -> 68.9;
+# Qwen3-30B-A3B-like 4 tokens split 2 (384) 63.7 -> 52.1; DeepSeek-V2-Lite-like 1 token split 4 (264, two an SM)
+# 28.5 -> 32.6. Unsplit the kernel holds about 60 registers already.
+SPLIT_MAXNREG = 80
+MAXNREG: int | None = None  # a probe's override of `register_cap`: 0 ptxas' choice, else the cap
+# Probes only: the swapped 1-stage kernel writes each program's phase stamps (`_stamp`) to a workspace piece
+# (MoeLaunch.trace_piece), TRACE_SLOTS int64 a program: %globaltimer then %clock64 at entry, after the wait for the
+# sort, after stage 1's K loop, after the splits' fixup, at the end; then %smid and the program's work item.
+TRACE = False
+TRACE_SLOTS = 16
 
 
 @triton.jit
@@ -129,13 +142,14 @@ def _moe_1stage_swap_kernel(
     part_ptr,  # KSPLIT > 1: fp32 [KSPLIT, numel, INTER·(2 if GATED else 1)] stage 1's partial sums; else unused
     count_ptr,  # KSPLIT > 1: fp32 [num_pid_m·⌈INTER/BLOCK_N⌉ (+ 1 with COOP: the ticket counter)], zeroed: the splits
     # of each slice done; else unused
+    trace_ptr,  # TRACE: fp32 [programs·2·TRACE_SLOTS] seen as int64 [programs, TRACE_SLOTS]; else unused
     numel, INTER, D, num_pid_m, k_per_split,
     stride_am, stride_w1e, stride_w1n, stride_w1se, stride_w1sn, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
     TOPK: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
     W_SWIZZLED: tl.constexpr, KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, COOP: tl.constexpr = False,
-    TICKET: tl.constexpr = True,
+    TICKET: tl.constexpr = True, TRACE: tl.constexpr = False,
 ):
     """`_moe_1stage_kernel` for MXFP4 weights on the swapped GEMM (SWAP_AB: the decoded weight tile is the wgmma's
     register operand, its 64 rows from the weight): the decode's whole call in one GEMM launch.
@@ -155,8 +169,11 @@ def _moe_1stage_swap_kernel(
     programs, each storing its partial sums and counting itself done (an fp32 counter the sort's first launch
     zeroes). COOP (on a GPU): every split waits for the count, adds the partials up and runs its share of w2's rows;
     otherwise the last split runs them all, as the GEMM's split-K fixup does.
+    TRACE (probes): each program writes its phase stamps (`_stamp`) to trace_ptr.
     Grid: (num_pid_m·⌈INTER/BLOCK_N⌉·KSPLIT,) with COOP, else (num_pid_m·⌈INTER/BLOCK_N⌉, KSPLIT).
     """
+    trace = trace_ptr.to(tl.pointer_type(tl.int64)) + (tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)) * 16
+    _stamp(trace, 0, TRACE)
     pdl_start(PDL)
     n_slices = tl.cdiv(INTER, BLOCK_SIZE_N)
     if COOP and not TICKET:  # a slice's splits are neighbours in launch order
@@ -172,6 +189,7 @@ def _moe_1stage_swap_kernel(
     if pid_m * BLOCK_SIZE_M >= tl.load(num_post_ptr):
         return
     pairs, row_ok, a_rows, expert = _block_pairs(sorted_ids_ptr, expert_ids_ptr, pid_m, numel, TOPK, BLOCK_SIZE_M)
+    _stamp(trace, 1, TRACE)
     i0 = pid_n * BLOCK_SIZE_N
     offs_i_out = i0 + tl.arange(0, BLOCK_SIZE_N)
     offs_i = offs_i_out % INTER
@@ -189,6 +207,7 @@ def _moe_1stage_swap_kernel(
                                (expert * rows1 + i0).to(tl.int32), a_ptr, 0, GATED, QUANT, EVEN_K, USE_TMA,
                                BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SWAP_AB=True, SCALE_TMA=SCALE_TMA,
                                W_SWIZZLED=W_SWIZZLED)
+    _stamp(trace, 2, TRACE)
     last = True
     d_start, d_end = 0, D
     if KSPLIT > 1:
@@ -199,11 +218,27 @@ def _moe_1stage_swap_kernel(
             d_per = tl.cdiv(tl.cdiv(D, KSPLIT), BLOCK_SIZE_D) * BLOCK_SIZE_D
             d_start = split * d_per
             d_end = tl.minimum(d_start + d_per, D)
+    _stamp(trace, 3, TRACE)
     if last:
         _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_ptr, weights_ptr, w2_ptr, w2_desc,
                           w2_scale_ptr, INTER, D, d_start, d_end, stride_w2e, stride_w2n, stride_w2se, stride_w2sn,
                           TOPK, GATED, ACT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_D, USE_TMA, SCALE_TMA, W_SWIZZLED,
                           a_ptr)
+    _stamp(trace, 4, TRACE)
+    if TRACE:
+        smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        tl.store(trace + 5, smid.to(tl.int64))
+        tl.store(trace + 6, (tile * KSPLIT + split).to(tl.int64))
+
+
+@triton.jit
+def _stamp(trace, slot: tl.constexpr, TRACE: tl.constexpr):
+    """TRACE: this moment's %globaltimer (ns, one clock for every SM) at trace[slot], %clock64 at trace[8 + slot]."""
+    if TRACE:
+        ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        cycles = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(trace + slot, ns)
+        tl.store(trace + 8 + slot, cycles)
 
 
 @triton.jit
@@ -330,3 +365,16 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
 def coop_split(cfg: MoeConfig) -> bool:
     """Whether the swapped 1-stage kernel with `cfg` runs its splits cooperatively (COOP_SPLIT, on a GPU)."""
     return bool(cfg.SWAP_AB) and cfg.KSPLIT > 1 and COOP_SPLIT and not interpreting()
+
+
+
+def register_cap(cfg: MoeConfig, pairs: int, experts: int, inter_dim: int, sm_count: int | None) -> int | None:
+    """ptxas' register cap a thread (`maxnreg`) for the swapped 1-stage kernel with `cfg` on `pairs` routed pairs
+    (None: ptxas' choice): SPLIT_MAXNREG for a split whose programs (a block an expert, at most `pairs`) pass two an
+    SM of `sm_count`."""
+    if MAXNREG is not None:
+        return MAXNREG or None
+    if not (cfg.SWAP_AB and cfg.KSPLIT > 1) or sm_count is None or interpreting():
+        return None
+    programs = min(pairs, experts) * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N) * cfg.KSPLIT
+    return SPLIT_MAXNREG if programs > 2 * sm_count else None

@@ -32,6 +32,7 @@ from tritune.kernels.fused_moe_1stage import (
     _moe_1stage_kernel,
     _moe_1stage_swap_kernel,
     coop_split,
+    register_cap,
 )
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_persistent import _moe_gemm_persistent_kernel
@@ -173,14 +174,25 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
     f32, i32, u8 = torch.float32, torch.int32, torch.uint8
     k_per_split = triton.cdiv(triton.cdiv(d, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
     return _moe_1stage_swap_kernel.warmup(
-        dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, f32, f32, dims.numel, inter, d, num_pid_m,
-        k_per_split, d, *st1, *st2,
+        dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, f32, f32, f32, dims.numel, inter, d,
+        num_pid_m, k_per_split, d, *st1, *st2,
         TOPK=dims.topk, GATED=dims.gated, ACT=_ACT_ID[dims.activation], QUANT=quant_id(MXFP4),
         BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N, BLOCK_SIZE_K=cfg.BLOCK_SIZE_K,
         BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
         USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
-        COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
+        COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET, TRACE=fused_moe_1stage.TRACE,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}),
+        **({"maxnreg": cap} if (cap := register_cap(cfg, dims.numel, e, inter, _sm_count())) else {}))
+
+
+def _sm_count() -> int | None:
+    """The SM count the kernels are compiled for: the compile target's, else the GPU's here (None: neither)."""
+    from tritune.compile_target import process_sm_count
+
+    count = process_sm_count()
+    if count is None and torch.cuda.is_available():
+        count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return count
 
 
 def _mock_weight(quant: str, dtype: torch.dtype, experts: int, rows: int, k: int, prepared: bool, tile_rows: int,

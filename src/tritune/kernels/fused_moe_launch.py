@@ -42,6 +42,7 @@ from tritune.kernels.fused_moe_1stage import (
     _moe_1stage_kernel,
     _moe_1stage_swap_kernel,
     coop_split,
+    register_cap,
 )
 from tritune.kernels.fused_moe_config import check_compiles_here, weight_tma_view
 from tritune.kernels.fused_moe_gather import ROWS as GATHER_ROWS
@@ -232,7 +233,7 @@ class MoeLaunch:
     # descriptor self.tma[j], or ("v", value) a value fixed at binding. Pointers come first in every kernel, so a
     # launch keeps its fixed tail apart and resolves only its head per call.
     def _bind(self, fn, grid, recipe: list[tuple], example: dict, pieces: _Pieces, num_warps: int,
-              num_stages: int, pdl: bool = False) -> None:
+              num_stages: int, pdl: bool = False, maxnreg: int | None = None) -> None:
         args = []
         for kind, what in recipe:
             if kind == "t":
@@ -248,7 +249,7 @@ class MoeLaunch:
             raise AssertionError(f"{fn}: every pointer must precede the fixed arguments")
         head = tuple((_SOURCE[kind], _TENSORS.index(what) if kind == "t" else what) for kind, what in recipe[:cut])
         self.calls.append((BoundKernel(fn, grid, args, varying=cut, num_warps=num_warps, num_stages=num_stages,
-                                       launch_pdl=pdl), head))
+                                       launch_pdl=pdl, maxnreg=maxnreg), head))
 
     def _finish_binding(self, pieces: _Pieces) -> None:
         """Per launch, its C launch and one C-level getter of its pointers out of the call's flat list: the call's
@@ -524,15 +525,21 @@ class MoeLaunch:
         k_per_split = triton.cdiv(triton.cdiv(model_dim, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
         recipe = [("p", self.q1), w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
                   ("p", 2), ("t", "topk_weights"), part, count]
+        tiles = num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N)
+        hidden = example["hidden"]
+        sm_count = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else None
+        trace = fused_moe_1stage.TRACE and not interpreting()
+        self.trace_piece = pieces.add(_F32, 2 * fused_moe_1stage.TRACE_SLOTS * tiles * cfg.KSPLIT) if trace else None
+        recipe.append(("p", self.trace_piece if trace else self.dummy))
         recipe += [("v", v) for v in (
             numel, inter_dim, model_dim, num_pid_m, k_per_split, model_dim, *st1, *st2, topk, self.gated,
             _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K,
             cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA),
             bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl, coop_split(cfg),
-            fused_moe_1stage.COOP_TICKET)]
-        tiles = num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N)
+            fused_moe_1stage.COOP_TICKET, trace)]
         grid = (tiles * cfg.KSPLIT,) if coop_split(cfg) else (tiles, cfg.KSPLIT)
-        self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
+        self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl,
+                   register_cap(cfg, numel, example["w1"].shape[0], inter_dim, sm_count))
         self._cache_descriptors(first, example["w1"])
 
     def __call__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

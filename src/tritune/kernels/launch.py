@@ -98,13 +98,14 @@ class BoundKernel:
     buffers of a workspace, for pointers). The first `varying` of them change per call (the pointers, which every
     kernel here takes first); the rest are fixed at binding. A call passes the varying ones: tensors, or addresses.
     `launch_pdl`: launched as a programmatic dependent of the previous kernel (kernels/pdl.py; the kernel must wait
-    first).
+    first). `maxnreg`: the registers a thread may hold (ptxas' cap; None leaves it to ptxas), what decides how many
+    programs share an SM.
     """
 
     __slots__ = ("encode", "grid", "launch", "name")
 
     def __init__(self, fn, grid: Sequence[int], args: Sequence, *, varying: int, num_warps: int,
-                 num_stages: int, launch_pdl: bool = False) -> None:
+                 num_stages: int, launch_pdl: bool = False, maxnreg: int | None = None) -> None:
         grid3 = (tuple(int(g) for g in grid) + (1, 1))[:3]
         self.grid = grid3  # what every launch covers (tests read it)
         self.name = name = getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
@@ -114,6 +115,8 @@ class BoundKernel:
             self.launch = _through_triton(fn, grid3, tail, num_warps, num_stages, name)
             return
         options = {"launch_pdl": True} if launch_pdl else {}  # the PDL launch attribute (kernels/pdl.py)
+        if maxnreg is not None:
+            options["maxnreg"] = maxnreg
         compiled = fn.warmup(*args, grid=grid3, num_warps=num_warps, num_stages=num_stages, **options)
         if compile_only_process():  # the compile pool binding what a GPU worker will bind: the binary is cached now
             self.launch = _no_gpu_here(name)

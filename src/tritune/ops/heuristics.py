@@ -102,6 +102,8 @@ SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before spli
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swapped 1-stage kernel (past 8 pairs)
+# Programs an SM the swapped 1-stage kernel's K splits may fill (three fit: fused_moe_1stage.register_cap).
+ONE_STAGE_PROGRAMS_PER_SM = 3
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 # bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
@@ -308,12 +310,15 @@ def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, g
                      sm_count: int) -> MoeConfig | None:
     """The swapped MXFP4 1-stage config (module docstring), or None where the stage pair is the rule: programs (16-row
     blocks × 128-wide slices of the intermediate) that 8 splits would not make a wave of, past
-    MXFP4_ONE_STAGE_MAX_MEAN pairs an expert, without TMA or the codes' records, or a gated w1 whose up rows do not
-    start a record (inter_dim not a multiple of 64). Under 1.25 waves stage 1 splits along K (2, 4 or 8, each split
-    2 K steps at least) until the programs make 1.25 waves, the splits of a slice sharing w2's rows (fused_moe_1stage
-    COOP_SPLIT). H100 (twenty-first session): at one token gpt-oss-120b (92 slices) split 2 46.3 µs against 51.3 split
-    4, Qwen3-30B-A3B-like (48) and DeepSeek-V2-Lite-like (66) split 4 25.9 / 27.6 against 27.9 / 30.2 split 2; from
-    368 programs unsplit ran fastest (gpt-oss-120b at 4 tokens 112.7 against 117.3 split 2)."""
+    MXFP4_ONE_STAGE_MAX_MEAN pairs an expert, without TMA or the codes' records, or a gated w1's up rows do not
+    start a record (inter_dim not a multiple of 64). Stage 1 splits along K (2, 4 or 8, each split 4 K steps at
+    least) while the programs stay within ONE_STAGE_PROGRAMS_PER_SM an SM, the splits of a slice sharing w2's rows
+    (fused_moe_1stage COOP_SPLIT; past two an SM the kernel's registers are capped so three fit, register_cap).
+    H100 (twenty-second session, µs, best split first): gpt-oss-120b 1 token (92 slices) split 4 44.3 / split 2
+    47.9, 2 tokens split 2 68.9 / unsplit 77.5; Qwen3-30B-A3B-like (48 slices) split 4 27.0 / split 8 30.9, 2 tokens
+    split 4 35.7 / 2 36.7, 4 tokens split 2 52.1 / unsplit 57.0; DeepSeek-V2-Lite-like 1 token split 4 28.5, 2 tokens
+    split 2 41.5, 4 tokens (264) unsplit 60.1. One miss: gpt-oss-120b at 4 tokens (368 slices) ran split 2 in 116.2
+    against 132.6 unsplit."""
     mean = _cdiv(pairs, experts)
     if not tma_codes or mean > MXFP4_ONE_STAGE_MAX_MEAN or (gated and inter_dim % 64):
         return None
@@ -321,7 +326,8 @@ def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, g
     if programs * 8 < sm_count:
         return None
     split = 1
-    while 4 * programs * split < 5 * sm_count and split < 8 and model_dim >= 2 * 2 * split * 128:
+    while split < 8 and programs * 2 * split <= ONE_STAGE_PROGRAMS_PER_SM * sm_count \
+            and model_dim >= 2 * split * 4 * 128:
         split *= 2
     return MoeConfig(BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=8, num_stages=3,
                      KSPLIT=split, BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
