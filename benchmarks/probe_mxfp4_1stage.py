@@ -51,11 +51,8 @@ def traced(call, op_module, f1) -> dict:
     f1.TRACE = True
     op_module._PLANS.clear()
     call()
-    plan = next(p for p in op_module._PLANS.values() if getattr(p, "trace_piece", None) is not None)
-    buffer = plan.workspace._last[0]()
-    at = plan.workspace.offsets[plan.trace_piece]
-    n = plan.workspace.pieces[plan.trace_piece][1] // 2
-    stamps = buffer[at:at + 8 * n].view(torch.int64).view(-1, f1.TRACE_SLOTS)
+    plan = next(p for p in op_module._PLANS.values() if p.trace_piece is not None)
+    stamps = plan.trace_stamps()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     stamps.zero_()
     flush.zero_()

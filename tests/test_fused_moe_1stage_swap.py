@@ -15,6 +15,7 @@ import torch
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig, check_config, fused_moe_2stage, quantize_weights
 from tritune.kernels.fused_moe_1stage import fused_moe_1stage
+from tritune.kernels.fused_moe_launch import MoeLaunch
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.kernels.mxfp4_records import prepare_mxfp4_scales
 from tritune.kernels.mxfp4_swizzle import prepare_mxfp4_weights
@@ -177,3 +178,27 @@ def test_capped_registers_and_the_phase_stamps_leave_the_result_unchanged(monkey
     monkeypatch.setattr(f1, "MAXNREG", cap)
     monkeypatch.setattr(f1, "TRACE", True)
     assert rel_l2(call(), plain) < 1e-5
+    # the stamps of one plan's call: every program that ran its slice stamps its phases in order, on a real SM
+    ws1, ws2 = prepare_mxfp4_scales(s1).records, prepare_mxfp4_scales(s2).records
+    launch = MoeLaunch(hidden, w1, w2, weights, ids, ws1, ws2, stage1=cfg, stage2=None, activation="silu",
+                       quant=fm.MXFP4)
+    out = torch.empty_like(plain)
+    launch(hidden, w1, w2, weights, ids, ws1, ws2, out)
+    launch.trace_stamps().zero_()  # programs past the sort's blocks return before stamping
+    launch(hidden, w1, w2, weights, ids, ws1, ws2, out)
+    stamps = launch.trace_stamps().cpu()
+    ran = stamps[stamps[:, 4] > 0]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert rel_l2(out, plain) < 1e-5 and len(ran) >= 2
+    assert (ran[:, 1:5] >= ran[:, 0:4]).all() and ((ran[:, 5] >= 0) & (ran[:, 5] < sms)).all()
+    assert sorted(ran[:, 6].tolist()) == sorted(set(ran[:, 6].tolist()))  # each work item once
+
+
+def test_phase_stamps_are_refused_where_the_plan_has_none():
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    ws1, ws2 = prepare_mxfp4_scales(s1).records, prepare_mxfp4_scales(s2).records
+    launch = MoeLaunch(hidden, q1, q2, weights, ids, ws1, ws2, stage1=ONE, stage2=None, activation="silu",
+                       quant=fm.MXFP4)
+    launch(hidden, q1, q2, weights, ids, ws1, ws2, torch.empty(TOKENS, D, dtype=DTYPE, device=DEVICE))
+    with pytest.raises(ValueError, match="no phase stamps: bind the plan with fused_moe_1stage.TRACE on a GPU"):
+        launch.trace_stamps()

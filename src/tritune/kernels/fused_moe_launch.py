@@ -202,6 +202,7 @@ class MoeLaunch:
         self.dummy = pieces.add(_F32, 1)  # the scale pointer of an unquantized operand (never read)
         self.gated = w1.shape[1] == 2 * inter_dim
         self.tma: list[_Tma] = []  # TMA operands (weights; a sorted intermediate), in launch order
+        self.trace_piece: int | None = None  # the swapped 1-stage kernel's phase stamps (fused_moe_1stage.TRACE)
         self.quant2 = None
         self._w_strides = (_weight_scale_strides(w1_scale), _weight_scale_strides(w2_scale))
         if self.one_stage:
@@ -541,6 +542,14 @@ class MoeLaunch:
         self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl,
                    register_cap(cfg, numel, example["w1"].shape[0], inter_dim, sm_count))
         self._cache_descriptors(first, example["w1"])
+
+    def trace_stamps(self) -> torch.Tensor:
+        """The last call's phase stamps of the swapped 1-stage kernel, int64 [programs, TRACE_SLOTS] (a view into the
+        kept scratch: read it before the next call). ValueError when the plan was bound without TRACE."""
+        piece = None if self.trace_piece is None else self.workspace.last_piece(self.trace_piece)
+        if piece is None:
+            raise ValueError("no phase stamps: bind the plan with fused_moe_1stage.TRACE on a GPU and call it first")
+        return piece.view(torch.int64).view(-1, fused_moe_1stage.TRACE_SLOTS)
 
     def __call__(self, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, w1_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,

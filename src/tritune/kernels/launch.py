@@ -295,6 +295,16 @@ class Workspace:
             at += -(-max(numel, 1) * dtype.itemsize // _ALIGN) * _ALIGN
         self.offsets, self.nbytes = tuple(offs), at
 
+    def last_piece(self, index: int) -> torch.Tensor | None:
+        """Piece `index` of the kept buffer the last call used (a flat view, valid until the next call of its stream
+        and thread reuses the buffer); None when no call kept one (the interpreter, scratch past the kept size)."""
+        last = self._last[0]() if self._last is not None else None
+        if last is None:
+            return None
+        dtype, numel = self.pieces[index]
+        at = self.offsets[index]
+        return last[at:at + max(numel, 1) * dtype.itemsize].view(dtype)
+
     def allocate(self, device: torch.device) -> tuple[torch.Tensor, list]:
         """(the buffer, which the caller keeps alive until its launches are queued; the pieces in order)."""
         if device.type != "cuda":
