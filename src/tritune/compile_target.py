@@ -96,6 +96,18 @@ def process_sm_count() -> int | None:
     return _PROCESS_TARGET.sm_count if _PROCESS_TARGET is not None else None
 
 
+def sm_count_for(device) -> int | None:
+    """The SM count kernels for `device` (a torch.device) are built for: this process's compile target's, else the
+    GPU's; None where there is neither (a CPU device, no GPU and no target)."""
+    count = process_sm_count()
+    if count is None and device.type == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            count = torch.cuda.get_device_properties(device).multi_processor_count
+    return count
+
+
 def compile_only_process() -> bool:
     """True where this process compiles for a target instead of running on a GPU (`compiling_for`,
     `compile_without_gpu`): a kernel bound here is compiled, never loaded or launched."""

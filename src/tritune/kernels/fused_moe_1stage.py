@@ -47,12 +47,15 @@ COOP_TICKET = True
 # Qwen3-30B-A3B-like 4 tokens split 2 (384) 63.7 -> 52.1; DeepSeek-V2-Lite-like 1 token split 4 (264, two an SM)
 # 28.5 -> 32.6. Unsplit the kernel holds about 60 registers already.
 SPLIT_MAXNREG = 80
+UNCAPPED_PROGRAMS_PER_SM = 2  # programs of the split kernel an SM holds as ptxas leaves it
+CAPPED_PROGRAMS_PER_SM = 3  # and under SPLIT_MAXNREG
 MAXNREG: int | None = None  # a probe's override of `register_cap`: 0 ptxas' choice, else the cap
 # Probes only: the swapped 1-stage kernel writes each program's phase stamps (`_stamp`) to a workspace piece
 # (MoeLaunch.trace_piece), TRACE_SLOTS int64 a program: %globaltimer then %clock64 at entry, after the wait for the
 # sort, after stage 1's K loop, after the splits' fixup, at the end; then %smid and the program's work item.
 TRACE = False
 TRACE_SLOTS = 16
+_TRACE_SLOTS = tl.constexpr(TRACE_SLOTS)  # the same for the kernel: the first half %globaltimer, the second %clock64
 
 
 @triton.jit
@@ -172,7 +175,8 @@ def _moe_1stage_swap_kernel(
     TRACE (probes): each program writes its phase stamps (`_stamp`) to trace_ptr.
     Grid: (num_pid_m·⌈INTER/BLOCK_N⌉·KSPLIT,) with COOP, else (num_pid_m·⌈INTER/BLOCK_N⌉, KSPLIT).
     """
-    trace = trace_ptr.to(tl.pointer_type(tl.int64)) + (tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)) * 16
+    trace = (trace_ptr.to(tl.pointer_type(tl.int64))
+             + (tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)) * _TRACE_SLOTS)
     _stamp(trace, 0, TRACE)
     pdl_start(PDL)
     n_slices = tl.cdiv(INTER, BLOCK_SIZE_N)
@@ -233,12 +237,13 @@ def _moe_1stage_swap_kernel(
 
 @triton.jit
 def _stamp(trace, slot: tl.constexpr, TRACE: tl.constexpr):
-    """TRACE: this moment's %globaltimer (ns, one clock for every SM) at trace[slot], %clock64 at trace[8 + slot]."""
+    """TRACE: this moment's %globaltimer (ns, one clock for every SM) at trace[slot], %clock64 in the slots' second
+    half."""
     if TRACE:
         ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
         cycles = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
         tl.store(trace + slot, ns)
-        tl.store(trace + 8 + slot, cycles)
+        tl.store(trace + _TRACE_SLOTS // 2 + slot, cycles)
 
 
 @triton.jit
@@ -367,7 +372,6 @@ def coop_split(cfg: MoeConfig) -> bool:
     return bool(cfg.SWAP_AB) and cfg.KSPLIT > 1 and COOP_SPLIT and not interpreting()
 
 
-
 def register_cap(cfg: MoeConfig, pairs: int, experts: int, inter_dim: int, sm_count: int | None) -> int | None:
     """ptxas' register cap a thread (`maxnreg`) for the swapped 1-stage kernel with `cfg` on `pairs` routed pairs
     (None: ptxas' choice): SPLIT_MAXNREG for a split whose programs (a block an expert, at most `pairs`) pass two an
@@ -376,5 +380,11 @@ def register_cap(cfg: MoeConfig, pairs: int, experts: int, inter_dim: int, sm_co
         return MAXNREG or None
     if not (cfg.SWAP_AB and cfg.KSPLIT > 1) or sm_count is None or interpreting():
         return None
-    programs = min(pairs, experts) * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N) * cfg.KSPLIT
-    return SPLIT_MAXNREG if programs > 2 * sm_count else None
+    programs = one_stage_programs(pairs, experts, inter_dim, cfg.BLOCK_SIZE_N) * cfg.KSPLIT
+    return SPLIT_MAXNREG if programs > UNCAPPED_PROGRAMS_PER_SM * sm_count else None
+
+
+def one_stage_programs(pairs: int, experts: int, inter_dim: int, block_n: int) -> int:
+    """The 1-stage kernel's working programs unsplit at a handful of pairs an expert: a 16-row block an expert routed
+    (at most `pairs` of the `experts`) × the intermediate's BLOCK_N-wide slices."""
+    return min(pairs, experts) * triton.cdiv(inter_dim, block_n)

@@ -13,6 +13,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritune.compile_target import sm_count_for
 from tritune.kernels import fused_moe_1stage
 from tritune.kernels.fused_moe import (
     _ACT_ID,
@@ -173,6 +174,7 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
     (d1, s1, st1), (d2, s2, st2) = operands
     f32, i32, u8 = torch.float32, torch.int32, torch.uint8
     k_per_split = triton.cdiv(triton.cdiv(d, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
+    cap = register_cap(cfg, dims.numel, e, inter, sm_count_for(torch.device("cuda")))  # as the launch binds it
     return _moe_1stage_swap_kernel.warmup(
         dims.dtype, u8, d1, s1, u8, d2, s2, f32, i32, i32, i32, f32, f32, f32, f32, dims.numel, inter, d,
         num_pid_m, k_per_split, d, *st1, *st2,
@@ -182,17 +184,7 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
         COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET, TRACE=fused_moe_1stage.TRACE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}),
-        **({"maxnreg": cap} if (cap := register_cap(cfg, dims.numel, e, inter, _sm_count())) else {}))
-
-
-def _sm_count() -> int | None:
-    """The SM count the kernels are compiled for: the compile target's, else the GPU's here (None: neither)."""
-    from tritune.compile_target import process_sm_count
-
-    count = process_sm_count()
-    if count is None and torch.cuda.is_available():
-        count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return count
+        **({"maxnreg": cap} if cap else {}))
 
 
 def _mock_weight(quant: str, dtype: torch.dtype, experts: int, rows: int, k: int, prepared: bool, tile_rows: int,

@@ -19,6 +19,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from tritune.compile_target import sm_count_for
 from tritune.kernels import fused_moe_1stage
 from tritune.kernels.fused_moe import (
     _ACT_ID,
@@ -527,8 +528,6 @@ class MoeLaunch:
         recipe = [("p", self.q1), w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
                   ("p", 2), ("t", "topk_weights"), part, count]
         tiles = num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N)
-        hidden = example["hidden"]
-        sm_count = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else None
         trace = fused_moe_1stage.TRACE and not interpreting()
         self.trace_piece = pieces.add(_F32, 2 * fused_moe_1stage.TRACE_SLOTS * tiles * cfg.KSPLIT) if trace else None
         recipe.append(("p", self.trace_piece if trace else self.dummy))
@@ -539,8 +538,9 @@ class MoeLaunch:
             bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl, coop_split(cfg),
             fused_moe_1stage.COOP_TICKET, trace)]
         grid = (tiles * cfg.KSPLIT,) if coop_split(cfg) else (tiles, cfg.KSPLIT)
+        cap = register_cap(cfg, numel, example["w1"].shape[0], inter_dim, sm_count_for(example["hidden"].device))
         self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl,
-                   register_cap(cfg, numel, example["w1"].shape[0], inter_dim, sm_count))
+                   cap)
         self._cache_descriptors(first, example["w1"])
 
     def trace_stamps(self) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritune.compile_target import process_sm_count
+from tritune.compile_target import sm_count_for
 from tritune.kernels.launch import BoundKernel, DescriptorCache, Workspace
 
 QUANT_NONE, QUANT_PER_TOKEN, QUANT_BLOCK = 0, 1, 2
@@ -291,10 +291,8 @@ def programs_per_wave(device: torch.device) -> int:
     for), 4 in the interpreter."""
     if device.type != "cuda":
         return 4  # interpreter: a few programs exercise the persistent loop
-    compiling_for = process_sm_count()  # a compile process has no GPU to ask
-    if compiling_for is not None:
-        return compiling_for
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    count = sm_count_for(device)  # a compile process has no GPU to ask: its target's
+    return count if count is not None else torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def tail_split_whole_tiles(tiles: int, num_sms: int) -> int:

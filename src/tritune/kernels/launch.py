@@ -299,18 +299,18 @@ class Workspace:
         """Piece `index` of the kept buffer the last call used (a flat view, valid until the next call of its stream
         and thread reuses the buffer); None when no call kept one (the interpreter, scratch past the kept size)."""
         last = self._last[0]() if self._last is not None else None
-        if last is None:
-            return None
+        return None if last is None else self._piece(last, index)
+
+    def _piece(self, buffer: torch.Tensor, index: int) -> torch.Tensor:
         dtype, numel = self.pieces[index]
         at = self.offsets[index]
-        return last[at:at + max(numel, 1) * dtype.itemsize].view(dtype)
+        return buffer[at:at + max(numel, 1) * dtype.itemsize].view(dtype)
 
     def allocate(self, device: torch.device) -> tuple[torch.Tensor, list]:
         """(the buffer, which the caller keeps alive until its launches are queued; the pieces in order)."""
         if device.type != "cuda":
             buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
-            return buffer, [buffer[off:off + max(numel, 1) * dtype.itemsize].view(dtype)
-                            for (dtype, numel), off in zip(self.pieces, self.offsets, strict=True)]
+            return buffer, [self._piece(buffer, i) for i in range(len(self.pieces))]
         buffer = None
         if self.nbytes <= _SCRATCH_CACHE_MAX and not torch.cuda.is_current_stream_capturing():
             index = device.index if device.index is not None else torch.cuda.current_device()

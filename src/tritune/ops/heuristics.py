@@ -90,6 +90,7 @@ from dataclasses import replace
 
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.fused_moe_1stage import CAPPED_PROGRAMS_PER_SM, one_stage_programs
 from tritune.kernels.fused_moe_config import PERSISTENT_QUANTS
 from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
 from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
@@ -102,8 +103,8 @@ SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before spli
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swapped 1-stage kernel (past 8 pairs)
-# Programs an SM the swapped 1-stage kernel's K splits may fill (three fit: fused_moe_1stage.register_cap).
-ONE_STAGE_PROGRAMS_PER_SM = 3
+# Programs an SM the swapped 1-stage kernel's K splits may fill: what fits under its register cap (register_cap).
+ONE_STAGE_PROGRAMS_PER_SM = CAPPED_PROGRAMS_PER_SM
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 # bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
@@ -322,7 +323,7 @@ def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, g
     mean = _cdiv(pairs, experts)
     if not tma_codes or mean > MXFP4_ONE_STAGE_MAX_MEAN or (gated and inter_dim % 64):
         return None
-    programs = min(pairs, experts) * _cdiv(inter_dim, 128)
+    programs = one_stage_programs(pairs, experts, inter_dim, 128)
     if programs * 8 < sm_count:
         return None
     split = 1
