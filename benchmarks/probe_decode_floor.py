@@ -192,9 +192,10 @@ def _flush(buf: torch.Tensor, flush: str) -> None:
         buf.sum()
 
 
-def kernel_profile(fn, flush: str, iters: int = 20) -> list[dict]:
+def kernel_profile(fn, flush: str, iters: int = 20, park: bool = False) -> list[dict]:
     """Per kernel of one call, in launch order: mean µs and mean gap from the previous kernel's end (the first
-    kernel's gap is from the flush's end); plus the span from the first start to the last end."""
+    kernel's gap is from the flush's end); plus the span from the first start to the last end. `park`: the calls
+    queue behind a sleep kernel, so the gaps are the GPU's own and not the host's launch time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -203,6 +204,8 @@ def kernel_profile(fn, flush: str, iters: int = 20) -> list[dict]:
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if park:
+            torch.cuda._sleep(int(iters * 300e-6 * 2.0e9))  # ~300 µs a call of ~2 GHz cycles: the host stays ahead
         for _ in range(iters):
             _flush(buf, flush)
             fn()
@@ -213,6 +216,8 @@ def kernel_profile(fn, flush: str, iters: int = 20) -> list[dict]:
         _flush(buf, flush)
         torch.cuda.synchronize()
     flush_kernels = sum(1 for e in alone.events() if e.device_type == DeviceType.CUDA and e.name != "[memory]")
+    if park:
+        events = events[1:]  # the sleep
     per_call = len(events) // iters
     calls = [events[c * per_call:(c + 1) * per_call] for c in range(iters)]
     rows = []

@@ -8,7 +8,8 @@ the engine's timer (L2 flushed, median); the best one's kernels under torch.prof
 the op's.
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_1stage.py [--mxfp4-csv M] [--dims 2880,2880,128,4] \\
-        [--tokens 1,2,4,8] [--tiles BM:BN:BD:W:S:ST,...] [--maxnreg auto,0,80] [--trace] [--no-profile] [--json F]
+        [--tokens 1,2,4,8] [--tiles BM:BN:BD:W:S:ST,...] [--maxnreg auto,0,80] [--trace] \\
+        [--no-profile] [--park] [--json F]
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def traced(call, op_module, f1) -> dict:
     st = st[st[:, 4] > 0]  # programs that ran to the end (blocks past the sort's count return early)
     t0 = st[:, 0].min()
     us = lambda x: (x.double() / 1000.0)  # noqa: E731 (globaltimer ns -> µs)
-    phases = {"wait for sort": st[:, 1] - st[:, 0], "stage 1": st[:, 2] - st[:, 1], "fixup": st[:, 3] - st[:, 2],
-              "w2": st[:, 4] - st[:, 3], "entry (from first)": st[:, 0] - t0, "stage 1 end (from first)":
-              st[:, 2] - t0, "end (from first)": st[:, 4] - t0}
+    phases = {"wait for sort": st[:, 7] - st[:, 0], "work item": st[:, 1] - st[:, 7], "stage 1": st[:, 2] - st[:, 1],
+              "fixup": st[:, 3] - st[:, 2], "w2": st[:, 4] - st[:, 3], "entry (from first)": st[:, 0] - t0,
+              "stage 1 end (from first)": st[:, 2] - t0, "end (from first)": st[:, 4] - t0}
     out = {"programs": int(st.shape[0]), "span_us": float(us(st[:, 4].max() - t0))}
     print(f"    trace: {out['programs']} programs, span {out['span_us']:.1f} µs; "
           f"programs per SM max {int(torch.bincount(st[:, 5]).max())}, SMs used {int(torch.unique(st[:, 5]).numel())}")
@@ -74,6 +75,16 @@ def traced(call, op_module, f1) -> dict:
         print(f"      {name:<26} p10 {q[0]:7.2f}  med {q[1]:7.2f}  p90 {q[2]:7.2f}  max {float(us(v).max()):7.2f}")
     out["raw"] = st.tolist()
     return out
+
+
+def registers(op_module) -> str:
+    """' (R registers, S spilled)' of the bound swapped 1-stage kernel of the op's last plan, '' where unknown."""
+    for plan in reversed(list(op_module._PLANS.values())):
+        for bound, _ in getattr(plan, "calls", ()):
+            compiled = getattr(bound, "compiled", None)
+            if "swap" in bound.name and compiled is not None and getattr(compiled, "n_regs", None) is not None:
+                return f" ({compiled.n_regs} registers, {compiled.n_spills} spilled)"
+    return ""
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -89,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-profile", action="store_true", help="skip the best config's graph and kernel profile")
     ap.add_argument("--no-coop", action="store_true", help="split configs' last split runs all of w2 (not COOP_SPLIT)")
     ap.add_argument("--tickets", default="1", help="COOP_TICKET values to sweep, alternating: 1, 0 or 1,0,1,0")
+    ap.add_argument("--park", action="store_true",
+                    help="the profile queues its calls behind a sleep, so its gaps are the GPU's, not the host's")
     ap.add_argument("--maxnreg", default="auto",
                     help="register caps to sweep: auto (the kernel's rule, register_cap), 0 (ptxas' choice), 80, ...")
     ap.add_argument("--trace", action="store_true",
@@ -140,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for ticket, regs, cfg in ((t, r, c) for t in (int(v) for v in args.tickets.split(","))
                                   for r in (None if v == "auto" else int(v) for v in args.maxnreg.split(","))
-                                         for c in sweep(args.tiles)):
+                                  for c in sweep(args.tiles)):
             fused_moe_1stage.COOP_TICKET = bool(ticket)
             fused_moe_1stage.MAXNREG = regs
             op_module._PLANS.clear()  # plans bind the switches
@@ -154,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | |", flush=True)
                 results.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
                 continue
-            print(f"| {name} | {us:.1f} | {us / base:.3f} | {us / floor:.2f} | {err:.2e} |", flush=True)
-            results.append({"config": name, "us": us, "rel_l2": err, "choice": choice, "maxnreg": regs})
+            print(f"| {name}{registers(op_module)} | {us:.1f} | {us / base:.3f} | {us / floor:.2f} | {err:.2e} |",
+                  flush=True)
+            results.append({"config": name, "us": us, "rel_l2": err, "choice": choice, "maxnreg": regs,
+                            "ticket": bool(ticket)})
             if args.trace:
                 results[-1]["trace"] = traced(lambda c=choice: op(c), op_module, fused_moe_1stage)
                 fused_moe_1stage.TRACE = False
@@ -170,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{best['us'] / base:.3f}x the op, {best['us'] / pair:.3f}x the stage pair)", flush=True)
         if ok and not args.no_profile:
             fused_moe_1stage.MAXNREG = best["maxnreg"]
+            fused_moe_1stage.COOP_TICKET = best["ticket"]
             op_module._PLANS.clear()
             fn = lambda c=best["choice"]: op(c)  # noqa: E731
             graphs = {}
@@ -179,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 graphs[what] = time_kernel(graph.replay, iters=30, warmup=3).median_us
             again = {"op": time_kernel(op, iters=30, warmup=3).median_us,
                      "1stage": time_kernel(fn, iters=30, warmup=3).median_us}
-            prof = kernel_profile(fn, "zero")
+            prof = kernel_profile(fn, "zero", park=args.park)
             row.update(graph_us=graphs, again_us=again, kernels=prof)
             print(f"again op {again['op']:.1f} / 1-stage {again['1stage']:.1f}; graph op {graphs['op']:.1f} / "
                   f"1-stage {graphs['1stage']:.1f}")

@@ -51,8 +51,9 @@ UNCAPPED_PROGRAMS_PER_SM = 2  # programs of the split kernel an SM holds as ptxa
 CAPPED_PROGRAMS_PER_SM = 3  # and under SPLIT_MAXNREG
 MAXNREG: int | None = None  # a probe's override of `register_cap`: 0 ptxas' choice, else the cap
 # Probes only: the swapped 1-stage kernel writes each program's phase stamps (`_stamp`) to a workspace piece
-# (MoeLaunch.trace_piece), TRACE_SLOTS int64 a program: %globaltimer then %clock64 at entry, after the wait for the
-# sort, after stage 1's K loop, after the splits' fixup, at the end; then %smid and the program's work item.
+# (MoeLaunch.trace_piece), TRACE_SLOTS int64 a program: %globaltimer then %clock64 at entry, after its work item and
+# block of pairs are known, after stage 1's K loop, after the splits' fixup, at the end (slots 0-4); %smid and the
+# program's work item (5, 6); after the wait for the previous launch (7).
 TRACE = False
 TRACE_SLOTS = 16
 _TRACE_SLOTS = tl.constexpr(TRACE_SLOTS)  # the same for the kernel: the first half %globaltimer, the second %clock64
@@ -179,6 +180,7 @@ def _moe_1stage_swap_kernel(
              + (tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)) * _TRACE_SLOTS)
     _stamp(trace, 0, TRACE)
     pdl_start(PDL)
+    _stamp(trace, 7, TRACE)
     n_slices = tl.cdiv(INTER, BLOCK_SIZE_N)
     if COOP and not TICKET:  # a slice's splits are neighbours in launch order
         tile, split = tl.program_id(0) // KSPLIT, tl.program_id(0) % KSPLIT

@@ -102,7 +102,7 @@ class BoundKernel:
     programs share an SM.
     """
 
-    __slots__ = ("encode", "grid", "launch", "name")
+    __slots__ = ("compiled", "encode", "grid", "launch", "name")
 
     def __init__(self, fn, grid: Sequence[int], args: Sequence, *, varying: int, num_warps: int,
                  num_stages: int, launch_pdl: bool = False, maxnreg: int | None = None) -> None:
@@ -121,6 +121,7 @@ class BoundKernel:
         if compile_only_process():  # the compile pool binding what a GPU worker will bind: the binary is cached now
             self.launch = _no_gpu_here(name)
             return
+        self.compiled = compiled  # probes read its registers and spills (n_regs, n_spills)
         run = compiled.run  # loads the binary on the current device (and checks its resources) once
         function, metadata = compiled.function, compiled.packed_metadata
         gx, gy, gz = grid3
