@@ -24,6 +24,7 @@ from tritune.kernels.moe_align import moe_align_block_size
 from tritune.kernels.mxfp4_swizzle import (
     SOURCE_BITS,
     Mxfp4Weights,
+    k32_order_bytes,
     prepare_mxfp4_weights,
     swizzle_e2m1,
     tile_box,
@@ -63,7 +64,7 @@ def test_tile_major_puts_each_64_row_k_step_together_and_the_tma_view_finds_ever
     assert torch.equal(untile(tiles, 160, 80), raw)
     w = prepare_mxfp4_weights(raw)
     assert w.shape == raw.shape and w.view.shape == raw.shape and w.view.data_ptr() == w.tiles.data_ptr()
-    assert torch.equal(unswizzle_e2m1(w.packed()), raw)
+    assert torch.equal(w.standard(), raw) and torch.equal(unswizzle_e2m1(w.packed()), k32_order_bytes(raw, True))
     view = tile_view(w.view)  # [E·NB, KS·64, 64]: the box of a BLOCK_N tile at K step s, rows n0.., as the kernel
     assert view.shape == (6, 128, 64)
     standard = tile_major(w.packed())[1].permute(0, 2, 1, 3).reshape(192, 128)  # expert 1, rows padded to 192

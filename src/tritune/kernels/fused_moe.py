@@ -79,9 +79,10 @@ _QUANT_ID = {"none": 0, "per_token": 1, "per_1x128": 2, MXFP4: 3, MXFP4_A8: 5}
 MXFP4_DOT_SCALED = True
 
 
-def k32_input(config: MoeConfig, quant: str) -> bool:
-    """Whether a stage kernel with `config` reads its A in the K32 order (kernels/mxfp4.py): the swapped MXFP4 GEMM."""
-    return quant == MXFP4 and bool(config.SWAP_AB)
+def k32_input(config: MoeConfig, quant: str, prepared: bool = False) -> bool:
+    """Whether a stage kernel with `config` reads its A in the K32 order (kernels/mxfp4.py): the swapped MXFP4 GEMM on
+    standard packed bytes. Not on `prepared` weights, stored so that they meet A in K order (mxfp4_swizzle)."""
+    return quant == MXFP4 and bool(config.SWAP_AB) and not prepared
 
 
 def quant_id(quant: str) -> int:
@@ -704,8 +705,8 @@ def moe_stage1(hidden: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, topk_weigh
     _check_sorting(sorting, config, topk_weights.numel())
     tokens, model_dim = hidden.shape
     a, a_scale = quantize_activations(hidden, quant)
-    if k32_input(config, quant):  # the swapped MXFP4 GEMM reads A in the K32 order (the output stays in K order)
-        a = k32_permute_triton(a)
+    if k32_input(config, quant, isinstance(w1, Mxfp4Weights)):  # the swapped MXFP4 GEMM on standard bytes reads A
+        a = k32_permute_triton(a)  # in the K32 order (the output stays in K order)
     if out is None:
         out = torch.empty((sorting.numel, inter_dim), device=hidden.device, dtype=hidden.dtype)
     return _launch_gemm(a, a_scale, w1, w1_scale, out, sorting, topk_weights.reshape(-1), n=inter_dim, k=model_dim,
@@ -724,8 +725,8 @@ def moe_stage2(inter: torch.Tensor, w2: torch.Tensor | Mxfp4Weights, topk_weight
     tokens, topk = topk_weights.shape
     model_dim = w2.shape[1]
     a, a_scale = quantize_activations(inter, quant)
-    if k32_input(config, quant):  # into the K32 order (the 2-stage call has stage 1 write it so)
-        a = k32_permute_triton(a)
+    if k32_input(config, quant, isinstance(w2, Mxfp4Weights)):  # into the K32 order (the 2-stage call has stage 1
+        a = k32_permute_triton(a)  # write it so)
     if out is None:
         out = torch.empty((tokens, model_dim), device=inter.device, dtype=inter.dtype)
     direct = topk == 1 and config.KSPLIT == 1

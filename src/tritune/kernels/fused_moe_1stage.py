@@ -137,7 +137,8 @@ def _moe_1stage_kernel(
 
 @triton.jit
 def _moe_1stage_swap_kernel(
-    a_ptr,  # hidden [T, D] 16-bit in the K32 order (the sort's first launch copies it so: kernels/mxfp4.py)
+    a_ptr,  # hidden [T, D] 16-bit: in the K32 order for standard bytes (the sort's first launch copies it so:
+    # kernels/mxfp4.py), in K order for prepared weights (W_SWIZZLED: kernels/mxfp4_swizzle.py)
     w1_ptr, w1_desc, w1_scale_ptr,  # MXFP4 w1 [E, INTER·(2 if GATED else 1), D/2] (or prepared), its TMA view, and
     # its codes [E, ·, D/32] (pointers) or the records' TMA view (SCALE_TMA)
     w2_ptr, w2_desc, w2_scale_ptr,  # the same for w2 [E, D, INTER/2]
@@ -298,8 +299,11 @@ def _swap_1stage_down(acc_g, acc_u, pairs, row_ok, offs_i_out, expert, i0, out_p
     inter = _activation(acc_g, ACT) * acc_u if GATED else _activation(acc_g, ACT)
     inter = inter * tl.load(weights_ptr + pairs, mask=row_ok, other=0.0)[:, None]
     inter = tl.where((offs_i_out < INTER)[None, :], inter, 0.0)
-    # w2's K slice [i0, i0 + BLOCK_N) decodes in the K32 order, so the intermediate's columns go in that order too.
-    inter_t = tl.trans(_k32_columns(inter, BLOCK_SIZE_M, BLOCK_SIZE_N).to(a_ptr.dtype.element_ty))
+    # w2's K slice [i0, i0 + BLOCK_N) decodes in the K32 order from standard bytes, so the intermediate's columns go
+    # in that order too; prepared weights decode in K order (kernels/mxfp4_swizzle.py).
+    if not W_SWIZZLED:
+        inter = _k32_columns(inter, BLOCK_SIZE_M, BLOCK_SIZE_N)
+    inter_t = tl.trans(inter.to(a_ptr.dtype.element_ty))
     unscale = k32_unscale(a_ptr.dtype.element_ty)
     out_rows = out_ptr + (pairs // TOPK).to(tl.int64)[:, None] * D
     w2_base = w2_ptr + expert * stride_w2e

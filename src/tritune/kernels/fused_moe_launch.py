@@ -187,7 +187,7 @@ class MoeLaunch:
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
         # The swapped MXFP4 stage 1 reads hidden in the K32 order: the sort's first launch copies it so.
-        self.k32_ride = k32_input(stage1, quant)
+        self.k32_ride = k32_input(stage1, quant, self.swizzled[0])
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
                          stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride)
@@ -415,8 +415,8 @@ class MoeLaunch:
                    stride_ok=rows * n_w1 if split1 else 0, a_row_div=topk, gated=self.gated,
                    act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
                    scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter),
-                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows, out_k32=k32_input(cfg2, quant),
-                   swizzled=self.swizzled[0])
+                   a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows,
+                   out_k32=k32_input(cfg2, quant, self.swizzled[1]), swizzled=self.swizzled[0])
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
@@ -497,7 +497,8 @@ class MoeLaunch:
     def _bind_1stage_swap(self, example: dict, pieces: _Pieces, cfg: MoeConfig, numel: int, topk: int,
                           inter_dim: int, model_dim: int, activation: str, quant: str) -> None:
         """The swapped MXFP4 1-stage kernel (`_moe_1stage_swap_kernel`): hidden in the K32 order (copied by the sort's
-        first launch), each weight and its scales through TMA or by pointers as `cfg` says."""
+        first launch) for standard packed bytes, as it is for prepared weights; each weight and its scales through TMA
+        or by pointers as `cfg` says."""
         check_compiles_here(cfg, "1stage", quant, triton.__version__, interpreting())
         if self.swizzled[0]:  # a gated w1's up rows on a tile-major chunk, as the stage GEMMs need
             check_swizzled(cfg, quant, "1stage", inter_dim, self.gated)
@@ -525,7 +526,8 @@ class MoeLaunch:
             ("p", self.dummy)
         count = ("p", self.align.zero2_piece) if split else ("p", self.dummy)
         k_per_split = triton.cdiv(triton.cdiv(model_dim, cfg.KSPLIT), cfg.BLOCK_SIZE_K) * cfg.BLOCK_SIZE_K
-        recipe = [("p", self.q1), w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
+        hidden = ("p", self.q1) if self.k32_ride else ("t", "hidden")  # prepared weights read hidden in K order
+        recipe = [hidden, w1, d1, s1, w2, d2, s2, ("p", self.align.zero_piece), ("p", 0), ("p", 1),
                   ("p", 2), ("t", "topk_weights"), part, count]
         tiles = num_pid_m * triton.cdiv(inter_dim, cfg.BLOCK_SIZE_N)
         trace = fused_moe_1stage.TRACE and not interpreting()

@@ -286,6 +286,21 @@ def k32_permute(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*lead, k).contiguous()
 
 
+def k32_unpermute(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `k32_permute`: y with k32_permute(y) == x, i.e. y[..., K index of c] = x[..., c] (K a multiple
+    of 32; a contiguous copy). Prepared MXFP4 weights store each 32-wide K block so (`mxfp4_swizzle`): the decode,
+    which hands the MMA the stored K index of c at position c, then hands it K index c."""
+    k = x.shape[-1]
+    if k % K32:
+        raise ValueError(f"k32_unpermute: the last dimension {k} is not a multiple of {K32}")
+    lead = x.shape[:-1]
+    # x's position 16g + 8h + 2t + i is (g, h, t, i) row-major; y's index 8t + 4g + 2i + h is (t, g, i, h).
+    y = x.reshape(*lead, k // K32, 2, 2, 4, 2)
+    d = len(lead) + 1  # the first of the (g, h, t, i) dimensions
+    y = y.permute(*range(d), d + 2, d, d + 3, d + 1)
+    return y.reshape(*lead, k).contiguous()
+
+
 @triton.jit
 def k32_position(k):
     """Where K index k sits in the K32 order (the inverse of the order's map; any integer tensor)."""

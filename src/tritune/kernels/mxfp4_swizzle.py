@@ -21,7 +21,10 @@ the grouping.
 
 Prepared weights (`prepare_mxfp4_weights`) are also laid out tile-major (`tile_major`): each 64-row block's bytes
 of one K step are one 4 KB chunk, so a tile's TMA box reads contiguous memory; a tile holds the same bytes in the
-same order as from the standard layout, so the decode is unchanged. The scales are unchanged.
+same order as from the standard layout, so the decode is unchanged. And each 32-wide K block is stored in the
+inverse of the K32 order (`mxfp4.k32_unpermute`): the swapped decode hands the MMA the stored K index of position c
+at c (the K32 order, kernels/mxfp4.py), so prepared weights meet their activations in K order and nothing that
+feeds them (hidden, the intermediate) is reordered. The scales are unchanged: a 32-wide block keeps its values.
 """
 
 from __future__ import annotations
@@ -174,8 +177,13 @@ class Mxfp4Weights:
         return torch.as_strided(self.tiles, self.shape, (self.tiles.stride(0), TILE_K_BYTES, 1))
 
     def packed(self) -> torch.Tensor:
-        """The re-encoded bytes in the standard layout [E, N, K/2] (a copy; tests and tools)."""
+        """The re-encoded bytes in the standard layout [E, N, K/2], each 32-wide K block in the inverse K32 order (a
+        copy; tests and tools)."""
         return untile(self.tiles, self.rows, self.half_k)
+
+    def standard(self) -> torch.Tensor:
+        """The standard packed bytes [E, N, K/2] these were prepared from (a copy; tests and tools)."""
+        return k32_order_bytes(unswizzle_e2m1(self.packed()), inverse=False)
 
 
 def tile_view_shape(experts: int, n: int, half_k: int) -> tuple[int, int, int]:
@@ -197,13 +205,29 @@ def tile_box(block_n: int, block_k: int) -> list[int]:
 
 
 def prepare_mxfp4_weights(packed: torch.Tensor) -> Mxfp4Weights:
-    """Re-encode a packed e2m1 weight [E, N, K/2] and lay it out tile-major, for its lifetime (a copy: prepare again
-    if it changes)."""
+    """Store a packed e2m1 weight [E, N, K/2] for the swapped GEMM, for its lifetime (a copy: prepare again if it
+    changes): each 32-wide K block in the inverse K32 order (`k32_order_bytes`), re-encoded, laid out tile-major."""
     if packed.dim() != 3:
         raise ValueError(f"prepare_mxfp4_weights: want packed uint8 [E, N, K/2], got {tuple(packed.shape)}")
+    if (2 * packed.shape[2]) % 32:
+        raise ValueError(f"prepare_mxfp4_weights: K = {2 * packed.shape[2]} (2 x the last dimension) is not a "
+                         "multiple of 32")
     n = packed.shape[1]
-    padded = torch.nn.functional.pad(packed, (0, 0, 0, triton.cdiv(n, TILE_ROWS) * TILE_ROWS - n))
+    natural = k32_order_bytes(packed, inverse=True)
+    padded = torch.nn.functional.pad(natural, (0, 0, 0, triton.cdiv(n, TILE_ROWS) * TILE_ROWS - n))
     return Mxfp4Weights(tile_major(swizzle_e2m1(padded)), n, packed.shape[2])
+
+
+def k32_order_bytes(packed: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """Packed e2m1 bytes [..., K/2] (byte j: K index 2j in its low nibble, 2j + 1 in its high one) with each 32-wide
+    K block's codes put in the K32 order (`mxfp4.k32_permute`), or with `inverse` in its inverse (`k32_unpermute`):
+    the order prepared weights are stored in, and back."""
+    from tritune.kernels.mxfp4 import k32_permute, k32_unpermute  # mxfp4 imports this module
+
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
+    codes = k32_unpermute(codes) if inverse else k32_permute(codes)
+    pairs = codes.reshape(*packed.shape, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
 
 
 def check_prepared_device(w: torch.Tensor) -> None:
