@@ -22,6 +22,7 @@ from tritune.kernels.mxfp4 import (
     e8m0_to_fp32,
     k32_permute,
     k32_permute_triton,
+    k32_unpermute,
     mxfp4_tile,
     mxfp4_tile_k32,
 )
@@ -218,6 +219,10 @@ def test_k32_order_in_torch_and_triton_agree():
     assert torch.equal(k32_permute_triton(h16.to(DEVICE)).cpu(), k32_permute(h16))
     with pytest.raises(ValueError, match="the last dimension 40 is not a multiple of 32"):
         k32_permute(torch.zeros(2, 40))
+    # k32_unpermute (the order prepared weights are stored in) undoes it, both ways round
+    assert torch.equal(k32_unpermute(y), x) and torch.equal(k32_permute(k32_unpermute(x)), x)
+    with pytest.raises(ValueError, match="k32_unpermute: the last dimension 40 is not a multiple of 32"):
+        k32_unpermute(torch.zeros(2, 40))
     with pytest.raises(ValueError, match=r"K must be a multiple of 32 with unit stride"):
         k32_permute_triton(torch.zeros(2, 48, device=DEVICE))
 
