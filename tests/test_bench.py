@@ -15,6 +15,7 @@ from tritune.tuning.bench import (
     CPU_GRAPH_METHOD,
     CPU_METHOD,
     Timing,
+    host_cost_us,
     merged,
     time_eager,
     time_graph,
@@ -90,6 +91,14 @@ def test_eager_and_graph_times_are_finite_and_positive() -> None:
     for timing in (time_eager(lambda: torch.mm(x, x), iters=3, warmup=1),
                    time_graph(lambda: torch.mm(x, x), iters=3, warmup=1)):
         assert 0 < timing.min_us <= timing.median_us <= timing.max_us < math.inf
+
+
+def test_host_cost_is_the_least_batch_median() -> None:
+    """Interference from other processes only adds host time, a batch at a time: the least batch is the call's."""
+    assert host_cost_us([66.4, 33.0, 60.1, 34.7, 65.5]) == 33.0
+    assert host_cost_us([41.0]) == 41.0
+    with pytest.raises(ValueError, match="no batches"):
+        host_cost_us([])
 
 
 def test_eager_and_graph_bad_counts() -> None:
