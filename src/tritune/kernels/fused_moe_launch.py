@@ -186,7 +186,8 @@ class MoeLaunch:
         # The sort's first launch also quantizes the activations (fp8) and zeroes the accumulators.
         zero, zero2 = self._zeroed(quant, stage1, stage2, tokens, model_dim, inter_dim, hidden)
         act_quant = quant in FP8_QUANTS  # MXFP4 (per_1x32) quantizes the weights only
-        # The swapped MXFP4 stage 1 reads hidden in the K32 order: the sort's first launch copies it so.
+        # The swapped MXFP4 stage 1 on standard packed bytes reads hidden in the K32 order: the sort's first launch
+        # copies it so (prepared weights read it in K order: kernels/mxfp4_swizzle.py).
         self.k32_ride = k32_input(stage1, quant, self.swizzled[0])
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,

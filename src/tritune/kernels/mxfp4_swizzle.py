@@ -213,7 +213,9 @@ def prepare_mxfp4_weights(packed: torch.Tensor) -> Mxfp4Weights:
         raise ValueError(f"prepare_mxfp4_weights: K = {2 * packed.shape[2]} (2 x the last dimension) is not a "
                          "multiple of 32")
     n = packed.shape[1]
-    natural = k32_order_bytes(packed, inverse=True)
+    natural = torch.empty(packed.shape, dtype=torch.uint8, device=packed.device)
+    for e in range(packed.shape[0]):  # an expert at a time: the codes take 2x its bytes, the reorder as many again
+        natural[e] = k32_order_bytes(packed[e], inverse=True)
     padded = torch.nn.functional.pad(natural, (0, 0, 0, triton.cdiv(n, TILE_ROWS) * TILE_ROWS - n))
     return Mxfp4Weights(tile_major(swizzle_e2m1(padded)), n, packed.shape[2])
 
