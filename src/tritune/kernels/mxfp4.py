@@ -275,29 +275,27 @@ K32 = 32
 
 def k32_permute(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] (K a multiple of 32) -> a contiguous copy in the K32 order: y[..., c] = x[..., K index of c]."""
-    k = x.shape[-1]
-    if k % K32:
-        raise ValueError(f"k32_permute: the last dimension {k} is not a multiple of {K32}")
-    lead = x.shape[:-1]
     # x's chunk index 8t + 4g + 2i + h is (t, g, i, h) row-major; y's position 16g + 8h + 2t + i is (g, h, t, i).
-    y = x.reshape(*lead, k // K32, 4, 2, 2, 2)
-    d = len(lead) + 1  # the first of the (t, g, i, h) dimensions
-    y = y.permute(*range(d), d + 1, d + 3, d, d + 2)
-    return y.reshape(*lead, k).contiguous()
+    return _k32_blocks(x, "k32_permute", (4, 2, 2, 2), (1, 3, 0, 2))
 
 
 def k32_unpermute(x: torch.Tensor) -> torch.Tensor:
     """The inverse of `k32_permute`: y with k32_permute(y) == x, i.e. y[..., K index of c] = x[..., c] (K a multiple
     of 32; a contiguous copy). Prepared MXFP4 weights store each 32-wide K block so (`mxfp4_swizzle`): the decode,
     which hands the MMA the stored K index of c at position c, then hands it K index c."""
+    # x's position 16g + 8h + 2t + i is (g, h, t, i) row-major; y's index 8t + 4g + 2i + h is (t, g, i, h).
+    return _k32_blocks(x, "k32_unpermute", (2, 2, 4, 2), (2, 0, 3, 1))
+
+
+def _k32_blocks(x: torch.Tensor, who: str, digits: tuple[int, ...], order: tuple[int, ...]) -> torch.Tensor:
+    """Each 32-wide block of x's last dimension seen as the mixed-radix `digits` (row-major) and those digits put in
+    `order`: a contiguous copy. K not a multiple of 32 is refused, naming `who`."""
     k = x.shape[-1]
     if k % K32:
-        raise ValueError(f"k32_unpermute: the last dimension {k} is not a multiple of {K32}")
+        raise ValueError(f"{who}: the last dimension {k} is not a multiple of {K32}")
     lead = x.shape[:-1]
-    # x's position 16g + 8h + 2t + i is (g, h, t, i) row-major; y's index 8t + 4g + 2i + h is (t, g, i, h).
-    y = x.reshape(*lead, k // K32, 2, 2, 4, 2)
-    d = len(lead) + 1  # the first of the (g, h, t, i) dimensions
-    y = y.permute(*range(d), d + 2, d, d + 3, d + 1)
+    d = len(lead) + 1  # the first of the block's digits
+    y = x.reshape(*lead, k // K32, *digits).permute(*range(d), *(d + o for o in order))
     return y.reshape(*lead, k).contiguous()
 
 

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritune.kernels.mxfp4_format import pack_e2m1, unpack_e2m1
+
 PAIR_MASK = 0x81C081C0  # a bf16 pair's sign (15, 31) and magnitude bits (8-6, 24-22)
 ROTATIONS = (0, 3, 6)  # (L0, L1), (L2, L3), (H0, H1): rotr by these, then the mask
 SPREAD_BITS = 0x001B001B  # (H2, H3): these bits, copied 2, 7 and 12 bits up by one multiply
@@ -226,10 +228,8 @@ def k32_order_bytes(packed: torch.Tensor, inverse: bool) -> torch.Tensor:
     the order prepared weights are stored in, and back."""
     from tritune.kernels.mxfp4 import k32_permute, k32_unpermute  # mxfp4 imports this module
 
-    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
-    codes = k32_unpermute(codes) if inverse else k32_permute(codes)
-    pairs = codes.reshape(*packed.shape, 2)
-    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+    codes = unpack_e2m1(packed)
+    return pack_e2m1(k32_unpermute(codes) if inverse else k32_permute(codes))
 
 
 def check_prepared_device(w: torch.Tensor) -> None:
