@@ -204,9 +204,9 @@ def test_out_dtype_fp16_run_writes_its_own_files(tmp_path, small_space, capsys):
 
 
 @pytest.mark.parametrize(("flags", "objective", "finalists"), [
-    ([], "eager", 5),  # the defaults
+    ([], "auto", 5),  # the defaults
     (["--objective", "graph", "--finalists", "2"], "graph", 2),
-    (["--finalists", "0"], "eager", 0),  # GPU time alone picks
+    (["--finalists", "0"], "auto", 0),  # GPU time alone picks
 ])
 def test_objective_and_finalists_reach_the_settings(flags, objective, finalists, tmp_path, monkeypatch):
     import tritune.tuners.gemm as gemm_tuner

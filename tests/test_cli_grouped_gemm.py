@@ -63,8 +63,8 @@ def test_tiny_run_writes_csv_and_store_that_lookup_serves(tmp_path, space, capsy
     s = GroupedGemmStore([configs])
     for e in entries:
         times = [float(r["triton_time"]) for r in rows if (r["gemm"], r["kernel"]) == (e.gemm, e.kernel)]
-        # The objective (eager by default) picks among the finalists, both candidates here; the store keeps the
-        # winner's GPU time, as the CSV does.
+        # The objective (auto by default: eager without a GPU) picks among the finalists, both candidates here; the
+        # store keeps the winner's GPU time, as the CSV does.
         assert any(e.us == pytest.approx(t) for t in times) and e.provenance["name"] == DEV.name
         assert e.baseline == "torch loop over experts + torch permute" and e.torch_us > 0
         config, where = lookup(s, e.gemm, e.kernel)

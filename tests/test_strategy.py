@@ -11,16 +11,20 @@ import pytest
 from tritune.tuning.journal import Journal
 from tritune.tuning.space import SearchSpace
 from tritune.tuning.strategy import (
+    HOST_BOUND_SHARE,
     STRATEGIES,
     Evaluate,
     best,
+    best_for,
     exhaustive,
     finalists,
+    host_bound,
     neighbourhood,
     random_sample,
     replay_evaluator,
+    resolve_objective,
 )
-from tritune.tuning.types import Config, Measurement, Status
+from tritune.tuning.types import Config, Measurement, Objective, Status
 
 PROBLEM = "gemm:m=4096,n=4096,k=4096,bf16"
 SPACE = SearchSpace(
@@ -172,3 +176,43 @@ def test_finalists_add_the_fastest_of_each_launch_class() -> None:
     fastest_one_warp = min((m for m in ms if m.ok and m.config["num_warps"] == 1), key=lambda m: m.time_us)
     assert picked[3] is fastest_one_warp
     assert finalists(ms, 0, cls) == []  # no finalists asked: none, whatever the classes
+
+
+def _retimed(name: str, gpu_us: float, eager_us: float, graph_us: float, host_us: float | None) -> Measurement:
+    extra = {} if host_us is None else {"host_us": host_us}
+    return Measurement("p", Config.of(name=name), Status.OK, time_us=gpu_us, extra=extra, eager_us=eager_us,
+                       graph_us=graph_us)
+
+
+def test_auto_objective_ranks_host_bound_finalists_by_graph_time() -> None:
+    """The twenty-third session's 1-token MXFP4 row: the 1-stage kernel's eager batches all landed high (host noise),
+    so eager picked the stage pair, 5 µs slower on the GPU. Host costs of 33-40 µs against 43-49 µs of GPU time:
+    host-bound, so AUTO ranks by graph time."""
+    one_stage = _retimed("1stage", 43.5, 57.4, 44.0, 40.0)
+    pair = _retimed("pair", 49.2, 49.2, 50.4, 33.0)
+    ms = [one_stage, pair]
+    assert host_bound(ms) and 33.0 >= HOST_BOUND_SHARE * 44.0
+    assert resolve_objective(Objective.AUTO, ms) is Objective.GRAPH
+    assert best_for(Objective.AUTO, ms) is one_stage
+    assert best_for(Objective.EAGER, ms) is pair  # what the eager objective picked
+    assert resolve_objective(Objective.EAGER, ms) is Objective.EAGER  # explicit objectives are kept
+
+
+def test_auto_objective_keeps_eager_where_a_finalist_is_cheap_on_the_host() -> None:
+    """A config with a costly host path (5 ms a call) and the least GPU time against one with almost no host cost:
+    the least host cost is far under the GPU time, so the eager time decides and the costly path loses."""
+    costly = _retimed("A", 10.0, 5010.0, 10.0, 5000.0)
+    cheap = _retimed("B", 20.0, 21.0, 20.0, 0.5)
+    assert not host_bound([costly, cheap])
+    assert best_for(Objective.AUTO, [costly, cheap]) is cheap
+    assert best_for(Objective.GRAPH, [costly, cheap]) is costly
+
+
+def test_auto_objective_is_eager_for_gpu_bound_rows_and_unknown_host_costs() -> None:
+    big = [_retimed("a", 500.0, 505.0, 498.0, 40.0), _retimed("b", 510.0, 503.0, 512.0, 42.0)]
+    assert not host_bound(big) and best_for(Objective.AUTO, big) is big[1]  # eager decides: b
+    old = [_retimed("a", 43.5, 57.4, 44.0, None), _retimed("b", 49.2, 49.2, 50.4, None)]  # journalled before host_us
+    assert not host_bound(old) and resolve_objective(Objective.AUTO, old) is Objective.EAGER
+    assert not host_bound([]) and not host_bound([Measurement("p", Config.of(name="x"), Status.OK, time_us=1.0)])
+    with pytest.raises(ValueError, match="resolve AUTO"):
+        big[0].objective_time(Objective.AUTO)

@@ -15,7 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_tunables import OpProblem, ScriptedOp, failing_graph_time, scripted_gpu_time, scripted_graph_time
+from fake_tunables import (
+    OpProblem,
+    ScriptedOp,
+    failing_graph_time,
+    scripted_eager_time,
+    scripted_gpu_time,
+    scripted_graph_time,
+)
 from test_journal import OLD_SCHEMA
 
 from tritune.device import current_device
@@ -249,6 +256,26 @@ def test_graph_objective_without_a_captured_graph_falls_back_to_gpu_time(tmp_pat
     assert r.best.config["name"] == "A"  # no finalist has a graph time: the least GPU time among them wins
     assert ms["A"].retimed and math.isnan(ms["A"].graph_us) and ms["A"].ok  # a failed capture fails nothing
     assert ms["A"].extra["graph_error"] == "capture failed: scripted"
+
+
+def test_auto_objective_ranks_host_bound_finalists_by_graph_time(tmp_path):
+    """AUTO (the default): graph time where the finalists' least host cost is at least half their least GPU time,
+    eager time elsewhere; the host cost each eager re-time measured is journalled (extra["host_us"])."""
+    timers = Timers(gpu=scripted_gpu_time, graph=scripted_graph_time, eager=scripted_eager_time)
+    bound = ScriptedOp((("fast", 40.0, 0.045), ("slow", 48.0, 0.035)))  # host 45 / 35 µs against GPU 40 / 48
+    (r,), _ = tune(bound, [OpProblem()], DEVICE, op_settings(tmp_path / "a.sqlite", Objective.AUTO, timers=timers))
+    ms = by_name(r)
+    assert ms["fast"].eager_us == pytest.approx(45.0) and ms["slow"].eager_us == 48.0
+    assert ms["fast"].host_us == pytest.approx(45.0)
+    assert r.best.config["name"] == "fast"  # graph time 40 against 48 (eager agrees here)
+    noisy = ScriptedOp((("fast", 40.0, 0.060), ("slow", 48.0, 0.035)))  # fast's host batches landed high
+    (r,), _ = tune(noisy, [OpProblem()], DEVICE, op_settings(tmp_path / "b.sqlite", Objective.AUTO, timers=timers))
+    assert r.best.config["name"] == "fast"
+    (r,), _ = tune(noisy, [OpProblem()], DEVICE, op_settings(tmp_path / "b.sqlite", Objective.EAGER, timers=timers))
+    assert r.best.config["name"] == "slow"  # eager picks on the host noise
+    (r,), _ = tune(OP, [OpProblem()], DEVICE, op_settings(tmp_path / "c.sqlite", Objective.AUTO, timers=timers))
+    assert r.best.config["name"] == "B"  # A's 5 ms of host cost is no noise: B is cheap on the host, eager decides
+    assert TuneSettings(tmp_path / "j").objective is Objective.AUTO
 
 
 def test_settings_check_objective_and_finalists(tmp_path):

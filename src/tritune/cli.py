@@ -91,9 +91,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-slow-interpreter", action="store_true",
                    help="without a GPU, tune shapes far beyond the tiny examples through Triton's interpreter anyway "
                         "(refused by default: minutes to hours per candidate)")
-    p.add_argument("--objective", default="eager", choices=("eager", "graph"),
-                   help="what picks the winner among the finalists: eager (default; per-call time of back-to-back "
-                        "eager calls, host launch cost included) or graph (GPU time of a CUDA-graph replay)")
+    p.add_argument("--objective", default="auto", choices=("auto", "eager", "graph"),
+                   help="what picks the winner among the finalists: eager (per-call time of back-to-back eager calls, "
+                        "host launch cost included), graph (GPU time of a CUDA-graph replay) or auto (default: graph "
+                        "time where the finalists' host cost is at least half their GPU time, so the eager figure "
+                        "would measure host noise; eager time elsewhere)")
     p.add_argument("--executor", default="local", choices=("local", "ray"),
                    help="where candidates are benchmarked: local (this machine's GPUs; default) or ray (every GPU of a "
                         "Ray cluster, one run per GPU model; pip install 'tritune[ray]')")

@@ -40,6 +40,7 @@ from tritune.tuners.fused_moe_tunable import (
 )
 from tritune.tuning.report import ProblemResult, TuneSummary
 from tritune.tuning.space import load_space_file
+from tritune.tuning.strategy import resolve_objective
 from tritune.tuning.tuner import TuneSettings, make_compile_pool, make_executor, tune
 from tritune.tuning.types import Measurement, Objective
 
@@ -433,7 +434,7 @@ def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSe
                     whys = "; ".join(r.why_failed() for r in e2e_results if r.problem.shape == shape)
                     report.failed.append((shape, f"the chosen kernels failed when re-timed end to end ({whys})"))
                 continue
-            objective = settings.objective
+            objective = resolve_objective(settings.objective, [t[0] for t in timed])
             e2e, choice, problem = min(timed, key=lambda t: (t[0].objective_time(objective), t[0].time_us))
             report.written.append(_tuned_row(shape, choice, e2e, tunable, problem, device, objective))
 

@@ -42,6 +42,7 @@ class Timing:
     method: str
     error: str = ""  # why it could not be measured (times are then NaN); "" when it was
     samples: tuple[float, ...] = ()  # every timed call's µs, where the timer keeps them (first-pass timers do)
+    host_us: float = math.nan  # time_eager: the host cost per call (its figure is max(this, GPU time))
 
     @property
     def failed(self) -> bool:
@@ -237,7 +238,7 @@ def time_eager(fn: Callable[[], None], *, iters: int = 50, warmup: int = 5, batc
     gpu = time_kernel(fn, iters=iters, warmup=0, flush_l2=flush_l2, l2_bytes=l2_bytes)
     method = f"max(host cost per call {host:.1f} us, GPU time {gpu.median_us:.1f} us [{gpu.method}])"
     return Timing(max(host, gpu.median_us), max(min(host_samples), gpu.min_us), max(max(host_samples), gpu.max_us),
-                  iters * batches, method)
+                  iters * batches, method, host_us=host)
 
 
 def time_graph(

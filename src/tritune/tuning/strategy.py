@@ -54,11 +54,42 @@ def finalists(measurements: Iterable[Measurement], n: int,
     return chosen
 
 
+# AUTO ranks a problem's finalists by graph time when the least host cost among them is at least this share of the
+# least GPU time: there the eager figure, max(host cost, GPU time), moves with the host more than with the kernels.
+# One process's host cost per call moved between 33-48 µs and 60-66 µs batch to batch whatever the kernels (H100
+# host, MXFP4 decode at 1 token, GPU time 43-49 µs), and the eager objective picked a kernel 5 µs slower on GPU time
+# on that noise (RESULTS.md, twenty-third session). Serving stacks replay decode-size steps as CUDA graphs, where only
+# GPU time counts. Where one finalist is cheap on the host and another is not, the least host cost is small and the
+# eager time still decides, so a config with a costly host path (split-K's second launch) is not picked by GPU time.
+HOST_BOUND_SHARE = 0.5
+
+
+def host_bound(measurements: Iterable[Measurement]) -> bool:
+    """Whether the re-timed finalists among `measurements` are host-bound: the least host cost among them is at least
+    HOST_BOUND_SHARE of the least GPU time (graph time where captured, else the first pass's). False when any host
+    cost or time is unknown (journal rows from before host costs were kept): the eager objective then decides."""
+    timed = [m for m in measurements if m.ok and m.retimed]
+    if not timed or any(not math.isfinite(m.host_us) for m in timed):
+        return False
+    gpu = [m.graph_us if math.isfinite(m.graph_us) else m.time_us for m in timed]
+    gpu = [t for t in gpu if math.isfinite(t)]
+    return bool(gpu) and min(m.host_us for m in timed) >= HOST_BOUND_SHARE * min(gpu)
+
+
+def resolve_objective(objective: Objective, measurements: Iterable[Measurement]) -> Objective:
+    """`objective` itself, or for AUTO: GRAPH where the problem's finalists are `host_bound`, else EAGER."""
+    if objective is not Objective.AUTO:
+        return objective
+    return Objective.GRAPH if host_bound(measurements) else Objective.EAGER
+
+
 def best_for(objective: Objective, measurements: Iterable[Measurement]) -> Measurement | None:
-    """The OK measurement with the least time as `objective` measures it (Measurement.objective_time); those not
-    measured that way (not re-timed, or a graph that could not be captured) come after every measured one, by GPU
-    time; ties go to the lower GPU time, then the smaller Config. None if none is OK."""
+    """The OK measurement with the least time as `objective` measures it (Measurement.objective_time; AUTO resolved
+    over these measurements first); those not measured that way (not re-timed, or a graph that could not be captured)
+    come after every measured one, by GPU time; ties go to the lower GPU time, then the smaller Config. None if none
+    is OK."""
     ok = [m for m in measurements if m.ok and math.isfinite(m.time_us)]
+    objective = resolve_objective(objective, ok)
     return min(ok, key=lambda m: (m.objective_time(objective), m.time_us, m.config)) if ok else None
 
 

@@ -50,7 +50,7 @@ class TuneSettings:
     budget: int | None = None  # candidates per problem; None: all that survive pruning
     progress: bool = True
     finalists: int = 5  # per problem, the fastest by GPU time re-timed as the op runs; 0: GPU time picks alone
-    objective: Objective = Objective.EAGER  # which op-time figure picks the winner among the finalists
+    objective: Objective = Objective.AUTO  # which op-time figure picks the winner among the finalists
     devices: tuple[int, ...] | None = None  # GPU indices the workers run on; None: 0 .. num_gpus-1
     # Wall-clock seconds one tune() call may spend measuring, counted from its first candidate's result (the start-up
     # of workers and compile pool and the first compile are not); past it nothing more is measured

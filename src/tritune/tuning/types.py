@@ -42,10 +42,12 @@ class Status(enum.StrEnum):
 
 class Objective(enum.StrEnum):
     """What ranks the finalists (the first pass always ranks by GPU time): the per-call time of back-to-back eager
-    calls, host cost included (what a user's eager loop sees), or the GPU time of a CUDA-graph replay."""
+    calls, host cost included (what a user's eager loop sees), the GPU time of a CUDA-graph replay, or AUTO: per
+    problem, the graph time where the problem is host-bound, else the eager time (`strategy.resolve_objective`)."""
 
     EAGER = "eager"
     GRAPH = "graph"
+    AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,17 @@ class Measurement:
         """Whether the finalist pass has timed this candidate as the op runs (eager is always measured there)."""
         return not math.isnan(self.eager_us)
 
+    @property
+    def host_us(self) -> float:
+        """The host cost per call the eager re-time measured (NaN when not re-timed, or journalled before it was
+        kept)."""
+        return float(self.extra.get("host_us", math.nan))
+
     def objective_time(self, objective: Objective) -> float:
-        """eager_us or graph_us; inf when failed or not measured that way (a graph that could not be captured)."""
+        """eager_us or graph_us; inf when failed or not measured that way (a graph that could not be captured).
+        AUTO is decided per problem (`strategy.resolve_objective`), not per measurement."""
+        if objective is Objective.AUTO:
+            raise ValueError("objective_time: resolve AUTO for the problem first (strategy.resolve_objective)")
         t = self.eager_us if objective is Objective.EAGER else self.graph_us
         return t if self.ok and math.isfinite(t) else math.inf
 

@@ -257,6 +257,8 @@ class _Runner:
         if not second.passed:
             return _wrong_answer(state.key, config, second, "after timing as the op runs: ")
         extra = {"eager_method": eager.method, "graph_method": graph.method}
+        if math.isfinite(getattr(eager, "host_us", math.nan)):
+            extra["host_us"] = eager.host_us
         if graph.failed:
             extra["graph_error"] = graph.error
         return Measurement(state.key, config, Status.OK, time_us=math.nan,
