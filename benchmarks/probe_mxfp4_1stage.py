@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the profile queues its calls behind a sleep, so its gaps are the GPU's, not the host's")
     ap.add_argument("--maxnreg", default="auto",
                     help="register caps to sweep: auto (the kernel's rule, register_cap), 0 (ptxas' choice), 80, ...")
+    ap.add_argument("--prefetch-w2", default="0",
+                    help="fused_moe_1stage.PREFETCH_W2 values to sweep (0 off, 1 first arrival, 2 each waiting split)")
     ap.add_argument("--trace", action="store_true",
                     help="each config: one call with the kernel's phase stamps (L2 flushed first), summarized")
     ap.add_argument("--json", type=pathlib.Path, default=None)
@@ -151,15 +153,17 @@ def main(argv: list[str] | None = None) -> int:
               f"pair {pair:.1f} µs", flush=True)
         print("| config | µs | x op | x floor | rel L2 vs op |\n|---|---|---|---|---|")
         results = []
-        for ticket, regs, cfg in ((t, r, c) for t in (int(v) for v in args.tickets.split(","))
-                                  for r in (None if v == "auto" else int(v) for v in args.maxnreg.split(","))
-                                  for c in sweep(args.tiles)):
+        for pf, ticket, regs, cfg in ((f, t, r, c) for f in (int(v) for v in args.prefetch_w2.split(","))
+                                      for t in (int(v) for v in args.tickets.split(","))
+                                      for r in (None if v == "auto" else int(v) for v in args.maxnreg.split(","))
+                                      for c in sweep(args.tiles)):
+            fused_moe_1stage.PREFETCH_W2 = pf
             fused_moe_1stage.COOP_TICKET = bool(ticket)
             fused_moe_1stage.MAXNREG = regs
             op_module._PLANS.clear()  # plans bind the switches
             choice = MoeChoice(True, cfg, None, "forced")
             name = (cfg.name("1stage", fm.MXFP4) + ("" if ticket else " (no tickets)")
-                    + f" maxnreg {'auto' if regs is None else regs}")
+                    + f" maxnreg {'auto' if regs is None else regs}" + (f" prefetch-w2 {pf}" if pf else ""))
             try:
                 err = rel_l2(op(choice), ref)
                 us = time_kernel(lambda c=choice: op(c), iters=30, warmup=3).median_us
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name}{registers(op_module)} | {us:.1f} | {us / base:.3f} | {us / floor:.2f} | {err:.2e} |",
                   flush=True)
             results.append({"config": name, "us": us, "rel_l2": err, "choice": choice, "maxnreg": regs,
-                            "ticket": bool(ticket)})
+                            "ticket": bool(ticket), "prefetch_w2": pf})
             if args.trace:
                 results[-1]["trace"] = traced(lambda c=choice: op(c), op_module, fused_moe_1stage)
                 fused_moe_1stage.TRACE = False
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if ok and not args.no_profile:
             fused_moe_1stage.MAXNREG = best["maxnreg"]
             fused_moe_1stage.COOP_TICKET = best["ticket"]
+            fused_moe_1stage.PREFETCH_W2 = best["prefetch_w2"]
             op_module._PLANS.clear()
             fn = lambda c=best["choice"]: op(c)  # noqa: E731
             graphs = {}

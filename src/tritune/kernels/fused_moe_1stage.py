@@ -56,6 +56,11 @@ MAXNREG: int | None = None  # a probe's override of `register_cap`: 0 ptxas' cho
 # program's work item (5, 6); after the wait for the previous launch (7).
 TRACE = False
 TRACE_SLOTS = 16
+# Probes only: a cooperative split that must wait for its slice's other splits first asks the L2 for w2's bytes
+# (prepared weights: the slice's 4 KB chunks, one bulk prefetch each), so the w2 steps after the wait read the L2.
+# 0 off; 1 the slice's first split to arrive prefetches every chunk of the slice; 2 each split that will wait
+# prefetches its own share of w2's rows.
+PREFETCH_W2 = 0
 _TRACE_SLOTS = tl.constexpr(TRACE_SLOTS)  # the same for the kernel: the first half %globaltimer, the second %clock64
 
 
@@ -154,7 +159,7 @@ def _moe_1stage_swap_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, BLOCK_SIZE_D: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, SCALE_TMA: tl.constexpr,
     W_SWIZZLED: tl.constexpr, KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, COOP: tl.constexpr = False,
-    TICKET: tl.constexpr = True, TRACE: tl.constexpr = False,
+    TICKET: tl.constexpr = True, TRACE: tl.constexpr = False, PREFETCH_W2: tl.constexpr = 0,
 ):
     """`_moe_1stage_kernel` for MXFP4 weights on the swapped GEMM (SWAP_AB: the decoded weight tile is the wgmma's
     register operand, its 64 rows from the weight): the decode's whole call in one GEMM launch.
@@ -218,11 +223,16 @@ def _moe_1stage_swap_kernel(
     last = True
     d_start, d_end = 0, D
     if KSPLIT > 1:
+        d_per = tl.cdiv(tl.cdiv(D, KSPLIT), BLOCK_SIZE_D) * BLOCK_SIZE_D
+        # W2's chunks of this slice's K step (prepared weights: [E, ⌈D/64⌉, ⌈INTER/128⌉, 64, 64] bytes)
+        pf_steps = tl.cdiv(INTER, 128)
+        pf_base = w2_ptr + expert * stride_w2e + (i0 // 128) * 4096
         acc_g, acc_u, last = _split_fixup(acc_g, acc_u, part_ptr, count_ptr + pid_m * n_slices + pid_n, split,
                                           pairs, row_ok, offs_i_out, numel, INTER, GATED, KSPLIT, BLOCK_SIZE_M,
-                                          BLOCK_SIZE_N, COOP)
+                                          BLOCK_SIZE_N, COOP, pf_base, pf_steps * 4096, tl.cdiv(D, 64),
+                                          (split * d_per) // 64, tl.cdiv(tl.minimum(split * d_per + d_per, D), 64),
+                                          PREFETCH_W2 if W_SWIZZLED else 0)
         if COOP:  # every split takes its share of w2's rows
-            d_per = tl.cdiv(tl.cdiv(D, KSPLIT), BLOCK_SIZE_D) * BLOCK_SIZE_D
             d_start = split * d_per
             d_end = tl.minimum(d_start + d_per, D)
     _stamp(trace, 3, TRACE)
@@ -252,10 +262,13 @@ def _stamp(trace, slot: tl.constexpr, TRACE: tl.constexpr):
 @triton.jit
 def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, split, pairs, row_ok, offs_i_out, numel, INTER,
                  GATED: tl.constexpr, KSPLIT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-                 COOP: tl.constexpr = False):
+                 COOP: tl.constexpr = False, pf_base=None, pf_stride=0, pf_blocks=0, pf_lo=0, pf_hi=0,
+                 PREFETCH: tl.constexpr = 0):
     """Store this split's (gate, up) partial sums [BLOCK_M, BLOCK_N] of its pairs; count the split done; the last one
     of the slice gets them all back summed, in split order: (acc_g, acc_u, whether this program is that one).
-    COOP: every split waits until the slice's count is full and gets the sums (each then runs a share of w2)."""
+    COOP: every split waits until the slice's count is full and gets the sums (each then runs a share of w2).
+    PREFETCH (COOP, PREFETCH_W2): before waiting, L2 prefetches of 4 KB chunks at pf_base + b·pf_stride: 1 every b
+    below pf_blocks by the slice's first arrival, 2 b in [pf_lo, pf_hi) by each split that will wait."""
     n_w = 2 * INTER if GATED else INTER
     part = part_ptr + pairs.to(tl.int64)[:, None] * n_w + offs_i_out[None, :]
     ok = row_ok[:, None] & (offs_i_out < INTER)[None, :]
@@ -269,6 +282,10 @@ def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, split, pairs, row_ok, offs_i
     last = done == KSPLIT - 1
     if COOP:  # the slice's splits hold neighbouring tickets, so they all run: wait for the others
         seen = done + 1.0
+        if PREFETCH == 1:
+            _prefetch_chunks(pf_base, pf_stride, 0, pf_blocks, done == 0)
+        elif PREFETCH == 2:
+            _prefetch_chunks(pf_base, pf_stride, pf_lo, pf_hi, seen < KSPLIT)
         while seen < KSPLIT:
             seen = tl.atomic_add(count_ptr, 0.0, sem="acquire", scope="gpu")
         last = seen >= KSPLIT
@@ -278,6 +295,18 @@ def _split_fixup(acc_g, acc_u, part_ptr, count_ptr, split, pairs, row_ok, offs_i
             if GATED:
                 acc_u += tl.load(part + s * numel * n_w + INTER, mask=ok, other=0.0, cache_modifier=".cg")
     return acc_g, acc_u, last
+
+
+@triton.jit
+def _prefetch_chunks(base, stride, lo, hi, pred):
+    """One `cp.async.bulk.prefetch.L2` of 4096 bytes at base + b·stride for each b in [lo, hi) (at most 256) where
+    `pred` holds: a hint to the L2, nothing waits for it."""
+    b = lo + tl.arange(0, 256)
+    ok = ((b < hi) & pred).to(tl.int32)
+    addr = (base + b.to(tl.int64) * stride).to(tl.int64, bitcast=True)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 4096; mov.b32 $0, 0; }",
+        "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
