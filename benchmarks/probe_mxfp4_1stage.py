@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the profile queues its calls behind a sleep, so its gaps are the GPU's, not the host's")
     ap.add_argument("--maxnreg", default="auto",
                     help="register caps to sweep: auto (the kernel's rule, register_cap), 0 (ptxas' choice), 80, ...")
-    ap.add_argument("--prefetch-w2", default="0",
-                    help="fused_moe_1stage.PREFETCH_W2 values to sweep (0 off, 1 first arrival, 2 each waiting split)")
+    ap.add_argument("--prefetch-w2", default="auto",
+                    help="fused_moe_1stage.PREFETCH_W2 values to sweep: auto (the kernel's rule, prefetch_w2), 0 off, "
+                         "1 first arrival, 2 each waiting split")
     ap.add_argument("--trace", action="store_true",
                     help="each config: one call with the kernel's phase stamps (L2 flushed first), summarized")
     ap.add_argument("--json", type=pathlib.Path, default=None)
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         def op(choice=None, h=hidden, w=weights, i=ids):
             return ops.fused_moe(h, pw1, pw2, w, i, quant=fm.MXFP4, w1_scale=ps1, w2_scale=ps2, choice=choice)
 
-        fused_moe_1stage.MAXNREG = None  # the op as shipped
+        fused_moe_1stage.MAXNREG = fused_moe_1stage.PREFETCH_W2 = None  # the op as shipped
         op_module._PLANS.clear()
         ref = op().clone()
         source = ops.fused_moe_choice(hidden, q1, q2, ids, quant=fm.MXFP4).source
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
               f"pair {pair:.1f} µs", flush=True)
         print("| config | µs | x op | x floor | rel L2 vs op |\n|---|---|---|---|---|")
         results = []
-        for pf, ticket, regs, cfg in ((f, t, r, c) for f in (int(v) for v in args.prefetch_w2.split(","))
+        prefetch = [None if v == "auto" else int(v) for v in args.prefetch_w2.split(",")]
+        for pf, ticket, regs, cfg in ((f, t, r, c) for f in prefetch
                                       for t in (int(v) for v in args.tickets.split(","))
                                       for r in (None if v == "auto" else int(v) for v in args.maxnreg.split(","))
                                       for c in sweep(args.tiles)):
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             op_module._PLANS.clear()  # plans bind the switches
             choice = MoeChoice(True, cfg, None, "forced")
             name = (cfg.name("1stage", fm.MXFP4) + ("" if ticket else " (no tickets)")
-                    + f" maxnreg {'auto' if regs is None else regs}" + (f" prefetch-w2 {pf}" if pf else ""))
+                    + f" maxnreg {'auto' if regs is None else regs}" + ("" if pf is None else f" prefetch-w2 {pf}"))
             try:
                 err = rel_l2(op(choice), ref)
                 us = time_kernel(lambda c=choice: op(c), iters=30, warmup=3).median_us

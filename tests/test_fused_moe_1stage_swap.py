@@ -160,6 +160,37 @@ def test_registers_are_capped_only_past_two_split_programs_an_sm(monkeypatch):
     assert f1.register_cap(split[4], 4, 128, 2880, 132) is None
 
 
+def test_w2_is_prefetched_from_four_splits_and_the_probe_overrides_it(monkeypatch):
+    """prefetch_w2: 1 (the slice's first split to arrive asks the L2 for its w2 chunks) from PREFETCH_W2_MIN_SPLIT
+    splits, where it measured faster; 0 below, where it lost; PREFETCH_W2 overrides."""
+    from tritune.kernels import fused_moe_1stage as f1
+
+    split = {k: dataclasses.replace(ONE, KSPLIT=k) for k in (1, 2, 4, 8)}
+    assert [f1.prefetch_w2(split[k]) for k in (1, 2, 4, 8)] == [0, 0, 1, 1] and f1.PREFETCH_W2_MIN_SPLIT == 4
+    monkeypatch.setattr(f1, "PREFETCH_W2", 2)
+    assert f1.prefetch_w2(split[1]) == f1.prefetch_w2(split[4]) == 2
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the L2 prefetch is PTX (the interpreter runs the splits one at a time, "
+                                              "none waiting, and never prefetches)")
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_the_w2_prefetch_leaves_the_result_unchanged(monkeypatch, mode):
+    from tritune.kernels import fused_moe_1stage as f1
+
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
+    cfg = dataclasses.replace(ONE, KSPLIT=4)
+
+    def call():
+        return fused_moe_1stage(hidden, w1, w2, weights, ids, cfg, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
+                                w2_scale=prepare_mxfp4_scales(s2))
+
+    monkeypatch.setattr(f1, "PREFETCH_W2", 0)
+    plain = call()
+    monkeypatch.setattr(f1, "PREFETCH_W2", mode)
+    assert rel_l2(call(), plain) < 1e-5
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="ptxas' register cap and the phase stamps are GPU-only (the interpreter "
                                               "runs no PTX and ignores both)")
 @pytest.mark.parametrize("cap", [80, 64])

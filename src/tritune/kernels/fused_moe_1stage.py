@@ -56,11 +56,15 @@ MAXNREG: int | None = None  # a probe's override of `register_cap`: 0 ptxas' cho
 # program's work item (5, 6); after the wait for the previous launch (7).
 TRACE = False
 TRACE_SLOTS = 16
-# Probes only: a cooperative split that must wait for its slice's other splits first asks the L2 for w2's bytes
-# (prepared weights: the slice's 4 KB chunks, one bulk prefetch each), so the w2 steps after the wait read the L2.
-# 0 off; 1 the slice's first split to arrive prefetches every chunk of the slice; 2 each split that will wait
-# prefetches its own share of w2's rows.
-PREFETCH_W2 = 0
+# A cooperative split that must wait for its slice's other splits first asks the L2 for w2's bytes (prepared weights:
+# the slice's 4 KB chunks, one bulk prefetch each), so the w2 steps after the wait read the L2. 0 off; 1 the slice's
+# first split to arrive prefetches every chunk of the slice; 2 each split that will wait prefetches its own share.
+# `prefetch_w2` takes 1 from 4 splits: H100, 1 token, three rounds each, µs off -> 1 (RESULTS.md, twenty-fourth
+# session): split 4 gpt-oss-120b 44.1 -> 44.2, Qwen3-30B-A3B-like 27.2 -> 26.3 (2 tokens 35.9 -> 35.1),
+# DeepSeek-V2-Lite-like 28.9 -> 28.3 (2 tokens 52.3 -> 49.0); split 2 lost (DeepSeek-like 1 token 35.3 -> 36.8,
+# 2 tokens 41.5 -> 41.9), and 2 was even at gpt-oss-120b's 1 and 2 tokens. A probe's override: PREFETCH_W2 0, 1 or 2.
+PREFETCH_W2: int | None = None
+PREFETCH_W2_MIN_SPLIT = 4
 _TRACE_SLOTS = tl.constexpr(TRACE_SLOTS)  # the same for the kernel: the first half %globaltimer, the second %clock64
 
 
@@ -400,6 +404,14 @@ def fused_moe_1stage(hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, t
         out = torch.empty((hidden.shape[0], w2.shape[1]), device=hidden.device, dtype=hidden.dtype)
     return launch(hidden, w1, w2, topk_weights, topk_ids, w1_scale, w2_scale, out)
 
+
+
+def prefetch_w2(cfg: MoeConfig) -> int:
+    """PREFETCH_W2 for the swapped 1-stage kernel with `cfg` (its kernel applies it to cooperative splits of prepared
+    weights only): the probe's override, else 1 from PREFETCH_W2_MIN_SPLIT splits."""
+    if PREFETCH_W2 is not None:
+        return PREFETCH_W2
+    return 1 if cfg.KSPLIT >= PREFETCH_W2_MIN_SPLIT else 0
 
 
 def coop_split(cfg: MoeConfig) -> bool:

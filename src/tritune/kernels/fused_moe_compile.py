@@ -183,7 +183,7 @@ def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: boo
         BLOCK_SIZE_D=cfg.BLOCK_SIZE_D, GROUP_SIZE_M=cfg.GROUP_SIZE_M, EVEN_K=d % cfg.BLOCK_SIZE_K == 0,
         USE_TMA=bool(cfg.USE_TMA), SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, KSPLIT=cfg.KSPLIT, PDL=pdl,
         COOP=coop_split(cfg), TICKET=fused_moe_1stage.COOP_TICKET, TRACE=fused_moe_1stage.TRACE,
-        PREFETCH_W2=fused_moe_1stage.PREFETCH_W2,
+        PREFETCH_W2=fused_moe_1stage.prefetch_w2(cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}),
         **({"maxnreg": cap} if cap else {}))
 

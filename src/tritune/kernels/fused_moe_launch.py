@@ -539,7 +539,7 @@ class MoeLaunch:
             _ACT_ID[activation], quant_id(quant), cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K,
             cfg.BLOCK_SIZE_D, cfg.GROUP_SIZE_M, model_dim % cfg.BLOCK_SIZE_K == 0, bool(cfg.USE_TMA),
             bool(cfg.SCALE_TMA), self.swizzled[0], cfg.KSPLIT, self.pdl, coop_split(cfg),
-            fused_moe_1stage.COOP_TICKET, trace, fused_moe_1stage.PREFETCH_W2)]
+            fused_moe_1stage.COOP_TICKET, trace, fused_moe_1stage.prefetch_w2(cfg))]
         grid = (tiles * cfg.KSPLIT,) if coop_split(cfg) else (tiles, cfg.KSPLIT)
         cap = register_cap(cfg, numel, example["w1"].shape[0], inter_dim, sm_count_for(example["hidden"].device))
         self._bind(_moe_1stage_swap_kernel, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl,
