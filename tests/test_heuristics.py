@@ -160,6 +160,11 @@ def short(c):
     # ... and at m = 562 (DeepSeek-V2-Lite, 6000 tokens: the 128-row rule ran 4x behind vLLM there)
     (6000, (2048, 1408, 64, 6), "per_1x128", (False, (64, 256, 128, 8, 8, 1), (64, 256, 128, 8, 8, 1))),
     (256, (2048, 768, 128, 8), "none", (False, (32, 64, 128, 4, 1, 0), (32, 64, 128, 4, 1, 0))),  # m=16: BM 32
+    # stage 2's K is I: 256-wide steps only where I holds at least 4 of them (I 384: 128, 0.82x at 16 tokens)
+    (16, (4096, 384, 128, 8), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 128, 4, 1, 0))),
+    (16, (2048, 768, 128, 8), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 128, 4, 1, 0))),  # 3 steps
+    (16, (2048, 1408, 64, 6), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # 5.5 steps
+    (64, (2048, 1536, 64, 6), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # 6 steps
 ])
 def test_moe_rule_table_rows(tokens, dims, quant, want):
     run_1stage, s1, s2 = moe_heuristic(tokens, *dims, quant)

@@ -43,12 +43,14 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 | case                          | BLOCK_M | stage 1 or 1-stage: BN, BK, warps        | stage 2: BN, BK, warps  |
 |-------------------------------|---------|------------------------------------------|-------------------------|
 | tokens·topk ≤ 8: 1-stage      | 16      | BN 128, BK 128, BLOCK_D 256, 4 warps, 3 stages | —                  |
-| m ≤ 12                        | 16      | 32, 256 (per_1x128: 128), 4              | 64, 256 (128), 4        |
+| m ≤ 12                        | 16      | 32, 256 (per_1x128: 128), 4              | 64, 256 (128), 4 ¹      |
 | m ≤ 24                        | 32      | 64, 128, 4                               | 64, 128, 4              |
 | m ≤ 64                        | 64      | 64, 128, 4                               | 128, 128, 4             |
 | m ≤ 128 (per_1x128: any m)    | 64      | 128, 64 / 128, 4 (per_1x128: 256, 8)     | 256, 64 / 128, 4 (8)    |
 | larger                        | 128     | 128, 64 / 128, 8                         | 256, 64 / 128, 8        |
 
+- ¹ BLOCK_K 256 only where K holds at least MIN_WIDE_K_STEPS = 4 such steps, else 128: stage 2's K is the
+  intermediate size (I 384: 0.82x / 0.89x the stage pair's time at 16 / 64 tokens with 128);
 - GROUP_SIZE_M 8 when an expert holds more than one block (its weights then stream once per group, not once per
   block: GROUP_SIZE_M 1 doubled stage 1 at 1024 tokens in the tuning profile), else 1; 4 stages (fewer to fit);
 - weight tiles through TMA (USE_TMA) when m > 64 on Hopper with 16-byte weight rows (tuned: from m = 128);
@@ -334,6 +336,13 @@ def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, g
                      KSPLIT=split, BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
 
 
+# A stage's 256-wide K step only where K holds at least this many of them: stage 2 of E 128 top-8 I 384 at 16 and 64
+# tokens ran 0.82x and 0.89x the time with 128-wide steps (1.5 steps of 256, the second half empty), Qwen3-30B-A3B's
+# I 768 (3 steps) 0.98x; from I 1408 (5.5 steps) 128 was even or 1% slower (H100, bf16, RESULTS.md twenty-fourth
+# session).
+MIN_WIDE_K_STEPS = 4
+
+
 def _moe_block_m(m: float, quant: str) -> int:
     if m <= 12:
         return 16
@@ -351,6 +360,8 @@ def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str
     """One stage's config with the dimension caps, warps, GROUP_SIZE_M, split-K and stages applied."""
     bn = max(min(bn, max(16, _p2(n))), 64 if bm > 32 else 16)  # the tuner keeps BLOCK_N 32 to BLOCK_M <= 32
     bk = min(bk, max(16, _p2(k)))
+    while bk > 128 and _cdiv(k, bk) < MIN_WIDE_K_STEPS:  # a short K loop cannot fill the pipeline
+        bk //= 2
     if quant == "per_token":
         bk = max(bk, 128)  # the tuner prunes fp8 per_token with BLOCK_K 64
     acc = halves * bm * bn
