@@ -336,6 +336,13 @@ def _mxfp4_one_stage(pairs: int, experts: int, model_dim: int, inter_dim: int, g
                      KSPLIT=split, BLOCK_SIZE_D=128, SWAP_AB=1, USE_TMA=1, SCALE_TMA=1)
 
 
+# fp8 (per_token, per_1x128) at decode sizes: the stage pair even at a handful of pairs (the 1-stage kernel widens its
+# fp8 w2 to 16 bits in registers), stage 1 64 and stage 2 128 wide on 16-row blocks. Tuned on the H100, E 128 top-8
+# I 384 and Qwen3-30B-A3B (I 768), both quantizations at 1 / 16 / 64 tokens: every 1-token winner was the pair, 0.66-
+# 0.85x the rule's 1-stage; every winner's stage 1 was 64 wide (the rule's 32), stage 2 128 (per_token) or 256
+# (per_1x128, one 64); the tuned ops ran 0.88-0.99x the rule's at 16-64 tokens (RESULTS.md, twenty-fourth session).
+FP8_PAIR_AT_DECODE = True
+
 # A stage's 256-wide K step only where K holds at least this many of them: stage 2 of E 128 top-8 I 384 at 16 and 64
 # tokens ran 0.82x and 0.89x the time with 128-wide steps (1.5 steps of 256, the second half empty), Qwen3-30B-A3B's
 # I 768 (3 steps) 0.98x; from I 1408 (5.5 steps) 128 was even or 1% slower (H100, bf16, RESULTS.md twenty-fourth
@@ -413,7 +420,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     elt = 1 if quant != "none" else 2
     pairs = tokens * topk
     halves = 2 if gated else 1
-    if pairs <= ONE_STAGE_PAIRS and one_stage:
+    if pairs <= ONE_STAGE_PAIRS and one_stage and (quant == "none" or not FP8_PAIR_AT_DECODE):
         return True, _one_stage(model_dim, inter_dim, quant, halves, elt, max_shared,
                                 blocks=min(pairs, experts), sm_count=sm_count), None
     m = pairs / experts
@@ -423,8 +430,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     fp8 = quant != "none"
     if bm == 16:
         bk = 128 if quant == "per_1x128" else 256
-        s1 = (32, bk, 4)
-        s2 = (64, bk, 4)
+        # fp8 tiles twice as wide: as many bytes a tile (see FP8_PAIR_AT_DECODE)
+        s1 = (64 if fp8 else 32, bk, 4)
+        s2 = (128 if fp8 else 64, bk, 4)
     elif bm == 32:
         s1 = s2 = (64, 128, 4)
     elif bm == 64 and m <= 64:
