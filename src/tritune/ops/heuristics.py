@@ -42,8 +42,8 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 
 | case                          | BLOCK_M | stage 1 or 1-stage: BN, BK, warps        | stage 2: BN, BK, warps  |
 |-------------------------------|---------|------------------------------------------|-------------------------|
-| tokens·topk ≤ 8: 1-stage      | 16      | BN 128, BK 128, BLOCK_D 256, 4 warps, 3 stages | —                  |
-| m ≤ 12                        | 16      | 32, 256 (per_1x128: 128), 4              | 64, 256 (128), 4 ¹      |
+| tokens·topk ≤ 8, 16-bit ²: 1-stage | 16 | BN 128, BK 128, BLOCK_D 256, 4 warps, 3 stages | —                  |
+| m ≤ 12                        | 16      | 32 (fp8 64), 256 (per_1x128: 128), 4     | 64 (fp8 128), 256 (128), 4 ¹ |
 | m ≤ 24                        | 32      | 64, 128, 4                               | 64, 128, 4              |
 | m ≤ 64                        | 64      | 64, 128, 4                               | 128, 128, 4             |
 | m ≤ 128 (per_1x128: any m)    | 64      | 128, 64 / 128, 4 (per_1x128: 256, 8)     | 256, 64 / 128, 4 (8)    |
@@ -51,6 +51,8 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 
 - ¹ BLOCK_K 256 only where K holds at least MIN_WIDE_K_STEPS = 4 such steps, else 128: stage 2's K is the
   intermediate size (I 384: 0.82x / 0.89x the stage pair's time at 16 / 64 tokens with 128);
+- ² fp8 takes the stage pair there too, on the m ≤ 12 row's tiles (`FP8_PAIR_AT_DECODE`; 0.66-0.95x the 1-stage's
+  time at 1 token on four shapes);
 - GROUP_SIZE_M 8 when an expert holds more than one block (its weights then stream once per group, not once per
   block: GROUP_SIZE_M 1 doubled stage 1 at 1024 tokens in the tuning profile), else 1; 4 stages (fewer to fit);
 - weight tiles through TMA (USE_TMA) when m > 64 on Hopper with 16-byte weight rows (tuned: from m = 128);

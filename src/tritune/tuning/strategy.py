@@ -60,7 +60,7 @@ def finalists(measurements: Iterable[Measurement], n: int,
 # host, MXFP4 decode at 1 token, GPU time 43-49 µs), and the eager objective picked a kernel 5 µs slower on GPU time
 # on that noise (RESULTS.md, twenty-third session). Serving stacks replay decode-size steps as CUDA graphs, where only
 # GPU time counts. Where one finalist is cheap on the host and another is not, the least host cost is small and the
-# eager time still decides, so a config with a costly host path (split-K's second launch) is not picked by GPU time.
+# eager time still decides, so a config with a costly host path (more launches) is not picked by GPU time alone.
 HOST_BOUND_SHARE = 0.5
 
 
