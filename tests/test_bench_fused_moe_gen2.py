@@ -80,8 +80,10 @@ def test_parse_args_points_variants_and_tune_row(capsys):
     defaults = gen2.parse_args([])
     assert len(gen2.points(defaults)) == 7 * (5 + 2) and defaults.variants == [] and defaults.tune_point is None
     assert gen2.parse_args(["--fp8-shapes", ""]).fp8_shapes == ()
+    assert gen2.parse_args(["--rule-flag", "FP8_PAIR_AT_DECODE=0"]).rule_flags == [("FP8_PAIR_AT_DECODE", 0)]
     for bad in (["--shapes", "llama"], ["--tune-row", "mixtral-8x22b"], ["--tune-row", "mixtral-8x22b:0"],
-                ["--variant", "BLOCK_SIZE_M"]):
+                ["--variant", "BLOCK_SIZE_M"], ["--rule-flag", "NO_SUCH_SWITCH=1"], ["--rule-flag", "moe_heuristic=1"],
+                ["--rule-flag", "FP8_PAIR_AT_DECODE=yes"]):
         with pytest.raises(SystemExit) as exc:
             gen2.parse_args(bad)
         assert exc.value.code == 2
@@ -202,7 +204,7 @@ def test_main_runs_a_row_end_to_end_on_the_interpreter(monkeypatch, tmp_path, ca
                                                                "tuned_csv": str(tmp_path / "tuned.csv")})
     gen2.main(["--vendor-dir", str(vendor), "--out", str(tmp_path / "gen2.json"), "--shapes", "", "--fp8-shapes",
                "tiny", "--tokens", "3", "--iters", "1", "--variant", "BLOCK_SIZE_N=64,NOT_A_FIELD_XYZ=1",
-               "--tune-row", "tiny:3:per_1x128"])
+               "--tune-row", "tiny:3:per_1x128", "--rule-flag", "FP8_PAIR_AT_DECODE=0"])
     doc = json.loads((tmp_path / "gen2.json").read_text())
     (r,) = doc["rows"]
     assert doc["notes"] and doc["skipped"] == [] and doc["tune"]["wall_s"] == 1.5
@@ -210,8 +212,12 @@ def test_main_runs_a_row_end_to_end_on_the_interpreter(monkeypatch, tmp_path, ca
     assert (r["shape"], r["quant"], r["tokens"]) == ("tiny", "per_1x128", 3) and r["ours_source"] == "heuristic"
     assert r["tuned_source"].startswith("tuned") and r["vllm_config_source"] == "vLLM default"
     assert r["floor_us"] == gen2.floor_us(3, 128, 128, 2, r["routed_experts"], "per_1x128")
-    for name in ("ours", "variant BLOCK_SIZE_N=64,NOT_A_FIELD_XYZ=1", "tuned", "vllm"):
+    for name in ("ours", "variant BLOCK_SIZE_N=64,NOT_A_FIELD_XYZ=1", "tuned", "vllm", "rule FP8_PAIR_AT_DECODE=0"):
         assert r[f"{name}_us"] > 0, r.get(f"{name}_error")
+    assert r["ours_configs"][0].startswith("moe_stage1")  # 6 pairs of fp8: the stage pair; the flag off: 1-stage
+    from tritune.ops import heuristics
+
+    assert heuristics.FP8_PAIR_AT_DECODE is True  # the flag was put back
     assert r["vllm_rel_err"] < 5e-2  # the peer's fp8 path is right on the CPU too (ours reads bf16: see the GPU)
     out = capsys.readouterr().out
     assert "| tiny | per_1x128 | 3 |" in out and "tune time of tiny:3:per_1x128: 1.5 s" in out
