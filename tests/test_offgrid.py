@@ -9,6 +9,7 @@ from tritune.kernels.gemm import GemmConfig
 from tritune.ops import cost_model as cm
 from tritune.ops.offgrid import (
     HEURISTIC_MARGIN,
+    MOE_FAR_TOKENS,
     MoeRow,
     choose_gemm_offgrid,
     choose_moe_offgrid,
@@ -192,10 +193,27 @@ def test_moe_heuristic_candidate_respects_the_pair_limit():
     rows = [MoeRow(512, False, S1_64, S2_64, moe_modelled(512, False, S1_64, S2_64))]
     one_stage = (True, ONE, None)
     assert choose_moe_offgrid(400, **MIXTRAL, quant="none", rows=rows, heuristic=one_stage)[:3] == (False, S1_64, S2_64)
-    # Only a 16-token row (BLOCK_M 16) is tuned: at 4096 tokens its tiny tiles lose to the rule table's.
+    # Only a 16-token row (BLOCK_M 16) is tuned: at 200 tokens (12.5x away) its tiny tiles lose to the rule table's
+    # on the model.
     rows = [MoeRow(16, False, S1_16, S2_16, moe_modelled(16, False, S1_16, S2_16))]
-    got = choose_moe_offgrid(4096, **MIXTRAL, quant="none", rows=rows, heuristic=(False, S1_128, S2_128))
+    got = choose_moe_offgrid(200, **MIXTRAL, quant="none", rows=rows, heuristic=(False, S1_128, S2_128))
     assert got[:3] == (False, S1_128, S2_128) and "chose heuristic" in got[3]
+
+
+@pytest.mark.parametrize("asked, far", [(2, True), (63, True), (64, False), (256, False), (16384, False),
+                                        (16385, True)])
+def test_moe_rule_table_serves_token_counts_far_from_every_tuned_one(asked, far):
+    """Past MOE_FAR_TOKENS times from every tuned count the rule table's plan is taken as it is (Mixtral's fp8 rows
+    tuned at 1024 tokens, scaled to 2-8 tokens, ran 1.3-1.5x the rule's plan on the H100); nearer, it competes."""
+    assert MOE_FAR_TOKENS == 16
+    # the tuned row measured far faster than anything: it wins wherever it competes
+    rows = [MoeRow(1024, False, S1_128, S2_128, 1.0)]
+    got = choose_moe_offgrid(asked, **MIXTRAL, quant="per_token", rows=rows, heuristic=(False, S1_16, S2_16))
+    if far:
+        assert got[:3] == (False, S1_16, S2_16) and "more than 16x away; chose the heuristic config" in got[3]
+    else:
+        assert got[:3] == (False, S1_128, S2_128)
+    assert choose_moe_offgrid(asked, **MIXTRAL, quant="per_token", rows=rows)[:3] == (False, S1_128, S2_128)
 
 
 def test_moe_rejects_no_rows():

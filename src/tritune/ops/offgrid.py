@@ -16,7 +16,10 @@ Rules, shared by both choosers:
   winners sit on the fast side of the model, so an unmeasured config must look clearly better to be trusted);
   it lets a far-away tuned size lose to the rule table instead of serving a size it suits badly;
 - fused MoE: a 1-stage plan is a candidate only up to ONE_STAGE_MAX_PAIRS routed pairs (tokens · topk), the
-  tuner's own limit.
+  tuner's own limit;
+- fused MoE: where every tuned token count is more than MOE_FAR_TOKENS times the asked one, or less than 1 /
+  MOE_FAR_TOKENS of it, the rule table's plan (`heuristic=`) is taken without a comparison: a plan tuned for
+  another regime of pairs per expert is scaled by a model that misses what its tiles cost there.
 """
 
 from __future__ import annotations
@@ -28,10 +31,15 @@ from typing import Any
 
 from tritune.ops import cost_model as cm
 
-__all__ = ["HEURISTIC_MARGIN", "MoeRow", "choose_gemm_offgrid", "choose_moe_offgrid", "gemm_entries", "moe_row_of",
-           "neighbours"]
+__all__ = ["HEURISTIC_MARGIN", "MOE_FAR_TOKENS", "MoeRow", "choose_gemm_offgrid", "choose_moe_offgrid", "gemm_entries",
+           "moe_row_of", "neighbours"]
 
 HEURISTIC_MARGIN = 1.10  # an unmeasured config's scaled estimate is inflated by this before it competes
+# Mixtral-8x7B's shipped fp8 rows are tuned at 1024 tokens only. At 2 / 4 / 8 tokens the chooser scaled them to
+# 320-342 / 428 / 669 µs (per_token; BM 128 tiles for 4-16 pairs) and took them over the rule table's plan, which
+# ran 225 / 282 / 511 µs (per_1x128: 262 / 306 / 550 against 230 / 283 / 519). The model, calibrated on the 1024-token
+# row, put the rule's plan at 1.15-1.54x its measured time (H100, RESULTS.md twenty-fourth session).
+MOE_FAR_TOKENS = 16
 
 
 def neighbours(sizes: Sequence[int], asked: int, scope: str = "neighbours") -> list[int]:
@@ -214,6 +222,9 @@ def choose_moe_offgrid(tokens: int, model_dim: int, inter_dim: int, experts: int
     if tokens in by_tokens:
         r = by_tokens[tokens]
         return r.run_1stage, r.stage1, r.stage2, f"tuned tokens={tokens}"
+    if heuristic is not None and all(max(t / tokens, tokens / t) > MOE_FAR_TOKENS for t in by_tokens):
+        return (*tuple(heuristic), f"off-grid: {_describe(sorted(by_tokens), tokens, 'tokens')}, all more than "
+                f"{MOE_FAR_TOKENS}x away; chose the heuristic config")
     hw = hw or cm.hardware(sm_count)
     one_stage_ok = tokens * topk <= cm.ONE_STAGE_MAX_PAIRS
     usable = {t: r for t, r in by_tokens.items() if one_stage_ok or not r.run_1stage}
