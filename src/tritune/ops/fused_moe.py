@@ -11,7 +11,8 @@ on another GPU are skipped with one warning (another Triton version: used, with 
 Off the tuned grid (`ops.offgrid.choose_moe_offgrid`): every plan (1-stage config, or stage-1 + stage-2 configs)
 tuned at the nearest token counts below and above is scaled by `ops.cost_model` (experts touched, blocks per
 expert, tiles, waves, weight bytes) from the count it was measured at to the asked one, its launches' host cost
-added, and the rule table's plan competes on its model estimate; the least estimated time wins.
+added, and the rule table's plan competes on its model estimate; the least estimated time wins. Where every tuned
+count is more than `offgrid.MOE_FAR_TOKENS` times away, the rule table's plan is taken without the comparison.
 """
 
 from __future__ import annotations
