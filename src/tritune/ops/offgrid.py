@@ -37,8 +37,10 @@ __all__ = ["HEURISTIC_MARGIN", "MOE_FAR_TOKENS", "MoeRow", "choose_gemm_offgrid"
 HEURISTIC_MARGIN = 1.10  # an unmeasured config's scaled estimate is inflated by this before it competes
 # Mixtral-8x7B's shipped fp8 rows are tuned at 1024 tokens only. At 2 / 4 / 8 tokens the chooser scaled them to
 # 320-342 / 428 / 669 µs (per_token; BM 128 tiles for 4-16 pairs) and took them over the rule table's plan, which
-# ran 225 / 282 / 511 µs (per_1x128: 262 / 306 / 550 against 230 / 283 / 519). The model, calibrated on the 1024-token
-# row, put the rule's plan at 1.15-1.54x its measured time (H100, RESULTS.md twenty-fourth session).
+# ran 225 / 282 / 511 µs (per_1x128: 262 / 306 / 550 against 230 / 283 / 519). The model missed about 27% of what
+# 128-row tiles cost at one pair an expert, and the calibration on the 1024-token row (x 1.15) and the margin inflated
+# the rule's estimate (H100, RESULTS.md twenty-fourth session). Within 16x it measured mixed (0.94-1.07 at 64-128
+# tokens; the tuned plan 1.28-1.33x faster at 256).
 MOE_FAR_TOKENS = 16
 
 
