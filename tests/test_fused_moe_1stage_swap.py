@@ -160,6 +160,21 @@ def test_registers_are_capped_only_past_two_split_programs_an_sm(monkeypatch):
     assert f1.register_cap(split[4], 4, 128, 2880, 132) is None
 
 
+def prepared_split_call(ksplit: int):
+    """(a call of the swapped 1-stage kernel split `ksplit` ways on prepared weights and scales, (hidden, prepared w1,
+    w2, weights, ids, scale codes s1, s2), its config): the GPU cases that switch a kernel option and compare the
+    result with the plain call's. Each call binds anew, so a module switch set between two calls takes effect."""
+    hidden, q1, q2, weights, ids, s1, s2 = operands()
+    w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
+    cfg = dataclasses.replace(ONE, KSPLIT=ksplit)
+
+    def call():
+        return fused_moe_1stage(hidden, w1, w2, weights, ids, cfg, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
+                                w2_scale=prepare_mxfp4_scales(s2))
+
+    return call, (hidden, w1, w2, weights, ids, s1, s2), cfg
+
+
 def test_w2_is_prefetched_from_four_splits_and_the_probe_overrides_it(monkeypatch):
     """prefetch_w2: 1 (the slice's first split to arrive asks the L2 for its w2 chunks) from PREFETCH_W2_MIN_SPLIT
     splits, where it measured faster; 0 below, where it lost; PREFETCH_W2 overrides."""
@@ -177,14 +192,7 @@ def test_w2_is_prefetched_from_four_splits_and_the_probe_overrides_it(monkeypatc
 def test_the_w2_prefetch_leaves_the_result_unchanged(monkeypatch, mode):
     from tritune.kernels import fused_moe_1stage as f1
 
-    hidden, q1, q2, weights, ids, s1, s2 = operands()
-    w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
-    cfg = dataclasses.replace(ONE, KSPLIT=4)
-
-    def call():
-        return fused_moe_1stage(hidden, w1, w2, weights, ids, cfg, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
-                                w2_scale=prepare_mxfp4_scales(s2))
-
+    call, _, _ = prepared_split_call(4)
     monkeypatch.setattr(f1, "PREFETCH_W2", 0)
     plain = call()
     monkeypatch.setattr(f1, "PREFETCH_W2", mode)
@@ -197,14 +205,7 @@ def test_the_w2_prefetch_leaves_the_result_unchanged(monkeypatch, mode):
 def test_capped_registers_and_the_phase_stamps_leave_the_result_unchanged(monkeypatch, cap):
     from tritune.kernels import fused_moe_1stage as f1
 
-    hidden, q1, q2, weights, ids, s1, s2 = operands()
-    w1, w2 = prepare_mxfp4_weights(q1), prepare_mxfp4_weights(q2)
-    cfg = dataclasses.replace(ONE, KSPLIT=2)
-
-    def call():
-        return fused_moe_1stage(hidden, w1, w2, weights, ids, cfg, quant=fm.MXFP4, w1_scale=prepare_mxfp4_scales(s1),
-                                w2_scale=prepare_mxfp4_scales(s2))
-
+    call, (hidden, w1, w2, weights, ids, s1, s2), cfg = prepared_split_call(2)
     plain = call()
     monkeypatch.setattr(f1, "MAXNREG", cap)
     monkeypatch.setattr(f1, "TRACE", True)
