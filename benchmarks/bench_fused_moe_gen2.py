@@ -245,6 +245,8 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
             row[f"{name}_error"] = _error(err)
     if args.grouped and quant == "none":
         _time_grouped(row, h, w, tw, ti, rel_err, timed)
+    if args.library and quant in ("none", "per_token") and dev.type == "cuda":
+        _time_library(row, h, w, ti, quant, timed)
     try:
         if quant == "per_token":
             raise ValueError("no per_token peer in this benchmark (issue 14 compares per_token with our bf16)")
@@ -280,6 +282,51 @@ def _time_grouped(row: dict, h, w: dict, tw, ti, rel_err, timed) -> None:
         row["grouped_us"] = timed(fn)
     except Exception as err:  # noqa: BLE001
         row["grouped_error"] = _error(err)
+
+
+def _time_library(row: dict, h, w: dict, ti, quant: str, timed) -> None:
+    """--library: the vendor library's grouped GEMMs on the same routed rows, gathered in expert order outside the
+    timing: `torch._grouped_mm` (bf16) or `torch._scaled_grouped_mm` (per_token: fp8 rows with row-wise scales), the
+    two GEMMs alone (no sort, activation or top-k sum), and cuBLAS on one dense GEMM pair of the same total size (one
+    expert's weights for every row). What the hardware's own libraries take for the GEMMs this op must run: a measured
+    ceiling for its large-token floor target, which counts the GEMMs at the peak of a dense matmul."""
+    from tritune.kernels.fused_moe import quantize_activations
+
+    experts, topk = w["w1"].shape[0], ti.shape[1]
+    flat = ti.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    xs = h[order // topk].contiguous()
+    inter = w["w2"].shape[2]
+    gen = torch.Generator(h.device).manual_seed(1)
+    zs = torch.randn(xs.shape[0], inter, device=h.device, generator=gen).to(h.dtype)
+    first = int(torch.nonzero(counts)[0])
+    lo, hi = int(offs[first]) - int(counts[first]), int(offs[first])
+    w1t, w2t = w["w1"].transpose(1, 2), w["w2"].transpose(1, 2)
+    if quant == "none":
+        ref = xs[lo:hi].float() @ w["w1"][first].float().T
+        gemm1 = lambda: torch._grouped_mm(xs, w1t, offs=offs)  # noqa: E731
+        gemm2 = lambda: torch._grouped_mm(zs, w2t, offs=offs)  # noqa: E731
+        dense = lambda: (xs @ w["w1"][0].T, zs @ w["w2"][0].T)  # noqa: E731
+    else:
+        (xq, xsc), (zq, zsc) = quantize_activations(xs, quant), quantize_activations(zs, quant)
+        xsc, zsc = xsc.reshape(-1).float().contiguous(), zsc.reshape(-1).float().contiguous()
+        s1, s2 = w["s1"].float().reshape(experts, -1), w["s2"].float().reshape(experts, -1)
+        ref = (xq[lo:hi].float() * xsc[lo:hi, None]) @ (w["w1"][first].float() * s1[first, :, None]).T
+        kw = {"offs": offs, "out_dtype": torch.bfloat16}
+        gemm1 = lambda: torch._scaled_grouped_mm(xq, w1t, xsc, s1, **kw)  # noqa: E731
+        gemm2 = lambda: torch._scaled_grouped_mm(zq, w2t, zsc, s2, **kw)  # noqa: E731
+        dense = lambda: (torch._scaled_mm(xq, w["w1"][0].T, xsc[:, None], s1[0][None, :], out_dtype=torch.bfloat16),  # noqa: E731
+                         torch._scaled_mm(zq, w["w2"][0].T, zsc[:, None], s2[0][None, :], out_dtype=torch.bfloat16))
+    try:
+        got = gemm1()[lo:hi].float()
+        row["library_rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+        row["library_us"] = timed(lambda: (gemm1(), gemm2()))
+        row["library_gemm1_us"], row["library_gemm2_us"] = timed(gemm1), timed(gemm2)
+        row["dense_us"] = timed(dense)
+    except Exception as err:  # noqa: BLE001 - a library that lacks this case is a result
+        row["library_error"] = _error(err)
 
 
 def tune_spec(text: str) -> tuple[str, str, int]:
@@ -361,8 +408,8 @@ def table(rows: list[dict], labels: list[str], tuned: bool = False, rule_flags: 
     """The markdown table of `rows`: one column per --variant label and --rule-flag (and the tuned row's choice when
     `tuned`)."""
     extra = [f"variant {v}" for v in labels] + [f"rule {f}={v}" for f, v in rule_flags]
-    extra += (["tuned"] if tuned else []) + (
-        ["grouped"] if any("grouped_us" in r or "grouped_error" in r for r in rows) else [])
+    extra += (["tuned"] if tuned else []) + [k for k in ("grouped", "library", "dense")
+                                             if any(f"{k}_us" in r or f"{k}_error" in r for r in rows)]
     head = ["shape", "quant", "tokens", "ours µs", "vLLM µs", "ours/vLLM", "floor µs", "ours/floor",
             "ours eager / graph µs", "vLLM config"] + [f"{k} µs (/ours)" for k in extra]
 
@@ -412,6 +459,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="write the untuned rows of these points (for `tritune moe -i`) and exit; no GPU needed")
     ap.add_argument("--grouped", action="store_true",
                     help="bf16 rows also time the training MLP's grouped kernels (ops.moe_mlp, inference mode)")
+    ap.add_argument("--library", action="store_true",
+                    help="bf16 and per_token rows also time the vendor library's two grouped GEMMs (torch._grouped_mm"
+                         " / _scaled_grouped_mm) on pre-gathered rows, and cuBLAS on a dense pair of the same size")
     ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant (median)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no row after this many seconds")
     args = ap.parse_args(argv)

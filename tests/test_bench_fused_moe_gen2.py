@@ -139,6 +139,16 @@ def test_table_ratios_flags_and_errors():
     assert bad == "| s | none | 9 | error | error | - | 100.0 | - | - | default | error |"
 
 
+def test_table_library_columns_only_where_measured():
+    row = {"shape": "s", "quant": "none", "tokens": 8, "floor_us": 100.0, "ours_us": 200.0, "library_us": 150.0,
+           "dense_us": 100.0}
+    head, _, line = gen2.table([row], [])
+    assert head.endswith("| library µs (/ours) | dense µs (/ours) |")
+    assert line.endswith("| 150.0 (0.75) | 100.0 (0.50) |")
+    assert "library" not in gen2.table([{k: v for k, v in row.items() if k not in ("library_us", "dense_us")}], [])[0]
+    assert gen2.parse_args(["--library"]).library and not gen2.parse_args([]).library
+
+
 def _peer_dirs() -> tuple[pathlib.Path, pathlib.Path]:
     vendor = ROOT / "peers_vllm"
     shared = next((p for p in (vendor, ROOT.parent / "shared" / "peers") if (p / "vllm_moe.py").exists()), None)
