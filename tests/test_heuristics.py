@@ -217,9 +217,10 @@ def test_every_moe_config_passes_check_config_and_the_tuners_rules(quant, max_sh
             assert s1.BLOCK_SIZE_M == s2.BLOCK_SIZE_M  # one sort serves both stages
 
 
-def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_k_512():
+def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_its_k_limit():
     """Stage 2 (K = the intermediate size) persistent, its weights through TMA, where the rule table reads the sorted
-    intermediate through TMA and K <= 512, fp8 per_token and per_1x128 included; never for MXFP4 (no TMA there)."""
+    intermediate through TMA and K <= 512 (bf16), 1536 (per_token), 768 (per_1x128); never for MXFP4 (no TMA
+    there)."""
     def stage2(tokens, inter, quant="none"):
         _, s1, s2 = moe_heuristic(tokens, 4096, inter, 128, 8, quant)
         check_plan(s1, s2, quant)
@@ -234,7 +235,11 @@ def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_k_512():
         for tokens in (1024, 8192):
             s2 = stage2(tokens, 384, quant)
             assert (s2.PERSISTENT, s2.USE_TMA, s2.SORTED_INTER, s2.KSPLIT) == (1, 1, 2, 1), (quant, tokens)
-        assert stage2(4096, 768, quant).PERSISTENT == 0 and stage2(512, 384, quant).PERSISTENT == 0
+        assert stage2(512, 384, quant).PERSISTENT == 0
+    # fp8 further than bf16: per_token to K 1536, per_1x128 to 768 (the longest K each was measured to gain at)
+    assert [stage2(4096, k, "per_token").PERSISTENT for k in (768, 1536, 1537, 14336)] == [1, 1, 0, 0]
+    assert [stage2(4096, k, "per_1x128").PERSISTENT for k in (768, 769, 1408)] == [1, 0, 0]
+    assert stage2(4096, 1536, "per_token").SORTED_INTER == 2 and stage2(4096, 1408, "per_1x128").SORTED_INTER == 0
     assert stage2(4096, 384, "per_1x32").PERSISTENT == 0
 
 

@@ -61,8 +61,9 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - with it, stage 2 persistent (`PERSISTENT`, its weights through TMA too) when its K, the intermediate size, is at most
   PERSISTENT_MAX_K = 512 (H100, E 128 top-8 I 384, whole op with warm L2: 0.92 / 0.97 / 0.96x at 1024 / 4096 / 8192
   tokens; at I 768 and 1536 stage 2 is 0.99-1.02x, left to the tuner);
-- fp8 per_token and per_1x128 take both together under the same conditions, never the sorted intermediate alone
-  (H100, E 128 top-8 I 384, whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024);
+- fp8 per_token and per_1x128 take both together, never the sorted intermediate alone (H100, E 128 top-8 I 384,
+  whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024), up to a longer K:
+  `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
@@ -110,6 +111,12 @@ MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swap
 # Programs an SM the swapped 1-stage kernel's K splits may fill: what fits under its register cap (register_cap).
 ONE_STAGE_PROGRAMS_PER_SM = CAPPED_PROGRAMS_PER_SM
 PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up to this K with the sorted intermediate
+# fp8 runs it (and so the sorted intermediate) further: its K steps take half bf16's time, so the fill and epilogue a
+# persistent program overlaps weigh twice as much. H100, whole op, L2 flushed, four shapes at 1024 / 4096 / 8192 tokens
+# (RESULTS.md, twenty-fifth session): per_token at I 768 / 1408 / 1536 0.91-1.00x the time, at I 14336 1.00-1.06x;
+# per_1x128 at I 768 0.93 / 0.99 / 1.00x, at I 1408 / 1536 0.99-1.04x.
+PERSISTENT_MAX_K_PER_TOKEN = 1536
+PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
 # bf16 past 64 rows: a tile's speed per output element against 128x256's, roughly as tuned on the H100 (six held-out
 # (N, K), M 256-8192, 2026-11-27: 128x128 at 6 stages ran about 0.93 of 128x256, 64-row and 64-column tiles 0.65-0.85).
@@ -452,7 +459,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     stage1 = _moe_stage(bm, *s1, n=inter_dim, k=model_dim, halves=halves, tma=tma, **common)
     stage2 = _moe_stage(bm, *s2, n=model_dim, k=inter_dim, halves=1, tma=tma, **common)
     sorted_ok = m >= 64 and capability[0] >= 9 and (inter_dim * elt) % 16 == 0
-    persistent_ok = inter_dim <= PERSISTENT_MAX_K and stage2.KSPLIT == 1 and not stage2.SWAP_AB
+    max_k = {"per_token": PERSISTENT_MAX_K_PER_TOKEN, "per_1x128": PERSISTENT_MAX_K_PER_1X128}.get(quant,
+                                                                                                  PERSISTENT_MAX_K)
+    persistent_ok = inter_dim <= max_k and stage2.KSPLIT == 1 and not stage2.SWAP_AB
     if sorted_ok and (quant == "none" or (quant in PERSISTENT_QUANTS and persistent_ok)):
         # The intermediate in the sort's order, read by stage 2 through TMA (measured on the H100: 0.94-0.99x the
         # plain plan at 13 of 15 bf16 points from m = 64, up to 1.04x at 2). fp8 takes it only with the persistent
