@@ -1,0 +1,149 @@
+r"""The Gluon block-scaled fp8 GEMM (`kernels/gluon_blockscale.py`: block k-1's rescale while block k's MMA runs)
+against row-wise `torch._scaled_mm` (cuBLAS), tritune's Triton block-scaled op and, where extracted, vLLM's Triton
+block-fp8 kernel with its shipped H100 config (issue 15). Same fp8 values for all; each contestant checked against
+the fp32 product of the values and scales it was given (relative L2 error), then timed with the engine's timer
+(CUDA events, L2 flushed, median).
+
+    PYTHONPATH=src python benchmarks/probe_gluon_blockfp8.py --out $OUT/gluon_blockfp8.json \
+        [--shapes 1536,7168:24576,7168:1536,1536] [--ms 256,1024,2048,4096,8192] \
+        [--variants 128:128:4:8:8,128:128:5:8:8] [--vendor-dir peers_vllm]
+
+A variant is BM:BN:STAGES:WARPS:GROUP_M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_blockfp8_vllm import nearest_config, vendor_file  # noqa: E402
+from bench_gemm_gen2 import bf16_operands, fp8_operands  # noqa: E402
+from probe_util import checked_time  # noqa: E402
+
+SHAPES = ((1536, 7168), (24576, 7168), (1536, 1536))
+MS = (256, 1024, 2048, 4096, 8192)
+VARIANTS = ("128:128:4:8:8", "128:128:5:8:8", "128:128:3:8:8")
+
+
+def vllm_kernel(vendor_dir: pathlib.Path):
+    """vLLM's `_w8a8_triton_block_scaled_mm` from the extracted peer folder, or None when it is not there."""
+    path = vendor_dir / "vllm_block_fp8_kernel.py"
+    if not path.exists():
+        return None
+    sys.path.insert(0, str(vendor_dir.resolve()))
+    import vllm_block_fp8_kernel as mod
+
+    return next(getattr(mod, n) for n in dir(mod) if n.endswith("block_scaled_mm") and not n.startswith("__"))
+
+
+def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
+    import triton
+
+    from tritune.kernels.gluon_blockscale import gluon_blockscale_gemm
+    from tritune.ops import gemm_a8w8_blockscale
+    from tritune.tuning.bench import time_kernel
+
+    f8 = fp8_operands(*bf16_operands(m, n, k))
+    a8, sa8, b8, sb8 = f8.a8, f8.sa8, f8.b8, f8.sb8
+    timer = lambda fn: time_kernel(fn, iters=args.iters, warmup=3).median_us  # noqa: E731
+    row = {"N": n, "K": k, "M": m, "flops": 2.0 * m * n * k}
+    row["scaled_mm"] = checked_time(f8.scaled_mm, f8.ref_rows, timer)
+    row["tritune"] = checked_time(lambda: gemm_a8w8_blockscale(a8, b8, sa8, sb8), f8.ref_blocks, timer)
+    if peer is not None:
+        path = vendor_file(args.vendor_dir, n, k)
+        cfg = nearest_config(json.loads(path.read_text()), m) if path.exists() else None
+        if cfg is not None:
+            c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            grid = (triton.cdiv(m, cfg["BLOCK_SIZE_M"]) * triton.cdiv(n, cfg["BLOCK_SIZE_N"]),)
+
+            def vllm():
+                peer[grid](a8, b8, c, sa8, sb8, m, n, k, 128, 128, a8.stride(0), a8.stride(1), b8.stride(1),
+                           b8.stride(0), c.stride(0), c.stride(1), sa8.stride(0), sa8.stride(1), sb8.stride(1),
+                           sb8.stride(0), **cfg)
+                return c
+
+            row["vllm"] = checked_time(vllm, f8.ref_blocks, timer)
+    for v in variants:
+        bm, bn, stages, warps, group = (int(x) for x in v.split(":"))
+        fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group: gluon_blockscale_gemm(
+            a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g))
+        row[f"gluon {v}"] = checked_time(fn, f8.ref_blocks, timer)
+    return row
+
+
+def us(cell) -> float | None:
+    return cell[0] if isinstance(cell, (tuple, list)) else None
+
+
+def table(rows: list[dict], variants: list[str]) -> list[str]:
+    names = ["scaled_mm", "tritune", "vllm"] + [f"gluon {v}" for v in variants]
+    lines = ["| N, K | M | " + " | ".join(f"{n} µs" for n in names) + " | best gluon TFLOP/s | scaled_mm / best gluon "
+             "| tritune / best gluon | vllm / best gluon |", "|" + "---|" * (len(names) + 6)]
+    for r in rows:
+        cells = []
+        for name in names:
+            c = r.get(name)
+            if c is None:
+                cells.append("-")
+            elif isinstance(c, str):
+                cells.append("error")
+            else:
+                cells.append(f"{c[0]:.1f}" + (" WRONG" if c[1] > 2e-2 else ""))
+        g = [us(r.get(f"gluon {v}")) for v in variants]
+        g = [x for x in g if x]
+        best = min(g) if g else None
+        lines.append(f"| {r['N']}, {r['K']} | {r['M']} | " + " | ".join(cells)
+                     + (f" | {r['flops'] / best / 1e6:.0f} | " if best else " | - | "))
+        lines[-1] += " | ".join(_ratio(r, k, best) for k in ("scaled_mm", "tritune", "vllm")) + " |"
+    return lines
+
+
+def _ratio(row: dict, name: str, best: float | None) -> str:
+    return f"{us(row[name]) / best:.2f}" if best and us(row.get(name)) else "-"
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=":".join(f"{n},{k}" for n, k in SHAPES))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--vendor-dir", type=pathlib.Path, default=pathlib.Path("peers_vllm"))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", type=pathlib.Path)
+    args = ap.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(":")]
+    ms = [int(x) for x in args.ms.split(",")]
+    variants = args.variants.split(",")
+    for v in variants:
+        if len(v.split(":")) != 5 or not all(x.isdigit() for x in v.split(":")):
+            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M")
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    peer = vllm_kernel(args.vendor_dir)
+    rows = []
+    for n, k in shapes:
+        for m in ms:
+            row = run_point(n, k, m, variants, args, peer)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    print("\n" + "\n".join(table(rows, variants)))
+    best = [min(us(r.get(f"gluon {v}")) or 1e30 for v in variants) for r in rows]
+    for name in ("scaled_mm", "tritune", "vllm"):
+        pairs = [(r, us(r.get(name)) / b) for r, b in zip(rows, best, strict=True) if us(r.get(name)) and b < 1e30]
+        ratios, big = [x for _, x in pairs], [x for r, x in pairs if r["M"] >= 1024]
+        print(f"{name} / best gluon: geomean {geomean(ratios):.3f}, from M 1024 {geomean(big):.3f}")
+
+
+if __name__ == "__main__":
+    main()
