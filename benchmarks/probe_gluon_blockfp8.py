@@ -8,7 +8,7 @@ the fp32 product of the values and scales it was given (relative L2 error), then
         [--shapes 1536,7168:24576,7168:1536,1536] [--ms 256,1024,2048,4096,8192] \
         [--variants 128:128:4:8:8,128:128:5:8:8] [--vendor-dir peers_vllm]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M.
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent grid (as many programs as fit at once).
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
 
             row["vllm"] = checked_time(vllm, f8.ref_blocks, timer)
     for v in variants:
-        bm, bn, stages, warps, group = (int(x) for x in v.split(":"))
-        fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group: gluon_blockscale_gemm(
-            a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g))
+        bm, bn, stages, warps, group, persistent = (int(x) for x in (v + ":0").split(":")[:6])
+        fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=persistent: gluon_blockscale_gemm(
+            a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g, persistent=bool(p)))
         row[f"gluon {v}"] = checked_time(fn, f8.ref_blocks, timer)
     return row
 
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     ms = [int(x) for x in args.ms.split(",")]
     variants = args.variants.split(",")
     for v in variants:
-        if len(v.split(":")) != 5 or not all(x.isdigit() for x in v.split(":")):
-            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M")
+        if len(v.split(":")) not in (5, 6) or not all(x.isdigit() for x in v.split(":")):
+            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P]")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     peer = vllm_kernel(args.vendor_dir)
     rows = []

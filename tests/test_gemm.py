@@ -293,6 +293,9 @@ def test_out_dtype_must_be_bf16_or_fp16() -> None:
     assert gk.out_dtype_name(torch.float16) == "fp16" and gk.OUT_DTYPES["bf16"] == torch.bfloat16
 
 
+GLUON_64 = gk.GemmConfig(64, 128, 128, num_warps=4, num_stages=5, GLUON=True)
+
+
 def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) -> tuple[str, dict, gk.GemmConfig]:
     """Valid small operands for `kernel`, with `changes` replacing operands or (key "cfg") the config."""
     cfg = changes.pop("cfg", SMALL)
@@ -331,6 +334,15 @@ def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) 
         (_bad("bf16", cfg=gk.GemmConfig(16, 32, 32, EPILOGUE_SUBTILE=True)), "options of the persistent TMA kernel"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(16, 32, 128, PERSISTENT_TMA=True, SCALE_PIPELINE=True,
                                                     WARP_SPECIALIZE=True)), "two schedules of one loop"),
+        (_bad("a8w8", cfg=GLUON_64), "GLUON is the block-scaled kernel (a8w8_blockscale), not a8w8"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 256, 128, num_warps=4, GLUON=True)), "BLOCK_SIZE_N 64 or 128"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(128, 128, 128, num_warps=4, GLUON=True)),
+         "BLOCK_SIZE_M 16 x num_warps"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 128, 64, num_warps=4, GLUON=True)), "BLOCK_SIZE_K 128"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 128, 128, num_warps=4, NUM_KSPLIT=2, GLUON=True)),
+         "GLUON is its own kernel"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 128, 128, num_warps=4, SCALE_PIPELINE=True, GLUON=True)),
+         "GLUON is its own kernel"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -358,3 +370,12 @@ def test_config_from_params_rejects_unknown_names() -> None:
     assert gk.GemmConfig.from_params({"BLOCK_SIZE_M": 32}) == gk.GemmConfig(BLOCK_SIZE_M=32)
     with pytest.raises(ValueError, match="BLOCK_M"):
         gk.GemmConfig.from_params({"BLOCK_M": 32})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU's own refusal: off Hopper the op says so; a Hopper GPU "
+                    "runs the kernel (tests/test_gluon_blockscale_gpu.py)")
+def test_gluon_refused_off_the_gpu() -> None:
+    ops = _operands("a8w8_blockscale", 256, 256, 512)
+    with pytest.raises(ValueError, match="GLUON (runs on a Hopper GPU|needs Triton's Gluon)"):
+        gk.gemm("a8w8_blockscale", ops["a"], ops["b"], GLUON_64, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
+    assert gk.gluon_problem(GLUON_64) is None and gk.gluon_problem(gk.GemmConfig(128, 128, 128, num_warps=8)) is None

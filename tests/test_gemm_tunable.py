@@ -23,7 +23,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def _config(**changes) -> Config:
     """A config that passes every rule for BIG (below), with `changes` applied; every DEFAULT_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
-                  NUM_KSPLIT=1, cache_modifier="", PERSISTENT_TMA=False, SCALE_PIPELINE=False, TAIL_SPLIT=False)
+                  NUM_KSPLIT=1, cache_modifier="", PERSISTENT_TMA=False, SCALE_PIPELINE=False, TAIL_SPLIT=False,
+                  GLUON=False)
     params.update(changes)
     assert set(params) == set(DEFAULT_SPACE)
     return Config.of(**params)
@@ -38,6 +39,7 @@ SMALL_M = GemmProblem("bf16", 32, 4096, 4096)
 SHORT_K = GemmProblem("bf16", 32, 256, 128)
 BLOCKSCALE = GemmProblem("a8w8_blockscale", 512, 8192, 4096)
 TAIL = GemmProblem("bf16", 2304, 2048, 4096)  # 18 x 16 = 288 tiles of 128x128: 2 full waves on 132 SMs + 24 tiles
+GLUON_RULE = "GLUON: block-scale on Hopper (Gluon API), 16-byte rows, its tiles and no Triton-kernel option"
 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
@@ -91,6 +93,11 @@ ONE_RULE_EACH = [
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),
     ("SCALE_PIPELINE needs block-scale, TMA, BLOCK_SIZE_K 128, BLOCK_SIZE_N <= 128", BIG,
      _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),  # bf16 kernel
+    (GLUON_RULE, BIG, _config(BLOCK_SIZE_K=128, GLUON=True)),  # the bf16 kernel
+    (GLUON_RULE, BLOCKSCALE, _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GLUON=True)),  # two weight scales a tile
+    (GLUON_RULE, BLOCKSCALE, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, GLUON=True)),  # 64 rows on 8 warps
+    (GLUON_RULE, GemmProblem("a8w8_blockscale", 512, 8192, 4104),
+     _config(BLOCK_SIZE_K=128, GLUON=True)),  # K 4104: 8-byte fp8 rows
 ]
 
 
@@ -99,6 +106,17 @@ def test_each_rule_prunes_on_its_own(rule: str, problem: GemmProblem, config: Co
     assert _failing(problem, config) == [rule]
     result = SearchSpace({k: (v,) for k, v in config.items}, gemm_constraints(problem, DEV)).prune()
     assert result.kept == [] and result.pruned == {rule: 1}
+
+
+def test_gluon_configs_kept_on_hopper_with_gluon_only() -> None:
+    """The Gluon block-scaled kernel's own tiles pass every rule on Hopper where this Triton has Gluon; not before
+    Hopper."""
+    from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+    for config in (_config(BLOCK_SIZE_K=128, GLUON=True),
+                   _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, num_warps=4, num_stages=5, GLUON=True)):
+        assert _failing(BLOCKSCALE, config) == ([] if HAS_GLUON_HOPPER else [GLUON_RULE])
+        assert _failing(BLOCKSCALE, config, dataclasses.replace(DEV, capability=(8, 0))) == [GLUON_RULE]
 
 
 def test_every_rule_has_a_case() -> None:

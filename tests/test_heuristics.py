@@ -55,7 +55,7 @@ def tile(c):
     ("bf16", 1, 512, 16384, (16, 32, 256, 8, 4, False)),  # 16 tiles, 1 MiB each: split 8 (grid 128 <= 264)
 ])
 def test_gemm_rule_table_rows(kernel, M, N, K, want):
-    c = gemm_heuristic(kernel, M, N, K)
+    c = gemm_heuristic(kernel, M, N, K, gluon=False)  # the Triton kernels' rows (the Gluon rule: below)
     assert (*tile(c), c.NUM_KSPLIT, c.num_stages, c.PERSISTENT_TMA) == want
 
 
@@ -105,18 +105,40 @@ def test_every_gemm_config_passes_the_tuners_rules(kernel, sm_count, max_shared)
             assert gk.SCALE_BLOCK % c.BLOCK_SIZE_K == 0
 
 
+def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
+    """H100 (twenty-fifth session): 128x128 on 8 warps, 4 stages where that grid makes a wave, else 64x128 on 4 warps
+    and 5 stages; only on Hopper with Gluon, from M 256, N 128, K 512, with 16-byte rows."""
+    def rule(M, N, K, **kw):
+        return gemm_heuristic("a8w8_blockscale", M, N, K, gluon=True, **kw)
+
+    big = rule(4096, 24576, 7168)
+    assert big.GLUON and (tile(big), big.num_warps, big.num_stages, big.GROUP_SIZE_M) == ((128, 128, 128), 8, 4, 8)
+    assert gk.gluon_problem(big) is None and not (big.PERSISTENT_TMA or big.NUM_KSPLIT > 1)
+    small = rule(256, 1536, 7168)  # 2 x 12 = 24 tiles of 128x128: under a wave
+    assert small.GLUON and (tile(small), small.num_warps, small.num_stages) == ((64, 128, 128), 4, 5)
+    assert rule(1024, 1536, 7168).BLOCK_SIZE_M == 64 and rule(2048, 1536, 7168).BLOCK_SIZE_M == 128  # 96 / 192 tiles
+    assert rule(256, 1536, 512).num_stages == 5 and rule(4096, 1536, 512).num_stages == 4  # 4 K blocks + 2 >= 5
+    for M, N, K, kw in ((255, 4096, 4096, {}), (4096, 120, 4096, {}), (4096, 4096, 384, {}), (4096, 4100, 4096, {}),
+                        (4096, 4096, 4104, {}), (4096, 4096, 4096, {"capability": (8, 0)})):
+        assert not rule(M, N, K, **kw).GLUON, (M, N, K, kw)
+    assert not gemm_heuristic("a8w8_blockscale", 4096, 4096, 4096, gluon=False).GLUON
+    assert not gemm_heuristic("a8w8", 4096, 4096, 4096, gluon=True).GLUON
+
+
 def test_block_scaled_warp_specialises_at_long_k_where_triton_can():
     """Measured on the H100 (Triton 3.6): 0.88-0.97x the time from K 7168 at M >= 1024, nothing at K <= 4096 or in
-    bf16. Only on the persistent TMA kernel, only where Triton has warp_specialize (3.5+)."""
-    assert gemm_heuristic("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE
-    assert gemm_heuristic("a8w8_blockscale", 1024, 3584, 18944, warp_specialize=True).WARP_SPECIALIZE
-    assert not gemm_heuristic("a8w8_blockscale", 4096, 6144, 4096, warp_specialize=True).WARP_SPECIALIZE  # K short
-    assert not gemm_heuristic("a8w8_blockscale", 512, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE  # no TMA
-    assert not gemm_heuristic("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=False).WARP_SPECIALIZE
-    assert not gemm_heuristic("bf16", 8192, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE
-    assert not gemm_heuristic("a8w8_blockscale", 4096, 1536, 7168, capability=(8, 0),
-                              warp_specialize=True).WARP_SPECIALIZE
-    ws = gemm_heuristic("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=True)
+    bf16. Only on the persistent TMA kernel, only where Triton has warp_specialize (3.5+); the Gluon kernel off."""
+    def rule(*shape, **kw):
+        return gemm_heuristic(*shape, gluon=False, **kw)
+
+    assert rule("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE
+    assert rule("a8w8_blockscale", 1024, 3584, 18944, warp_specialize=True).WARP_SPECIALIZE
+    assert not rule("a8w8_blockscale", 4096, 6144, 4096, warp_specialize=True).WARP_SPECIALIZE  # K short
+    assert not rule("a8w8_blockscale", 512, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE  # no TMA
+    assert not rule("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=False).WARP_SPECIALIZE
+    assert not rule("bf16", 8192, 1536, 7168, warp_specialize=True).WARP_SPECIALIZE
+    assert not rule("a8w8_blockscale", 4096, 1536, 7168, capability=(8, 0), warp_specialize=True).WARP_SPECIALIZE
+    ws = rule("a8w8_blockscale", 4096, 1536, 7168, warp_specialize=True)
     assert ws.PERSISTENT_TMA and not ws.SCALE_PIPELINE  # the kernel's own pairing rules
 
 

@@ -20,7 +20,8 @@ from tritune.device import DeviceInfo
 from tritune.tuners.gemm_tunable import DEFAULT_SPACE, GemmProblem, GemmTunable
 
 _ENTRY = "from tritune.aot.entries import gemm_entry  # noqa: F401\n"
-_FIXED = {"NUM_KSPLIT": (1,), "PERSISTENT_TMA": (False,), "SCALE_PIPELINE": (False,), "TAIL_SPLIT": (False,)}
+_FIXED = {"NUM_KSPLIT": (1,), "PERSISTENT_TMA": (False,), "SCALE_PIPELINE": (False,), "TAIL_SPLIT": (False,),
+          "GLUON": (False,)}
 _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
           "num_warps": "W", "num_stages": "S", "CACHE_CG": "CG"}
 
@@ -37,10 +38,11 @@ def gemm_configs(problem: GemmProblem, device: DeviceInfo, space: Mapping[str, t
 
 
 def aot_params(config: Mapping) -> dict[str, int]:
-    bad = {k: config[k] for k in ("NUM_KSPLIT", "PERSISTENT_TMA", "SCALE_PIPELINE", "TAIL_SPLIT")
+    bad = {k: config[k] for k in ("NUM_KSPLIT", "PERSISTENT_TMA", "SCALE_PIPELINE", "TAIL_SPLIT", "GLUON")
            if k in config and config[k] not in (1, False, 0)}
     if bad or config.get("NUM_KSPLIT", 1) != 1:
-        raise ValueError(f"aot: GEMM config {dict(config)}: split-K and TMA configs are not supported ahead of time")
+        raise ValueError(f"aot: GEMM config {dict(config)}: split-K, TMA and Gluon configs are not supported ahead "
+                         "of time")
     return {"BLOCK_SIZE_M": int(config["BLOCK_SIZE_M"]), "BLOCK_SIZE_N": int(config["BLOCK_SIZE_N"]),
             "BLOCK_SIZE_K": int(config["BLOCK_SIZE_K"]), "GROUP_SIZE_M": int(config.get("GROUP_SIZE_M", 8)),
             "num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"]),

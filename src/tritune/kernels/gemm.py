@@ -53,6 +53,7 @@ class GemmConfig:
     WARP_SPECIALIZE: bool = False  # persistent TMA only: the tile loop split into load and MMA warps (Triton >= 3.5)
     EPILOGUE_SUBTILE: bool = False  # persistent TMA only: C converted and stored as two [BM, BN/2] halves
     TAIL_SPLIT: bool = False  # pointer kernel, NUM_KSPLIT > 1: split only the tiles past the full waves
+    GLUON: bool = False  # block-scaled on Hopper: the Gluon kernel, rescale off the MMA path (kernels/gluon_blockscale)
 
     @staticmethod
     def from_params(params: dict) -> GemmConfig:
@@ -311,6 +312,37 @@ def offsets_fit(*element_counts: int) -> bool:
     return max(element_counts) < 2**31
 
 
+def gluon_problem(cfg: GemmConfig) -> str | None:
+    """Why `cfg` cannot be a GLUON config (None when it can): the Gluon block-scaled kernel takes BLOCK_SIZE_K 128,
+    BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4 warps, 128 on 8) and none
+    of the Triton kernels' options but PERSISTENT_TMA (then it runs persistent: as many programs as fit at once)."""
+    if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 128) or cfg.num_warps not in (4, 8) \
+            or cfg.BLOCK_SIZE_M != 16 * cfg.num_warps:
+        return (f"GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "
+                f"on 8), got {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} warps")
+    if cfg.NUM_KSPLIT != 1 or cfg.SCALE_PIPELINE or cfg.WARP_SPECIALIZE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT \
+            or cfg.cache_modifier:
+        return ("GLUON is its own kernel: NUM_KSPLIT 1, no SCALE_PIPELINE, WARP_SPECIALIZE, EPILOGUE_SUBTILE, "
+                "TAIL_SPLIT or cache_modifier (PERSISTENT_TMA makes it persistent)")
+    return None
+
+
+def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, cfg: GemmConfig) -> None:
+    from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+    if kernel != "a8w8_blockscale":
+        raise ValueError(f"GLUON is the block-scaled kernel (a8w8_blockscale), not {kernel}")
+    why = gluon_problem(cfg)
+    if why:
+        raise ValueError(why)
+    if not HAS_GLUON_HOPPER:
+        raise ValueError(f"GLUON needs Triton's Gluon Hopper API (Triton >= 3.5), this is Triton {triton.__version__}")
+    if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
+        raise ValueError(f"GLUON runs on a Hopper GPU (wgmma, TMA), not {a.device}")
+    if not tma_compatible(a, b, a if out is None else out):
+        raise ValueError("GLUON needs 16-byte aligned A, B, C rows (K a multiple of 16, N of 8)")
+
+
 def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None,
              b_scale: torch.Tensor | None, cfg: GemmConfig) -> None:
     """Reject shapes, dtypes and configs the kernels cannot take, with a message naming the problem."""
@@ -334,6 +366,8 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("A and B must be contiguous along K (stride 1 in the last dimension)")
+    if cfg.GLUON:
+        _check_gluon(kernel, a, b, None, cfg)
     for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -388,6 +422,9 @@ class GemmLaunch:
         scale_strides = (a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0)
         bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
         self.split = cfg.NUM_KSPLIT
+        if cfg.GLUON:
+            self._bind_gluon(a, b, a_s, b_s, out, cfg)
+            return
         if cfg.PERSISTENT_TMA:
             _check_tma(a, b, out, quant, cfg)
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -425,6 +462,26 @@ class GemmLaunch:
         self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *fixup, *self._tail), varying=7,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
+    def _bind_gluon(self, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
+        """The Gluon block-scaled kernel, bound once; its three descriptors encoded and cached by address as the
+        persistent TMA kernel's are (Triton's launcher encodes a Gluon descriptor from the layout recorded at
+        compile time, so the plain descriptor the cache builds serves)."""
+        from tritune.kernels import gluon_blockscale as gb
+
+        _check_gluon("a8w8_blockscale", a, b, out, cfg)
+        bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+        self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
+        programs = gb.programs_for(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device),
+                                   bm, bn, cfg.num_stages, cfg.PERSISTENT_TMA)
+        self.main = BoundKernel(
+            gb.blockscale_kernel, (programs,),
+            (*gb.descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, a_s.stride(0), a_s.stride(1),
+             b_s.stride(0), b_s.stride(1), programs, cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps),
+            varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self._desc_caches = tuple(
+            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
+            for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
+
     def _lock(self):
         """The per-tile locks of this call's stream (zero between calls: the last split of a tile resets its own)."""
         on_gpu = self.device.type == "cuda"
@@ -451,7 +508,7 @@ class GemmLaunch:
         `takes_addresses`."""
         a_s = a_scale if a_scale is not None else a
         b_s = b_scale if b_scale is not None else a
-        if self.cfg.PERSISTENT_TMA:
+        if self.cfg.PERSISTENT_TMA or self.cfg.GLUON:
             self.main.launch(*self._descs(a, b, out), a_s, b_s)
             return
         if self.split == 1:
@@ -531,6 +588,19 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
     ks = triton.cdiv(K, SCALE_BLOCK)
     s_a, s_b = (ks, ks) if quant == QUANT_BLOCK else (0, 0)
     scale_dtype = f32 if quant != QUANT_NONE else in_dtype
+    if cfg.GLUON:
+        from tritune.kernels import gluon_blockscale as gb
+
+        why = gluon_problem(cfg) if kernel == "a8w8_blockscale" else f"GLUON is a8w8_blockscale's, not {kernel}'s"
+        if why:
+            raise ValueError(why)
+        a, b, c = (MockTensor(dt, shape) for dt, shape in ((in_dtype, [M, K]), (in_dtype, [N, K]),
+                                                           (out_dtype, [M, N])))
+        gb.blockscale_kernel.warmup(
+            *gb.descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1, s_b, 1, 1,  # programs: any
+            cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            grid=(1,))
+        return
     if cfg.PERSISTENT_TMA:
         from triton.tools.tensor_descriptor import TensorDescriptor
 

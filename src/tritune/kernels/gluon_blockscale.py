@@ -31,6 +31,9 @@ try:  # Gluon's Hopper API (Triton >= 3.5); absent on older Triton
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # Triton 3.7 renamed the TMA copies (3.6 has only the old names, 3.9 refuses them)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     HAS_GLUON_HOPPER = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAS_GLUON_HOPPER = False
@@ -53,23 +56,36 @@ if HAS_GLUON_HOPPER:
         return gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0) * gl.load(b_s_ptr + k * stride_bsk)
 
     @gluon.jit
-    def _refill(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, done, k_tiles, STAGES: gl.constexpr):
-        """Block `done`'s stage, retired, loads block done + STAGES (if there is one)."""
-        s = done % STAGES
-        k = done + STAGES
-        more = k < k_tiles
-        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=more)
-        tma.async_copy_global_to_shared(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=more)
-        tma.async_copy_global_to_shared(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s), pred=more)
+    def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+        """(pid_m, pid_n) of output tile `tile` in the grouped order: GROUP_M tiles down M, then across N."""
+        in_group = GROUP_M * num_pid_n
+        first_m = (tile // in_group) * GROUP_M
+        size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+        return first_m + (tile % in_group) % size_m, (tile % in_group) // size_m
 
     @gluon.jit
-    def _blockscale_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
-                           stride_asm, stride_ask, stride_bsn, stride_bsk,
-                           GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TILES: gl.constexpr,
-                           num_warps: gl.constexpr):
-        """C [M, N] (bf16) = Σ_k (A_k · B_kᵀ) · a_s[:, k] · b_s[n // 128, k] for A [M, K] and B [N, K] fp8 through
-        TMA, a_s [M, ⌈K/128⌉] and b_s [⌈N/128⌉, ⌈K/128⌉] fp32. One output tile a program, grouped GROUP_M tiles
-        down M for L2 reuse of B. Grid: (⌈M/BM⌉ · ⌈N/BN⌉,)."""
+    def _load(a_desc, b_desc, a_smem, b_smem, ready, g, total, k_tiles, pid, programs, num_pid_m, num_pid_n,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """This program's K step g (its tiles' steps back to back), if it has one, into stage g % STAGES."""
+        tile = pid + (g // k_tiles) * programs
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        k = (g % k_tiles) * 128
+        s = g % STAGES
+        more = g < total
+        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=more)
+        _tma_load(a_desc, [pid_m * a_desc.block_type.shape[0], k], ready.index(s), a_smem.index(s), pred=more)
+        _tma_load(b_desc, [pid_n * b_desc.block_type.shape[0], k], ready.index(s), b_smem.index(s), pred=more)
+
+    @gluon.jit(do_not_specialize=["M", "programs"])
+    def blockscale_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
+                          stride_asm, stride_ask, stride_bsn, stride_bsk, programs,
+                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+        """C [M, N] (c_desc's dtype) = Σ_k (A_k · B_kᵀ) · a_s[:, k] · b_s[n // 128, k] for A [M, K] and B [N, K]
+        fp8 through TMA, a_s [M, ⌈K/128⌉] and b_s [⌈N/128⌉, ⌈K/128⌉] fp32. Program p takes output tiles p,
+        p + programs, ... in the grouped order (GROUP_M tiles down M, for L2 reuse of B); its K steps run back to
+        back through the STAGES buffers, so the next tile's loads are in flight during this tile's epilogue, and
+        the C tile's TMA store is waited for only before the next one. programs = the tile count: one tile a
+        program; fewer: persistent. Grid: (programs,)."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -78,99 +94,100 @@ if HAS_GLUON_HOPPER:
         pid = gl.program_id(0)
         num_pid_m = gl.cdiv(M, BM)
         num_pid_n = gl.cdiv(N, BN)
-        in_group = GROUP_M * num_pid_n
-        first_m = (pid // in_group) * GROUP_M
-        size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % in_group) % size_m
-        pid_n = (pid % in_group) // size_m
-        off_m = pid_m * BM
-        off_n = pid_n * BN
+        k_tiles = gl.cdiv(K, BK)
+        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        total = my_tiles * k_tiles
 
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-        k_tiles = gl.cdiv(K, BK)
         for i in gl.static_range(STAGES):  # every stage filled before the first MMA
-            fill = i < k_tiles
-            mbarrier.expect(ready.index(i), nbytes, pred=fill)
-            tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_smem.index(i), pred=fill)
-            tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_smem.index(i), pred=fill)
+            _load(a_desc, b_desc, a_smem, b_smem, ready, i, total, k_tiles, pid, programs, num_pid_m, num_pid_n,
+                  GROUP_M, STAGES)
 
-        offs_m = off_m + gl.arange(0, BM, layout=row_layout)
-        m_ok = offs_m < M
-        a_s_ptrs = as_ptr + offs_m * stride_asm
-        b_s_ptr = bs_ptr + (off_n // 128) * stride_bsn
-        zero = gl.zeros([BM, BN], gl.float32, mma_layout)
-        acc = gl.zeros([BM, BN], gl.float32, mma_layout)
-
-        if K_TILES > 0:  # K known at compile time: the K loop unrolled, so no partial is ever copied
-            p_prev = _issue(a_smem, b_smem, ready, zero, 0, STAGES)
-            s_prev = _scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
-            for ki in gl.static_range(1, K_TILES):
-                p_cur = _issue(a_smem, b_smem, ready, zero, ki, STAGES)
-                s_cur = _scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p_prev,)) * s_prev[:, None]
-                _refill(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, ki - 1, K_TILES, STAGES)
-                p_prev = p_cur
-                s_prev = s_cur
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p_prev,)) * s_prev[:, None]
-        else:
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
+            g0 = t * k_tiles  # this tile's first K step among the program's
+            offs_m = pid_m * BM + gl.arange(0, BM, layout=row_layout)
+            m_ok = offs_m < M
+            a_s_ptrs = as_ptr + offs_m * stride_asm
+            b_s_ptr = bs_ptr + (pid_n * BN // 128) * stride_bsn
+            acc = gl.zeros([BM, BN], gl.float32, mma_layout)
             # Two partials alternate (the loop body is two K blocks). Each MMA is handed acc * 0 as its (unread,
             # use_acc False) accumulator: that orders the rescale before the issue, so the partial's registers are
             # free and reused, and no copy touches a partial while its MMA is in flight. ptxas serializes every
             # wgmma of a kernel where one does (C7514).
-            p0 = _issue(a_smem, b_smem, ready, zero, 0, STAGES)
+            p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
             s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
-            d1 = zero
             for ki in range(1, k_tiles - 1, 2):
-                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
+                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
                 s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
-                d0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0,))  # block ki-1
-                acc = acc + d0 * s0[:, None]
-                _refill(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, ki - 1, k_tiles, STAGES)
-                p0 = _issue(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + ki - 1 + STAGES, total, k_tiles, pid, programs,
+                      num_pid_m, num_pid_n, GROUP_M, STAGES)  # into block ki-1's stage, free now
+                p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
                 s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
-                d1 = warpgroup_mma_wait(num_outstanding=1, deps=(p1,))  # block ki
-                acc = acc + d1 * s1[:, None]
-                _refill(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, ki, k_tiles, STAGES)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + ki + STAGES, total, k_tiles, pid, programs,
+                      num_pid_m, num_pid_n, GROUP_M, STAGES)
             if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
-                p1 = _issue(a_smem, b_smem, ready, d1, k_tiles - 1, STAGES)
+                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
                 s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
                 acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + k_tiles - 2 + STAGES, total, k_tiles, pid,
+                      programs, num_pid_m, num_pid_n, GROUP_M, STAGES)
                 acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
             else:
                 acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+            _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + k_tiles - 1 + STAGES, total, k_tiles, pid, programs,
+                  num_pid_m, num_pid_n, GROUP_M, STAGES)  # the last block's stage: the next tile's step
+            tma.store_wait(pendings=0)  # the previous tile's C has left c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+        tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        tma.store_wait(pendings=0)
+
+def descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
+    """Gluon TMA descriptors of A [M, K] and B [N, K] (fp8) and C [M, N] for `blockscale_kernel`'s tiles (the
+    bases may be Triton's MockTensor: only their dtypes matter when compiling)."""
+    def desc(t, block, dtype):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+    c_dtype = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
+    return (desc(a, [block_m, SCALE_BLOCK], gl.float8e4nv), desc(b, [block_n, SCALE_BLOCK], gl.float8e4nv),
+            desc(out, [block_m, block_n], c_dtype))
 
 
-def _descriptors(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bm: int, bn: int) -> tuple:
-    fp8 = gl.float8e4nv
-    a_desc = TensorDescriptor.from_tensor(a, [bm, SCALE_BLOCK], gl.NVMMASharedLayout.get_default_for([bm, SCALE_BLOCK],
-                                                                                                       fp8))
-    b_desc = TensorDescriptor.from_tensor(b, [bn, SCALE_BLOCK], gl.NVMMASharedLayout.get_default_for([bn, SCALE_BLOCK],
-                                                                                                       fp8))
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], gl.bfloat16))
-    return a_desc, b_desc, c_desc
+def smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int = 2) -> int:
+    """Shared memory of one program: the fp8 A and B stages and the C tile of the epilogue (barriers aside)."""
+    return stages * (block_m + block_n) * SCALE_BLOCK + block_m * block_n * out_bytes
+
+
+def programs_for(tiles: int, sm_count: int, block_m: int, block_n: int, stages: int, persistent: bool) -> int:
+    """`blockscale_kernel`'s grid: one program a tile, or (persistent) as many as fit on the GPU at once: two a SM
+    where two fit in its shared memory (228 KB) and registers (64-row tiles on 4 warps), else one."""
+    if not persistent:
+        return tiles
+    per_sm = 2 if block_m == 64 and 2 * (smem_bytes(block_m, block_n, stages) + 1024) <= 228 * 1024 else 1
+    return max(1, min(tiles, per_sm * sm_count))
 
 
 def gluon_blockscale_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, *,
                           block_m: int = 128, block_n: int = 128, stages: int = 4, group_m: int = 8,
-                          num_warps: int = 8, unroll: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 [M, N] = A [M, K] fp8 · B [N, K]ᵀ fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉] (fp32)."""
+                          num_warps: int = 8, persistent: bool = False,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [M, N] = A [M, K] fp8 · B [N, K]ᵀ fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉] (fp32),
+    launched through Triton's own launcher (the probes' path; the op binds it once in `kernels.gemm.GemmLaunch`)."""
     if not HAS_GLUON_HOPPER:
         raise RuntimeError(f"gluon_blockscale_gemm needs Triton's Gluon Hopper API (Triton >= 3.5); this is "
                            f"Triton {triton.__version__}")
@@ -178,9 +195,10 @@ def gluon_blockscale_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
     N = b.shape[0]
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=torch.bfloat16)
-    a_desc, b_desc, c_desc = _descriptors(a, b, out, block_m, block_n)
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
-    _blockscale_kernel[grid](a_desc, b_desc, c_desc, a_scale, b_scale, M, N, K, a_scale.stride(0),
-                             a_scale.stride(1), b_scale.stride(0), b_scale.stride(1), GROUP_M=group_m, STAGES=stages,
-                             K_TILES=triton.cdiv(K, SCALE_BLOCK) if unroll else 0, num_warps=num_warps)
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    programs = programs_for(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count, block_m,
+                            block_n, stages, persistent)
+    blockscale_kernel[(programs,)](*descriptors(a, b, out, block_m, block_n), a_scale, b_scale, M, N, K,
+                                   a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+                                   programs, GROUP_M=group_m, STAGES=stages, WARPS=num_warps, num_warps=num_warps)
     return out

@@ -114,9 +114,9 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     N = b.shape[0]
     if config is None:
         config, _ = select_config(kernel, M, N, K, a.device, out.dtype)
-    if config.PERSISTENT_TMA and not gk.tma_compatible(a, b, out):
+    if (config.PERSISTENT_TMA or config.GLUON) and not gk.tma_compatible(a, b, out):
         config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False, "WARP_SPECIALIZE": False,
-                                  "EPILOGUE_SUBTILE": False})
+                                  "EPILOGUE_SUBTILE": False, "GLUON": False})
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     if a.is_cuda:

@@ -30,6 +30,10 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
   K=14336 for M ≤ 64; at K=4096 split-K won by less than a launch);
 - persistent TMA from M ≥ 1024 (block-scaled, bf16/fp16) / 2048 (a8w8) on Hopper with 16-byte rows; no split-K with it;
   block-scaled with K ≥ `WS_MIN_K` (7168) warp-specialised on Triton ≥ 3.5;
+- block-scaled from M ≥ `GLUON_MIN_M` (256), N ≥ 128 and K ≥ 512 on Hopper with Gluon (Triton ≥ 3.5) and 16-byte
+  rows: the Gluon kernel (`GLUON`, kernels/gluon_blockscale.py: the rescale of K block k-1 while block k's MMA
+  runs), 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.10-1.39× faster than the Triton
+  kernels at M 256-8192);
 - bf16/fp16 past M = 64: up to 7 stages (`DEEP_STAGES`; 128×128×64 at M 256-1024 ran 1.10-1.41× faster with 6-7
   than with 4); otherwise 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles); fewer when the
   A and B stages (plus
@@ -99,6 +103,8 @@ from tritune.kernels.fused_moe_1stage import CAPPED_PROGRAMS_PER_SM, one_stage_p
 from tritune.kernels.fused_moe_config import PERSISTENT_QUANTS
 from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
 from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+from tritune.kernels.gluon_blockscale import smem_bytes as gluon_smem_bytes
 from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
 from tritune.ops import cost_model as cm
 
@@ -106,6 +112,10 @@ __all__ = ["MXFP4_ONE_STAGE_MAX_MEAN", "ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES"
 
 SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before split-K's second launch pays
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
+# Block-scaled GEMMs run the Gluon kernel on Hopper from this M, with N >= 128 and K at least four 128-deep blocks
+# (H100, twenty-fifth session: 1.10-1.39x faster than the Triton op at M 256-8192 on (N, K) = (1536, 7168),
+# (24576, 7168), (1536, 1536); smaller M, N and K not measured).
+GLUON_MIN_M = 256
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swapped 1-stage kernel (past 8 pairs)
 # Programs an SM the swapped 1-stage kernel's K splits may fill: what fits under its register cap (register_cap).
@@ -215,16 +225,33 @@ def _fit(bk: int, min_bk: int, stages_of) -> tuple[int, int]:
     return bk, stages
 
 
+def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) -> GemmConfig:
+    """The Gluon block-scaled kernel's tile: 128x128 on 8 warps, 4 stages, where those tiles make at least a wave;
+    else 64x128 on 4 warps, 5 stages (H100, the three (N, K) of issue 15 at M 256-8192, twenty-fifth session: each the
+    best of six Gluon variants or within 6% of it)."""
+    bm = 128 if _cdiv(M, 128) * _cdiv(N, 128) >= sm_count else 64
+    stages = min(4 if bm == 128 else 5, 2 + _cdiv(K, SCALE_BLOCK))
+    while stages > 2 and gluon_smem_bytes(bm, 128, stages) > max_shared:
+        stages -= 1
+    return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, BLOCK_SIZE_K=SCALE_BLOCK,
+                      GROUP_SIZE_M=8 if _cdiv(M, bm) > 1 else 1, num_warps=bm // 16, num_stages=stages, GLUON=True)
+
+
 def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max_shared: int = 232448, *,
-                   capability: tuple[int, int] = (9, 0), warp_specialize: bool = HAS_WARP_SPECIALIZE) -> GemmConfig:
+                   capability: tuple[int, int] = (9, 0), warp_specialize: bool = HAS_WARP_SPECIALIZE,
+                   gluon: bool = HAS_GLUON_HOPPER) -> GemmConfig:
     """The rule-table config (module docstring) for C[M, N] = A[M, K]·B[N, K]ᵀ with `kernel` ("bf16" for
     bf16/fp16 operands, "a8w8", "a8w8_blockscale"). `warp_specialize`: whether this Triton has `tl.range(...,
-    warp_specialize=...)` (default: the installed one). ValueError for an unknown kernel or a size < 1."""
+    warp_specialize=...)`; `gluon`: whether it has Gluon's Hopper API (defaults: the installed Triton's). ValueError
+    for an unknown kernel or a size < 1."""
     if kernel not in GEMM_KERNELS:
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
     if min(M, N, K) < 1:
         raise ValueError(f"M, N, K must be >= 1, got M={M} N={N} K={K}")
     block_scaled = kernel == "a8w8_blockscale"
+    if block_scaled and gluon and capability[0] == 9 and M >= GLUON_MIN_M and N >= 128 and K >= 4 * SCALE_BLOCK \
+            and N % 8 == 0 and K % 16 == 0:
+        return _gluon_blockscale(M, N, K, sm_count, max_shared)
     elt = 1 if kernel in cm.FP8_KERNELS else 2
     large_bf16 = elt == 2 and M > LARGE_M  # the held-out tune's rules: wave-cost tile, deep stages, 4 warps on 128x128
     bm, bn = _gemm_tile(kernel, M, N, sm_count, large_bf16)

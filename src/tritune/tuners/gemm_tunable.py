@@ -13,6 +13,7 @@ import triton
 from tritune.device import DeviceInfo
 from tritune.kernels import gemm as gk
 from tritune.kernels.gemm import TAGS
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.quant import quantize_blocks, quantize_rows
 from tritune.knobs import interpreting
 from tritune.ops.gemm import gemm as op_gemm
@@ -39,6 +40,8 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "PERSISTENT_TMA": (False, True),
     "SCALE_PIPELINE": (False, True),
     "TAIL_SPLIT": (False, True),
+    # Block-scaled on Hopper: the Gluon kernel (rescale off the MMA path; H100 0.72-0.83x the Triton kernel's time).
+    "GLUON": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
     **DEFAULT_SPACE,
@@ -53,6 +56,7 @@ SPACE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
     "GROUP_SIZE_M": Param(1), "num_warps": Param(1, pow2=True), "num_stages": Param(1), "NUM_KSPLIT": Param(1),
     "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL, "TAIL_SPLIT": BOOL,
+    "GLUON": BOOL,
 }
 
 
@@ -91,7 +95,7 @@ class GemmProblem:
 def _smem_bytes(c: Config, elt: int) -> int:
     stages = int(c["num_stages"])
     tiles = (c["BLOCK_SIZE_M"] + c["BLOCK_SIZE_N"]) * c["BLOCK_SIZE_K"] * elt * stages
-    epilogue = c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] * 2 if c["PERSISTENT_TMA"] else 0
+    epilogue = c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] * 2 if c["PERSISTENT_TMA"] or c.get("GLUON") else 0
     return tiles + epilogue
 
 
@@ -109,7 +113,16 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         aligned = (p.K * elt) % 16 == 0 and (p.N * 2) % 16 == 0
         return dev.capability[0] >= 9 and aligned and c["NUM_KSPLIT"] == 1 and c["cache_modifier"] == ""
 
+    def gluon_ok(c: Config) -> bool:
+        if not c.get("GLUON"):
+            return True
+        aligned = p.K % 16 == 0 and p.N % 8 == 0
+        return (p.kernel == "a8w8_blockscale" and dev.capability[0] == 9 and HAS_GLUON_HOPPER and aligned
+                and gk.gluon_problem(gk.GemmConfig.from_params(c.as_dict())) is None)
+
     return (
+        Constraint("GLUON: block-scale on Hopper (Gluon API), 16-byte rows, its tiles and no Triton-kernel option",
+                   gluon_ok),
         Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),
@@ -226,8 +239,10 @@ class GemmTunable:
 
     def launch_class(self, problem: GemmProblem, config: Config) -> str:
         """Candidates of one class pay the same host cost per call: split-K takes a scratch buffer and its tile
-        locks, TMA looks up three descriptors. The tuner re-times the fastest of each class as the op runs."""
-        return f"{'tma' if config.get('PERSISTENT_TMA') else 'pointer'}, split {config.get('NUM_KSPLIT', 1) > 1}"
+        locks, TMA (the Gluon kernel too) looks up three descriptors. The tuner re-times the fastest of each class as
+        the op runs."""
+        tma = config.get("PERSISTENT_TMA") or config.get("GLUON")
+        return f"{'tma' if tma else 'pointer'}, split {config.get('NUM_KSPLIT', 1) > 1}"
 
     def compile(self, problem: GemmProblem, config: Config) -> None:
         if interpreting():
