@@ -113,10 +113,11 @@ def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
 
     big = rule(4096, 24576, 7168)
     assert big.GLUON and (tile(big), big.num_warps, big.num_stages, big.GROUP_SIZE_M) == ((128, 128, 128), 8, 4, 8)
-    assert gk.gluon_problem(big) is None and not (big.PERSISTENT_TMA or big.NUM_KSPLIT > 1)
+    assert gk.gluon_problem(big) is None and big.PERSISTENT_TMA and big.NUM_KSPLIT == 1
     small = rule(256, 1536, 7168)  # 2 x 12 = 24 tiles of 128x128: under a wave
     assert small.GLUON and (tile(small), small.num_warps, small.num_stages) == ((64, 128, 128), 4, 5)
     assert rule(1024, 1536, 7168).BLOCK_SIZE_M == 64 and rule(2048, 1536, 7168).BLOCK_SIZE_M == 128  # 96 / 192 tiles
+    assert rule(1024, 1536, 7168).num_stages == 4  # 192 tiles of 64x128: two programs a SM need 4 stages or fewer
     assert rule(256, 1536, 512).num_stages == 5 and rule(4096, 1536, 512).num_stages == 4  # 4 K blocks + 2 >= 5
     for M, N, K, kw in ((255, 4096, 4096, {}), (4096, 120, 4096, {}), (4096, 4096, 384, {}), (4096, 4100, 4096, {}),
                         (4096, 4096, 4104, {}), (4096, 4096, 4096, {"capability": (8, 0)})):

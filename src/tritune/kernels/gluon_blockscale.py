@@ -64,17 +64,13 @@ if HAS_GLUON_HOPPER:
         return first_m + (tile % in_group) % size_m, (tile % in_group) // size_m
 
     @gluon.jit
-    def _load(a_desc, b_desc, a_smem, b_smem, ready, g, total, k_tiles, pid, programs, num_pid_m, num_pid_n,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """This program's K step g (its tiles' steps back to back), if it has one, into stage g % STAGES."""
-        tile = pid + (g // k_tiles) * programs
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        k = (g % k_tiles) * 128
+    def _load(a_desc, b_desc, a_smem, b_smem, ready, g, k, off_m, off_n, pred, STAGES: gl.constexpr):
+        """The program's K step g (its tiles' steps back to back: K block k of the tile at off_m, off_n) into stage
+        g % STAGES, where `pred`."""
         s = g % STAGES
-        more = g < total
-        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=more)
-        _tma_load(a_desc, [pid_m * a_desc.block_type.shape[0], k], ready.index(s), a_smem.index(s), pred=more)
-        _tma_load(b_desc, [pid_n * b_desc.block_type.shape[0], k], ready.index(s), b_smem.index(s), pred=more)
+        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
+        _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s), pred=pred)
 
     @gluon.jit(do_not_specialize=["M", "programs"])
     def blockscale_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
@@ -82,9 +78,9 @@ if HAS_GLUON_HOPPER:
                           GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
         """C [M, N] (c_desc's dtype) = Σ_k (A_k · B_kᵀ) · a_s[:, k] · b_s[n // 128, k] for A [M, K] and B [N, K]
         fp8 through TMA, a_s [M, ⌈K/128⌉] and b_s [⌈N/128⌉, ⌈K/128⌉] fp32. Program p takes output tiles p,
-        p + programs, ... in the grouped order (GROUP_M tiles down M, for L2 reuse of B); its K steps run back to
-        back through the STAGES buffers, so the next tile's loads are in flight during this tile's epilogue, and
-        the C tile's TMA store is waited for only before the next one. programs = the tile count: one tile a
+        p + programs, ... in the grouped order (GROUP_M tiles down M, for L2 reuse of B); the next tile's first
+        STAGES K blocks load during this tile's epilogue, and the C tile's TMA store is waited for only before the
+        next one. programs = the tile count: one tile a
         program; fewer: persistent. Grid: (programs,)."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
@@ -96,7 +92,6 @@ if HAS_GLUON_HOPPER:
         num_pid_n = gl.cdiv(N, BN)
         k_tiles = gl.cdiv(K, BK)
         my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
-        total = my_tiles * k_tiles
 
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
@@ -107,50 +102,53 @@ if HAS_GLUON_HOPPER:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
+        pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
         for i in gl.static_range(STAGES):  # every stage filled before the first MMA
-            _load(a_desc, b_desc, a_smem, b_smem, ready, i, total, k_tiles, pid, programs, num_pid_m, num_pid_n,
-                  GROUP_M, STAGES)
+            _load(a_desc, b_desc, a_smem, b_smem, ready, i, i, pid_m * BM, pid_n * BN, i < k_tiles, STAGES)
 
         for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
             g0 = t * k_tiles  # this tile's first K step among the program's
-            offs_m = pid_m * BM + gl.arange(0, BM, layout=row_layout)
+            offs_m = off_m + gl.arange(0, BM, layout=row_layout)
             m_ok = offs_m < M
             a_s_ptrs = as_ptr + offs_m * stride_asm
-            b_s_ptr = bs_ptr + (pid_n * BN // 128) * stride_bsn
+            b_s_ptr = bs_ptr + (off_n // 128) * stride_bsn
             acc = gl.zeros([BM, BN], gl.float32, mma_layout)
             # Two partials alternate (the loop body is two K blocks). Each MMA is handed acc * 0 as its (unread,
             # use_acc False) accumulator: that orders the rescale before the issue, so the partial's registers are
             # free and reused, and no copy touches a partial while its MMA is in flight. ptxas serializes every
-            # wgmma of a kernel where one does (C7514).
+            # wgmma of a kernel where one does (C7514); a branch or more live registers in the loop can bring that
+            # back, so the loop only refills this tile's own blocks.
             p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
             s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
             for ki in range(1, k_tiles - 1, 2):
                 p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
                 s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
                 acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
-                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + ki - 1 + STAGES, total, k_tiles, pid, programs,
-                      num_pid_m, num_pid_n, GROUP_M, STAGES)  # into block ki-1's stage, free now
+                j = ki - 1 + STAGES  # into block ki-1's stage, free now
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j, j, off_m, off_n, j < k_tiles, STAGES)
                 p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
                 s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
                 acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
-                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + ki + STAGES, total, k_tiles, pid, programs,
-                      num_pid_m, num_pid_n, GROUP_M, STAGES)
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, off_n, j + 1 < k_tiles, STAGES)
             if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
                 p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
                 s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
                 acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + k_tiles - 2 + STAGES, total, k_tiles, pid,
-                      programs, num_pid_m, num_pid_n, GROUP_M, STAGES)
                 acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
             else:
                 acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
-            _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + k_tiles - 1 + STAGES, total, k_tiles, pid, programs,
-                  num_pid_m, num_pid_n, GROUP_M, STAGES)  # the last block's stage: the next tile's step
+            # Every stage is free: the program's next tile, if any, starts loading now, under this tile's epilogue.
+            pid_m, pid_n = _tile_coords(pid + (t + 1) * programs, num_pid_m, num_pid_n, GROUP_M)
+            for i in gl.static_range(STAGES):
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + k_tiles + i, i, pid_m * BM, pid_n * BN,
+                      (i < k_tiles) & (t + 1 < my_tiles), STAGES)
             tma.store_wait(pendings=0)  # the previous tile's C has left c_smem
             c_smem.store(acc.to(c_desc.dtype))
             fence_async_shared()
-            _tma_store(c_desc, [pid_m * BM, pid_n * BN], c_smem)
+            _tma_store(c_desc, [off_m, off_n], c_smem)
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))

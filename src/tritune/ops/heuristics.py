@@ -32,8 +32,8 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
   block-scaled with K ≥ `WS_MIN_K` (7168) warp-specialised on Triton ≥ 3.5;
 - block-scaled from M ≥ `GLUON_MIN_M` (256), N ≥ 128 and K ≥ 512 on Hopper with Gluon (Triton ≥ 3.5) and 16-byte
   rows: the Gluon kernel (`GLUON`, kernels/gluon_blockscale.py: the rescale of K block k-1 while block k's MMA
-  runs), 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.10-1.39× faster than the Triton
-  kernels at M 256-8192);
+  runs), persistent, 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.10-1.39× faster
+  than the Triton kernels at M 256-8192);
 - bf16/fp16 past M = 64: up to 7 stages (`DEEP_STAGES`; 128×128×64 at M 256-1024 ran 1.10-1.41× faster with 6-7
   than with 4); otherwise 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles); fewer when the
   A and B stages (plus
@@ -227,14 +227,22 @@ def _fit(bk: int, min_bk: int, stages_of) -> tuple[int, int]:
 
 def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) -> GemmConfig:
     """The Gluon block-scaled kernel's tile: 128x128 on 8 warps, 4 stages, where those tiles make at least a wave;
-    else 64x128 on 4 warps, 5 stages (H100, the three (N, K) of issue 15 at M 256-8192, twenty-fifth session: each the
-    best of six Gluon variants or within 6% of it)."""
+    else 64x128 on 4 warps (H100, the three (N, K) of issue 15 at M 256-8192, twenty-fifth session: each the best of
+    six Gluon variants or within 6% of it)."""
     bm = 128 if _cdiv(M, 128) * _cdiv(N, 128) >= sm_count else 64
-    stages = min(4 if bm == 128 else 5, 2 + _cdiv(K, SCALE_BLOCK))
+    # 64-row tiles: 5 stages while the grid is under a wave (one program a SM anyway), else 4, which lets two
+    # programs share a SM (5 stages: 1536 x 7168 at M 1024 40.3 us against 31.4; at M 256 22.0 against 24.9)
+    most = 4 if bm == 128 or _cdiv(M, 64) * _cdiv(N, 128) > sm_count else 5
+    stages = min(most, 2 + _cdiv(K, SCALE_BLOCK))
     while stages > 2 and gluon_smem_bytes(bm, 128, stages) > max_shared:
         stages -= 1
+    # Persistent (as many programs as fit at once, each walking tiles; the same as one tile a program where the grid
+    # fits at once): the next tile's loads under this one's epilogue. H100: 0.85-0.95x the time at K 1536 from M
+    # 2048 and at 1536 x 7168 from M 4096, about even elsewhere; 24576 x 7168 at M 8192 1.05-1.11x (within the
+    # ±10% that multi-millisecond kernels move between runs here).
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, BLOCK_SIZE_K=SCALE_BLOCK,
-                      GROUP_SIZE_M=8 if _cdiv(M, bm) > 1 else 1, num_warps=bm // 16, num_stages=stages, GLUON=True)
+                      GROUP_SIZE_M=8 if _cdiv(M, bm) > 1 else 1, num_warps=bm // 16, num_stages=stages,
+                      PERSISTENT_TMA=True, GLUON=True)
 
 
 def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max_shared: int = 232448, *,
