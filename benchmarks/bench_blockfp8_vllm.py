@@ -71,17 +71,21 @@ def run_point(kernel, n: int, k: int, m: int, vllm_cfg: dict, iters: int) -> dic
         out = fn().float()
         row[f"{name}_rel_err"] = float((out - ref).norm() / ref.norm())
         row[f"{name}_us"] = time_kernel(fn, iters=iters, warmup=3).median_us
+    from bench_runtime import eager_and_graph  # the op as a user calls it: back to back (host included), as a graph
+
+    row.update({f"tritune_{k}": v for k, v in eager_and_graph([contestants["tritune"][0]]).items()})
     return row
 
 
 def table(rows: list[dict]) -> list[str]:
     lines = ["| N, K | M | _scaled_mm µs | vLLM µs | tritune µs | tritune TFLOP/s | scaled_mm / tritune | "
-             "vLLM / tritune | errors over 2e-2 |", "|---|---|---|---|---|---|---|---|---|"]
+             "vLLM / tritune | tritune eager / graph µs | errors over 2e-2 |", "|" + "---|" * 10]
     for r in rows:
         wrong = [n for n in ("scaled_mm", "vllm", "tritune") if r[f"{n}_rel_err"] > WRONG]
         lines.append(f"| {r['N']}, {r['K']} | {r['M']} | {r['scaled_mm_us']:.1f} | {r['vllm_us']:.1f} | "
                      f"{r['tritune_us']:.1f} | {r['flops'] / r['tritune_us'] / 1e6:.0f} | "
                      f"{r['scaled_mm_us'] / r['tritune_us']:.2f} | {r['vllm_us'] / r['tritune_us']:.2f} | "
+                     f"{r.get('tritune_eager_us', float('nan')):.1f} / {r.get('tritune_graph_us', float('nan')):.1f} | "
                      f"{', '.join(wrong) or '-'} |")
     big = [r["scaled_mm_us"] / r["tritune_us"] for r in rows if r["M"] >= 1024]
     lines.append(f"\nscaled_mm / tritune geomean from M 1024: {geomean(big):.3f}; vLLM / tritune geomean "

@@ -32,8 +32,8 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
   block-scaled with K ≥ `WS_MIN_K` (7168) warp-specialised on Triton ≥ 3.5;
 - block-scaled from M ≥ `GLUON_MIN_M` (256), N ≥ 128 and K ≥ 512 on Hopper with Gluon (Triton ≥ 3.5) and 16-byte
   rows: the Gluon kernel (`GLUON`, kernels/gluon_blockscale.py: the rescale of K block k-1 while block k's MMA
-  runs), persistent, 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.10-1.39× faster
-  than the Triton kernels at M 256-8192);
+  runs), persistent, 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.23× faster than
+  the Triton kernels in geomean at M 256-8192, up to 1.39×);
 - bf16/fp16 past M = 64: up to 7 stages (`DEEP_STAGES`; 128×128×64 at M 256-1024 ran 1.10-1.41× faster with 6-7
   than with 4); otherwise 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles); fewer when the
   A and B stages (plus
@@ -113,8 +113,8 @@ __all__ = ["MXFP4_ONE_STAGE_MAX_MEAN", "ONE_STAGE_PAIRS", "SPLIT_MIN_TILE_BYTES"
 SPLIT_MIN_TILE_BYTES = 640 * 1024  # B bytes one program must stream before split-K's second launch pays
 WS_MIN_K = 7168  # block-scaled persistent GEMMs warp-specialise from this K
 # Block-scaled GEMMs run the Gluon kernel on Hopper from this M, with N >= 128 and K at least four 128-deep blocks
-# (H100, twenty-fifth session: 1.10-1.39x faster than the Triton op at M 256-8192 on (N, K) = (1536, 7168),
-# (24576, 7168), (1536, 1536); smaller M, N and K not measured).
+# (H100, twenty-fifth session: 1.23x faster than the Triton kernels in geomean, up to 1.39x, at M 256-8192 on
+# (N, K) = (1536, 7168), (24576, 7168), (1536, 1536); smaller M, N and K not measured).
 GLUON_MIN_M = 256
 ONE_STAGE_PAIRS = 8  # routed pairs up to which the 1-stage kernel is the heuristic's choice
 MXFP4_ONE_STAGE_MAX_MEAN = 8  # pairs an expert up to which MXFP4 takes the swapped 1-stage kernel (past 8 pairs)
