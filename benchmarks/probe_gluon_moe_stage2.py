@@ -1,0 +1,194 @@
+r"""Fused-MoE stage 2 with per_1x128 fp8 in Gluon (issue 14, prototype): the sorted intermediate and w2 through TMA,
+block k-1's rescale while block k's MMA runs (the schedule of `kernels/gluon_blockscale.py`), each row sent back to
+its (token, slot) pair with its routing weight. Measured beside the op's own stage 2 (the Triton kernel that retires
+the MMA every K block), both on the same sorted, quantized intermediate, warm L2 (the op's profile convention).
+
+    PYTHONPATH=src python benchmarks/probe_gluon_moe_stage2.py --dims 2048,1536,64,6 --tokens 1024,4096 \
+        [--variants 128:128:4:8:8,64:128:4:4:8] [--out F]
+
+A variant is BM:BN:STAGES:WARPS:GROUP_M. The op's stage 2 is timed through `profile_moe_kernels.device_events` on
+the whole op (its stage-2 kernel's mean µs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+import triton
+
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+if HAS_GLUON_HOPPER:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+
+    from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords
+
+    @gluon.jit
+    def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
+                          num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
+                          stride_wsk, stride_om, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+        """out[pair, n] = w[pair] · Σ_k (A_k[row] · W2[e]_kᵀ) · a_s[row, k] · w_s[e, n // 128, k] for each sorted
+        row of a block whose expert is e. Grid: (max_blocks · ⌈N/BN⌉,); programs past the sort's blocks return."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        num_pid_n = gl.cdiv(N, BN)
+        pid_m, pid_n = _tile_coords(gl.program_id(0), max_blocks, num_pid_n, GROUP_M)
+        if pid_m * BM >= gl.load(num_post_ptr):
+            return
+        expert = gl.load(expert_ids_ptr + pid_m)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        w_row = expert * N + off_n
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            _load(a_desc, w_desc, a_smem, b_smem, ready, i, i, off_m, w_row, i < k_tiles, STAGES)
+
+        rows = off_m + gl.arange(0, BM, layout=row_layout)
+        a_s_ptrs = as_ptr + rows * stride_asm
+        w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+        acc = gl.zeros([BM, BN], gl.float32, mma_layout)
+        p0 = _issue(a_smem, b_smem, ready, acc, 0, STAGES)
+        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
+        for ki in range(1, k_tiles - 1, 2):
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
+            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            j = ki - 1 + STAGES
+            _load(a_desc, w_desc, a_smem, b_smem, ready, j, j, off_m, w_row, j < k_tiles, STAGES)
+            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
+            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
+            _load(a_desc, w_desc, a_smem, b_smem, ready, j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
+        if k_tiles % 2 == 0:
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, k_tiles - 1, STAGES)
+            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+        else:
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        pairs = gl.load(sorted_ids_ptr + rows)
+        ok = pairs < numel
+        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
+        cols = off_n + gl.arange(0, BN, layout=col_layout)
+        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+
+
+def op_stage2(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
+    """The op's per_1x128 call on these weights, kernel by kernel (warm L2, mean µs, launch order)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from profile_moe_kernels import kernel_times
+
+    from tritune.kernels.fused_moe import quantize_weights
+    from tritune.ops import fused_moe
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q1, s1 = quantize_weights(torch.randn(experts, 2 * inter, d, device="cuda", generator=gen) / d ** 0.5,
+                              "per_1x128")
+    h = torch.randn(ti.shape[0], d, device="cuda", generator=gen).bfloat16()
+    fn = lambda: fused_moe(h, q1, q2, tw, ti, quant="per_1x128", w1_scale=s1, w2_scale=s2)  # noqa: E731
+    return [(name, round(us, 1)) for name, us in kernel_times(fn, 20)]
+
+
+def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, tokens: int, tw, ti, q2, s2) -> dict:
+    """One Gluon stage-2 config on a fresh sorted, quantized intermediate: relative error against the dequantized
+    torch product (routing weight applied), µs (`triton.testing.do_bench`, warm L2)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tritune.kernels.moe_align import moe_align_block_size
+    from tritune.kernels.quant import quantize_blocks
+
+    bm, bn, stages, warps, group = (int(x) for x in variant.split(":"))
+    gen = torch.Generator(device="cuda").manual_seed(tokens + 1)
+    sort = moe_align_block_size(ti, bm, experts)
+    rows = sort.sorted_token_ids.numel()
+    a8, a_s = quantize_blocks(torch.randn(rows, inter, device="cuda", generator=gen), 1)  # the sorted intermediate
+    numel = tokens * topk
+    out = torch.zeros(numel, d, device="cuda", dtype=torch.bfloat16)
+    fp8 = gl.float8e4nv
+    a_desc = TensorDescriptor.from_tensor(a8, [bm, 128], gl.NVMMASharedLayout.get_default_for([bm, 128], fp8))
+    w_desc = TensorDescriptor.from_tensor(q2.reshape(experts * d, inter), [bn, 128],
+                                          gl.NVMMASharedLayout.get_default_for([bn, 128], fp8))
+    max_blocks = rows // bm
+    grid = (max_blocks * triton.cdiv(d, bn),)
+    flat_w = tw.reshape(-1).float().contiguous()
+    args = (a_desc, w_desc, out, a_s, s2, sort.sorted_token_ids, sort.expert_ids, flat_w, sort.num_tokens_post_padded,
+            numel, d, inter, max_blocks, a_s.stride(0), a_s.stride(1), s2.stride(0), s2.stride(1), s2.stride(2),
+            out.stride(0))
+
+    def fn():
+        moe_stage2_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
+        return out
+
+    fn()
+    torch.cuda.synchronize()
+    sid = sort.sorted_token_ids.long()
+    eid = sort.expert_ids.long().repeat_interleave(bm)[: sid.numel()]
+    real = sid < numel
+    a_deq = a8.float() * a_s.repeat_interleave(128, 1)[:, :inter]
+    w_deq = q2.float() * s2.repeat_interleave(128, 1)[:, :d].repeat_interleave(128, 2)[:, :, :inter]
+    ref = torch.zeros(numel, d, device="cuda")
+    for e in range(experts):
+        r = real & (eid == e)
+        if r.any():
+            ref[sid[r]] = (a_deq[r] @ w_deq[e].T) * flat_w[sid[r]][:, None]
+    err = float((out.float() - ref).norm() / ref.norm())
+    return {"us": round(triton.testing.do_bench(fn, warmup=10, rep=50) * 1000, 1), "rel_err": round(err, 5)}
+
+
+def run_point(d: int, inter: int, experts: int, topk: int, tokens: int, variants: list[str]) -> dict:
+    from tritune.kernels.fused_moe import quantize_weights
+    from tritune.ops.routing import sample_routing
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    q2, s2 = quantize_weights(torch.randn(experts, d, inter, device="cuda", generator=gen) / inter ** 0.5,
+                              "per_1x128")  # fp8 [E, D, I], fp32 [E, D/128, I/128]
+    tw, ti = sample_routing(tokens, experts, topk, seed=tokens, device="cuda")
+    row = {"dims": [d, inter, experts, topk], "tokens": tokens,
+           "op_kernels": op_stage2(d, inter, experts, tw, ti, q2, s2)}
+    print(tokens, "op kernels", row["op_kernels"], flush=True)
+    for v in variants:
+        row[f"gluon {v}"] = run_variant(v, d, inter, experts, topk, tokens, tw, ti, q2, s2)
+        print(tokens, v, row[f"gluon {v}"], flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dims", default="2048,1536,64,6", help="D,I,E,TOPK")
+    ap.add_argument("--tokens", default="1024,4096")
+    ap.add_argument("--variants", default="128:128:4:8:8,64:128:4:4:8")
+    ap.add_argument("--out", type=pathlib.Path)
+    args = ap.parse_args(argv)
+    if not HAS_GLUON_HOPPER or not torch.cuda.is_available():
+        sys.exit("probe_gluon_moe_stage2: needs a Hopper GPU and Triton's Gluon API")
+    d, inter, experts, topk = (int(x) for x in args.dims.split(","))
+    rows = [run_point(d, inter, experts, topk, int(t), args.variants.split(",")) for t in args.tokens.split(",")]
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
