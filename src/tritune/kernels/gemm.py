@@ -327,6 +327,13 @@ def gluon_problem(cfg: GemmConfig) -> str | None:
     return None
 
 
+def gluon_available(device: torch.device) -> bool:
+    """Whether the Gluon block-scaled kernel can run on `device`: a Hopper GPU and a Triton with Gluon's Hopper API."""
+    from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+    return HAS_GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, cfg: GemmConfig) -> None:
     from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 

@@ -114,6 +114,8 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     N = b.shape[0]
     if config is None:
         config, _ = select_config(kernel, M, N, K, a.device, out.dtype)
+    if config.GLUON and not gk.gluon_available(a.device):  # a file tuned on Hopper, read where Gluon cannot run
+        config = gk.GemmConfig(**{**config.__dict__, "GLUON": False})
     if (config.PERSISTENT_TMA or config.GLUON) and not gk.tma_compatible(a, b, out):
         config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False, "WARP_SPECIALIZE": False,
                                   "EPILOGUE_SUBTILE": False, "GLUON": False})
