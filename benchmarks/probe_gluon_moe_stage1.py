@@ -24,7 +24,7 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from probe_gluon_moe_stage2 import op_stage2  # noqa: E402  (the op's kernels, warm L2)
+from probe_gluon_moe_stage2 import checked_timing, expert_rows, op_kernels, sorted_operand  # noqa: E402
 
 if HAS_GLUON_HOPPER:
     from triton.experimental import gluon
@@ -152,28 +152,18 @@ if HAS_GLUON_HOPPER:
 
 def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti, q1, s1) -> dict:
     """One Gluon stage-1 config on fresh gathered rows: relative error against the dequantized torch product, µs
-    (`triton.testing.do_bench`, warm L2)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from tritune.kernels.moe_align import moe_align_block_size
-    from tritune.kernels.quant import quantize_blocks
+    (warm L2)."""
+    from tritune.kernels.gluon_blockscale import descriptor
 
     bm, bn, stages, warps, group = (int(x) for x in variant.split(":"))
-    gen = torch.Generator(device="cuda").manual_seed(tokens + 2)
-    sort = moe_align_block_size(ti, bm, experts)
-    rows = sort.sorted_token_ids.numel()
-    a8, a_s = quantize_blocks(torch.randn(rows, d, device="cuda", generator=gen), 1)  # rows gathered in sort order
+    sort, a8, a_s = sorted_operand(ti, bm, experts, d, tokens + 2)  # rows gathered in the sort's order
+    rows = a8.shape[0]
     inter_out = torch.zeros(rows, inter, device="cuda", dtype=torch.bfloat16)
-    fp8 = gl.float8e4nv
-    a_desc = TensorDescriptor.from_tensor(a8, [bm, 128], gl.NVMMASharedLayout.get_default_for([bm, 128], fp8))
-    w_desc = TensorDescriptor.from_tensor(q1.reshape(experts * 2 * inter, d), [bn, 128],
-                                          gl.NVMMASharedLayout.get_default_for([bn, 128], fp8))
-    c_desc = TensorDescriptor.from_tensor(inter_out, [bm, bn],
-                                          gl.NVMMASharedLayout.get_default_for([bm, bn], gl.bfloat16))
     max_blocks = rows // bm
     grid = (max_blocks * triton.cdiv(inter, bn),)
-    args = (a_desc, w_desc, c_desc, a_s, s1, sort.expert_ids, sort.num_tokens_post_padded, inter, d, max_blocks,
-            a_s.stride(0), a_s.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
+    args = (descriptor(a8, [bm, 128]), descriptor(q1.reshape(experts * 2 * inter, d), [bn, 128]),
+            descriptor(inter_out, [bm, bn]), a_s, s1, sort.expert_ids, sort.num_tokens_post_padded, inter, d,
+            max_blocks, a_s.stride(0), a_s.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
 
     def fn():
         moe_stage1_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
@@ -181,11 +171,7 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
 
     fn()
     torch.cuda.synchronize()
-    numel = ti.numel()
-    sid = sort.sorted_token_ids.long()
-    eid = sort.expert_ids.long().repeat_interleave(bm)[: sid.numel()]
-    real = sid < numel
-    a_deq = a8.float() * a_s.repeat_interleave(128, 1)[:, :d]
+    _, eid, real, a_deq = expert_rows(sort, bm, ti.numel(), a8, a_s)
     ref = torch.zeros(rows, inter, device="cuda")
     for e in range(experts):
         r = real & (eid == e)
@@ -193,8 +179,7 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
             w_deq = q1[e].float() * s1[e].repeat_interleave(128, 0)[: 2 * inter].repeat_interleave(128, 1)[:, :d]
             y = a_deq[r] @ w_deq.T
             ref[r] = torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
-    err = float((inter_out.float()[real] - ref[real]).norm() / ref[real].norm())
-    return {"us": round(triton.testing.do_bench(fn, warmup=10, rep=50) * 1000, 1), "rel_err": round(err, 5)}
+    return checked_timing(fn, float((inter_out.float()[real] - ref[real]).norm() / ref[real].norm()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
                                   "per_1x128")
         tw, ti = sample_routing(tokens, experts, topk, seed=tokens, device="cuda")
         row = {"dims": [d, inter, experts, topk], "tokens": tokens,
-               "op_kernels": op_stage2(d, inter, experts, tw, ti, q2, s2)}
+               "op_kernels": op_kernels(d, inter, experts, tw, ti, q2, s2)}
         print(tokens, "op kernels", row["op_kernels"], flush=True)
         for v in args.variants.split(","):
             row[f"gluon {v}"] = run_variant(v, d, inter, experts, tokens, ti, q1, s1)

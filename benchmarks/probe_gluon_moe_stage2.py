@@ -95,7 +95,7 @@ if HAS_GLUON_HOPPER:
         gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
 
 
-def op_stage2(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
+def op_kernels(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
     """The op's per_1x128 call on these weights, kernel by kernel (warm L2, mean µs, launch order)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from profile_moe_kernels import kernel_times
@@ -111,32 +111,46 @@ def op_stage2(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
     return [(name, round(us, 1)) for name, us in kernel_times(fn, 20)]
 
 
-def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, tokens: int, tw, ti, q2, s2) -> dict:
-    """One Gluon stage-2 config on a fresh sorted, quantized intermediate: relative error against the dequantized
-    torch product (routing weight applied), µs (`triton.testing.do_bench`, warm L2)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+def sorted_operand(ti, block_m: int, experts: int, cols: int, seed: int):
+    """The sort of `ti` in `block_m`-row blocks and a random fp8 operand in its row order (1x128 scales): (sort,
+    fp8 rows, scales)."""
     from tritune.kernels.moe_align import moe_align_block_size
     from tritune.kernels.quant import quantize_blocks
 
+    sort = moe_align_block_size(ti, block_m, experts)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a8, a_s = quantize_blocks(torch.randn(sort.sorted_token_ids.numel(), cols, device="cuda", generator=gen), 1)
+    return sort, a8, a_s
+
+
+def expert_rows(sort, block_m: int, numel: int, a8, a_s) -> tuple:
+    """For the reference: each sorted row's pair, its expert, whether it is a real pair, and the rows dequantized."""
+    sid = sort.sorted_token_ids.long()
+    eid = sort.expert_ids.long().repeat_interleave(block_m)[: sid.numel()]
+    return sid, eid, sid < numel, a8.float() * a_s.repeat_interleave(128, 1)[:, : a8.shape[1]]
+
+
+def checked_timing(fn, err: float) -> dict:
+    """µs of fn (`triton.testing.do_bench`, warm L2) and the relative error it was checked with."""
+    return {"us": round(triton.testing.do_bench(fn, warmup=10, rep=50) * 1000, 1), "rel_err": round(err, 5)}
+
+
+def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, tokens: int, tw, ti, q2, s2) -> dict:
+    """One Gluon stage-2 config on a fresh sorted, quantized intermediate: relative error against the dequantized
+    torch product (routing weight applied), µs (warm L2)."""
+    from tritune.kernels.gluon_blockscale import descriptor
+
     bm, bn, stages, warps, group = (int(x) for x in variant.split(":"))
-    gen = torch.Generator(device="cuda").manual_seed(tokens + 1)
-    sort = moe_align_block_size(ti, bm, experts)
-    rows = sort.sorted_token_ids.numel()
-    a8, a_s = quantize_blocks(torch.randn(rows, inter, device="cuda", generator=gen), 1)  # the sorted intermediate
+    sort, a8, a_s = sorted_operand(ti, bm, experts, inter, tokens + 1)  # the sorted intermediate
+    rows = a8.shape[0]
     numel = tokens * topk
     out = torch.zeros(numel, d, device="cuda", dtype=torch.bfloat16)
-    fp8 = gl.float8e4nv
-    a_desc = TensorDescriptor.from_tensor(a8, [bm, 128], gl.NVMMASharedLayout.get_default_for([bm, 128], fp8))
-    w_desc = TensorDescriptor.from_tensor(q2.reshape(experts * d, inter), [bn, 128],
-                                          gl.NVMMASharedLayout.get_default_for([bn, 128], fp8))
     max_blocks = rows // bm
     grid = (max_blocks * triton.cdiv(d, bn),)
     flat_w = tw.reshape(-1).float().contiguous()
-    args = (a_desc, w_desc, out, a_s, s2, sort.sorted_token_ids, sort.expert_ids, flat_w, sort.num_tokens_post_padded,
-            numel, d, inter, max_blocks, a_s.stride(0), a_s.stride(1), s2.stride(0), s2.stride(1), s2.stride(2),
-            out.stride(0))
+    args = (descriptor(a8, [bm, 128]), descriptor(q2.reshape(experts * d, inter), [bn, 128]), out, a_s, s2,
+            sort.sorted_token_ids, sort.expert_ids, flat_w, sort.num_tokens_post_padded, numel, d, inter, max_blocks,
+            a_s.stride(0), a_s.stride(1), s2.stride(0), s2.stride(1), s2.stride(2), out.stride(0))
 
     def fn():
         moe_stage2_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
@@ -144,18 +158,14 @@ def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, token
 
     fn()
     torch.cuda.synchronize()
-    sid = sort.sorted_token_ids.long()
-    eid = sort.expert_ids.long().repeat_interleave(bm)[: sid.numel()]
-    real = sid < numel
-    a_deq = a8.float() * a_s.repeat_interleave(128, 1)[:, :inter]
+    sid, eid, real, a_deq = expert_rows(sort, bm, numel, a8, a_s)
     w_deq = q2.float() * s2.repeat_interleave(128, 1)[:, :d].repeat_interleave(128, 2)[:, :, :inter]
     ref = torch.zeros(numel, d, device="cuda")
     for e in range(experts):
         r = real & (eid == e)
         if r.any():
             ref[sid[r]] = (a_deq[r] @ w_deq[e].T) * flat_w[sid[r]][:, None]
-    err = float((out.float() - ref).norm() / ref.norm())
-    return {"us": round(triton.testing.do_bench(fn, warmup=10, rep=50) * 1000, 1), "rel_err": round(err, 5)}
+    return checked_timing(fn, float((out.float() - ref).norm() / ref.norm()))
 
 
 def run_point(d: int, inter: int, experts: int, topk: int, tokens: int, variants: list[str]) -> dict:
@@ -167,7 +177,7 @@ def run_point(d: int, inter: int, experts: int, topk: int, tokens: int, variants
                               "per_1x128")  # fp8 [E, D, I], fp32 [E, D/128, I/128]
     tw, ti = sample_routing(tokens, experts, topk, seed=tokens, device="cuda")
     row = {"dims": [d, inter, experts, topk], "tokens": tokens,
-           "op_kernels": op_stage2(d, inter, experts, tw, ti, q2, s2)}
+           "op_kernels": op_kernels(d, inter, experts, tw, ti, q2, s2)}
     print(tokens, "op kernels", row["op_kernels"], flush=True)
     for v in variants:
         row[f"gluon {v}"] = run_variant(v, d, inter, experts, topk, tokens, tw, ti, q2, s2)

@@ -7,6 +7,7 @@ The kernel itself runs only on a Hopper GPU (Gluon has no interpreter): tests/te
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -54,7 +55,7 @@ print("REPORT " + json.dumps(report))
 @pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
 def test_two_k_blocks_in_flight_and_not_serialized() -> None:
     run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
     assert line is not None, run.stderr[-3000:]
     report = json.loads(line[len("REPORT "):])

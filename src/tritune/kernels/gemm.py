@@ -334,7 +334,7 @@ def gluon_available(device: torch.device) -> bool:
     return HAS_GLUON_HOPPER and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, cfg: GemmConfig) -> None:
+def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GemmConfig) -> None:
     from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
     if kernel != "a8w8_blockscale":
@@ -346,7 +346,7 @@ def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
         raise ValueError(f"GLUON needs Triton's Gluon Hopper API (Triton >= 3.5), this is Triton {triton.__version__}")
     if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] != 9:
         raise ValueError(f"GLUON runs on a Hopper GPU (wgmma, TMA), not {a.device}")
-    if not tma_compatible(a, b, a if out is None else out):
+    if not tma_compatible(a, b, out):
         raise ValueError("GLUON needs 16-byte aligned A, B, C rows (K a multiple of 16, N of 8)")
 
 
@@ -373,8 +373,6 @@ def validate(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tenso
         raise ValueError(f"M={M} N={N} K={K} (split {cfg.NUM_KSPLIT}) is too large for the kernels' 32-bit offsets")
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("A and B must be contiguous along K (stride 1 in the last dimension)")
-    if cfg.GLUON:
-        _check_gluon(kernel, a, b, None, cfg)
     for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -430,7 +428,7 @@ class GemmLaunch:
         bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
         self.split = cfg.NUM_KSPLIT
         if cfg.GLUON:
-            self._bind_gluon(a, b, a_s, b_s, out, cfg)
+            self._bind_gluon(kernel, a, b, a_s, b_s, out, cfg)
             return
         if cfg.PERSISTENT_TMA:
             _check_tma(a, b, out, quant, cfg)
@@ -469,13 +467,13 @@ class GemmLaunch:
         self.main = BoundKernel(_gemm_kernel, grid, (a, b, target, a_s, b_s, *fixup, *self._tail), varying=7,
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    def _bind_gluon(self, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
+    def _bind_gluon(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
         """The Gluon block-scaled kernel, bound once; its three descriptors encoded and cached by address as the
         persistent TMA kernel's are (Triton's launcher encodes a Gluon descriptor from the layout recorded at
         compile time, so the plain descriptor the cache builds serves)."""
         from tritune.kernels import gluon_blockscale as gb
 
-        _check_gluon("a8w8_blockscale", a, b, out, cfg)
+        _check_gluon(kernel, a, b, out, cfg)
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
         self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
         programs = gb.programs_for(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device),

@@ -154,16 +154,18 @@ if HAS_GLUON_HOPPER:
             mbarrier.invalidate(ready.index(i))
 
 
-def descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
-    """Gluon TMA descriptors of A [M, K] and B [N, K] (fp8) and C [M, N] for `blockscale_kernel`'s tiles (the
-    bases may be Triton's MockTensor: only their dtypes matter when compiling)."""
-    def desc(t, block, dtype):
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                gl.NVMMASharedLayout.get_default_for(block, dtype))
+def descriptor(t, block: list[int]):
+    """A Gluon TMA descriptor of 2-D `t` (fp8, bf16 or fp16, row-major; Triton's MockTensor too: only its dtype and
+    shape matter when compiling) in `block` tiles, with the default NVMMA shared layout of that tile."""
+    dtype = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                            gl.NVMMASharedLayout.get_default_for(block, dtype))
 
-    c_dtype = gl.bfloat16 if out.dtype == torch.bfloat16 else gl.float16
-    return (desc(a, [block_m, SCALE_BLOCK], gl.float8e4nv), desc(b, [block_n, SCALE_BLOCK], gl.float8e4nv),
-            desc(out, [block_m, block_n], c_dtype))
+
+def descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
+    """`blockscale_kernel`'s descriptors of A [M, K] and B [N, K] (fp8) and C [M, N] (bf16 or fp16)."""
+    return (descriptor(a, [block_m, SCALE_BLOCK]), descriptor(b, [block_n, SCALE_BLOCK]),
+            descriptor(out, [block_m, block_n]))
 
 
 def smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int = 2) -> int:
