@@ -58,7 +58,9 @@ def listing(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize(("command", "content", "expected"), [
     ("gemm", {"BLOCK_SIZE_M": [0]}, "BLOCK_SIZE_M value 0 must be a power of two >= 16"),  # was a ZeroDivisionError
-    ("gemm", {"BLOCK_SIZE_N": [16, 48]}, "BLOCK_SIZE_N value 48 must be a power of two >= 16"),  # not a power of 2
+    ("gemm", {"BLOCK_SIZE_N": [16, 40]},  # neither a power of two nor the sum of two >= 16 (48 = 32 + 16 is)
+     "BLOCK_SIZE_N value 40 must be a power of two >= 16 or the sum of two (192 = 128 + 64)"),
+    ("gemm", {"BLOCK_SIZE_N": [224]}, "BLOCK_SIZE_N value 224 must be a power of two >= 16 or the sum of two"),
     ("gemm", {"num_warps": [6]}, "num_warps value 6 must be a power of two >= 1"),
     ("gemm", {"NUM_KSPLIT": [-2]}, "NUM_KSPLIT value -2 must be an integer >= 1"),  # any integer >= 1, 3 is fine
     ("gemm", {"num_stages": [2.5]}, "num_stages value 2.5 must be an integer >= 1"),
@@ -92,6 +94,8 @@ def test_a_valid_space_keeps_each_value_once():
     path = Path(__file__).resolve().parent.parent / "examples" / "grouped_gemm_space.json"
     assert load_space_file(path, gg_tuner.SPACE_RULES)  # the shipped example passes its own rules
     assert SPACE_RULES["NUM_KSPLIT"].fault(3) is None and SPACE_RULES["GROUP_SIZE_M"].fault(5) is None
+    assert all(SPACE_RULES["BLOCK_SIZE_N"].fault(n) is None for n in (16, 48, 96, 192, 256))  # Gluon's two MMAs
+    assert SPACE_RULES["BLOCK_SIZE_M"].fault(192) is not None  # rows stay powers of two
 
 
 # ---- 2. output paths --------------------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ SMALL_M = GemmProblem("bf16", 32, 4096, 4096)
 SHORT_K = GemmProblem("bf16", 32, 256, 128)
 BLOCKSCALE = GemmProblem("a8w8_blockscale", 512, 8192, 4096)
 TAIL = GemmProblem("bf16", 2304, 2048, 4096)  # 18 x 16 = 288 tiles of 128x128: 2 full waves on 132 SMs + 24 tiles
-GLUON_RULE = "GLUON: block-scale on Hopper (Gluon API), 16-byte rows, its tiles and no Triton-kernel option"
+A8W8 = GemmProblem("a8w8", 512, 8192, 4096)
+TMA_RULE = "TMA: needs Hopper, 16-byte rows, no split-K"
+GLUON_RULE = ("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, its tiles, no Triton-kernel option "
+              "(bf16 / a8w8: PERSISTENT_TMA on)")
 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
@@ -93,7 +96,13 @@ ONE_RULE_EACH = [
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),
     ("SCALE_PIPELINE needs block-scale, TMA, BLOCK_SIZE_K 128, BLOCK_SIZE_N <= 128", BIG,
      _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, SCALE_PIPELINE=True)),  # bf16 kernel
-    (GLUON_RULE, BIG, _config(BLOCK_SIZE_K=128, GLUON=True)),  # the bf16 kernel
+    (GLUON_RULE, BIG, _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, GLUON=True)),  # bf16: BLOCK_SIZE_K 64
+    (GLUON_RULE, BIG, _config(GLUON=True)),  # bf16, PERSISTENT_TMA off: the same persistent kernel again
+    (GLUON_RULE, A8W8, _config(BLOCK_SIZE_N=224, BLOCK_SIZE_K=128, PERSISTENT_TMA=True,
+                               GLUON=True)),  # 224 = 128 + 96: no two powers of two
+    (GLUON_RULE, GemmProblem("bf16", 512, 8192, 4096, dtype="fp32"),
+     _config(BLOCK_SIZE_K=32, PERSISTENT_TMA=True, GLUON=True)),  # fp32 operands: no Gluon kernel
+    ("BLOCK_SIZE_N not a power of two: the Gluon kernel's only", BIG, _config(BLOCK_SIZE_N=192)),
     (GLUON_RULE, BLOCKSCALE, _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, GLUON=True)),  # two weight scales a tile
     (GLUON_RULE, BLOCKSCALE, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, GLUON=True)),  # 64 rows on 8 warps
     (GLUON_RULE, GemmProblem("a8w8_blockscale", 512, 8192, 4104),
@@ -113,10 +122,19 @@ def test_gluon_configs_kept_on_hopper_with_gluon_only() -> None:
     Hopper."""
     from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
-    for config in (_config(BLOCK_SIZE_K=128, GLUON=True),
-                   _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, num_warps=4, num_stages=5, GLUON=True)):
-        assert _failing(BLOCKSCALE, config) == ([] if HAS_GLUON_HOPPER else [GLUON_RULE])
-        assert _failing(BLOCKSCALE, config, dataclasses.replace(DEV, capability=(8, 0))) == [GLUON_RULE]
+    for problem, config in (
+            (BLOCKSCALE, _config(BLOCK_SIZE_K=128, GLUON=True)),
+            (BLOCKSCALE, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, num_warps=4, num_stages=5, GLUON=True)),
+            # the bf16 / a8w8 kernel: 192 wide (two MMAs), and a power of two
+            (A8W8, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_N=192, BLOCK_SIZE_K=128, num_warps=4, num_stages=4,
+                           PERSISTENT_TMA=True, GLUON=True)),
+            (A8W8, _config(BLOCK_SIZE_K=128, num_stages=4, PERSISTENT_TMA=True, GLUON=True)),
+            (BIG, _config(BLOCK_SIZE_N=192, PERSISTENT_TMA=True, GLUON=True)),
+            (GemmProblem("bf16", 512, 8192, 4096, dtype="fp16"),
+             _config(BLOCK_SIZE_M=64, BLOCK_SIZE_N=192, num_warps=4, num_stages=5, PERSISTENT_TMA=True, GLUON=True))):
+        assert _failing(problem, config) == ([] if HAS_GLUON_HOPPER else [GLUON_RULE]), (problem, config)
+        before_hopper = _failing(problem, config, dataclasses.replace(DEV, capability=(8, 0)))
+        assert before_hopper[0] == GLUON_RULE and set(before_hopper[1:]) <= {TMA_RULE}
 
 
 def test_every_rule_has_a_case() -> None:

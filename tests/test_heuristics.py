@@ -8,6 +8,7 @@ import pytest
 from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import MoeConfig, check_config, check_plan
+from tritune.kernels.gluon_gemm import smem_bytes as gluon_gemm_smem_bytes
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
@@ -105,6 +106,30 @@ def test_every_gemm_config_passes_the_tuners_rules(kernel, sm_count, max_shared)
             assert gk.SCALE_BLOCK % c.BLOCK_SIZE_K == 0
 
 
+def test_fp8_per_token_takes_the_gluon_tile_whose_waves_cost_least():
+    """a8w8 on Hopper from M 256 (N >= 128, K >= 512, 16-byte rows): the Gluon tile whose waves cost least, or the
+    Triton rule where Triton's 128x256 costs least (twenty-sixth session, six held-out (N, K) on an H100)."""
+    def rule(M, N, K, **kw):
+        return gemm_heuristic("a8w8", M, N, K, gluon=True, **kw)
+
+    q_a = rule(1024, 1536, 7168)  # 128 tiles of 64x192: one full wave; 128x256 would fill 48 SMs
+    assert q_a.GLUON and (q_a.BLOCK_SIZE_M, q_a.BLOCK_SIZE_N, q_a.num_warps, q_a.num_stages) == (64, 192, 4, 5)
+    assert q_a.PERSISTENT_TMA and q_a.BLOCK_SIZE_K == 128 and gk.gluon_problem(q_a, "a8w8", 1) is None
+    down = rule(256, 3584, 18944)  # 112 tiles of 64x128 in one wave
+    assert down.GLUON and (down.BLOCK_SIZE_M, down.BLOCK_SIZE_N, down.num_stages) == (64, 128, 6)
+    assert rule(4096, 1536, 7168).BLOCK_SIZE_N == 128  # 384 tiles of 128x128: 2.9 waves, 128x256 two half-full
+    for M, N, K in ((8192, 4608, 3584), (4096, 6144, 4096), (1024, 14336, 8192), (256, 14336, 8192)):
+        c = rule(M, N, K)  # many waves of 128x256 (or 112 tiles in one): Triton's tile and rule
+        assert not c.GLUON and (c.BLOCK_SIZE_M, c.BLOCK_SIZE_N) == (128, 256), (M, N, K, c)
+    for M, N, K, kw in ((255, 1536, 7168, {}), (1024, 120, 7168, {}), (1024, 1536, 384, {}),
+                        (1024, 1540, 7168, {}), (1024, 1536, 7176, {}), (1024, 1536, 7168, {"capability": (8, 0)})):
+        assert not rule(M, N, K, **kw).GLUON, (M, N, K, kw)
+    assert not gemm_heuristic("a8w8", 1024, 1536, 7168, gluon=False).GLUON
+    assert not gemm_heuristic("bf16", 1024, 1536, 7168, gluon=True).GLUON  # bf16: the tuner's to pick
+    small = rule(1024, 1536, 7168, max_shared=166912)  # 64x192 at 5 stages needs 188 KB: 4 fit
+    assert small.num_stages == 4 and gluon_gemm_smem_bytes(64, 192, 4) <= 166912
+
+
 def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
     """H100 (twenty-fifth session): 128x128 on 8 warps, 4 stages where that grid makes a wave, else 64x128 on 4 warps
     and 5 stages; only on Hopper with Gluon, from M 256, N 128, K 512, with 16-byte rows."""
@@ -123,7 +148,7 @@ def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
                         (4096, 4096, 4104, {}), (4096, 4096, 4096, {"capability": (8, 0)})):
         assert not rule(M, N, K, **kw).GLUON, (M, N, K, kw)
     assert not gemm_heuristic("a8w8_blockscale", 4096, 4096, 4096, gluon=False).GLUON
-    assert not gemm_heuristic("a8w8", 4096, 4096, 4096, gluon=True).GLUON
+    assert not gemm_heuristic("a8w8", 4096, 4096, 4096, gluon=True).GLUON  # 128x256's waves cost least
 
 
 def test_block_scaled_warp_specialises_at_long_k_where_triton_can():

@@ -197,3 +197,26 @@ def test_a_gluon_config_runs_the_triton_kernel_where_gluon_cannot(monkeypatch):
     assert len(used) == 1 and not used[0].GLUON and used[0].BLOCK_SIZE_M == 64
     ref = gk.gemm_reference("a8w8_blockscale", *ops)
     torch.testing.assert_close(out.float(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9,
+                    reason="on Hopper the Gluon kernel itself runs (tests/test_gluon_gemm_gpu.py)")
+@pytest.mark.parametrize(("block_n", "triton_n"), [(192, 128), (96, 64), (128, 128)])
+def test_a_gluon_per_token_config_runs_a_triton_tile_where_gluon_cannot(monkeypatch, block_n, triton_n):
+    """An a8w8 file tuned on Hopper may name a Gluon tile two powers of two wide; where Gluon cannot run the op takes
+    the larger power of two on the Triton kernel (it has no 192-wide tile), with the reference's result."""
+    from tritune.kernels.quant import quantize_rows
+    from tritune.ops import gemm_a8w8
+
+    used = []
+    real = gk.GemmLaunch
+    monkeypatch.setattr(gk, "GemmLaunch", lambda *args: used.append(args[-1]) or real(*args))
+    gen = torch.Generator().manual_seed(2)
+    (qa, sa), (qb, sb) = quantize_rows(torch.randn(40, 256, generator=gen)), \
+        quantize_rows(torch.randn(200, 256, generator=gen) / 16)
+    ops = [t.to(TORCH_DEVICE) for t in (qa, qb, sa, sb)]
+    cfg = gk.GemmConfig(64, block_n, 128, 8, 4, 3, PERSISTENT_TMA=True, GLUON=True)
+    out = gemm_a8w8(*ops, config=cfg)
+    assert len(used) == 1 and not used[0].GLUON and (used[0].BLOCK_SIZE_M, used[0].BLOCK_SIZE_N) == (64, triton_n)
+    ref = gk.gemm_reference("a8w8", *ops)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)

@@ -53,7 +53,9 @@ class GemmConfig:
     WARP_SPECIALIZE: bool = False  # persistent TMA only: the tile loop split into load and MMA warps (Triton >= 3.5)
     EPILOGUE_SUBTILE: bool = False  # persistent TMA only: C converted and stored as two [BM, BN/2] halves
     TAIL_SPLIT: bool = False  # pointer kernel, NUM_KSPLIT > 1: split only the tiles past the full waves
-    GLUON: bool = False  # block-scaled on Hopper: the Gluon kernel, rescale off the MMA path (kernels/gluon_blockscale)
+    # Hopper: the Gluon kernel of the family. Block-scaled: rescale off the MMA path (kernels/gluon_blockscale); bf16
+    # and a8w8: persistent, BLOCK_SIZE_N may be the sum of two powers of two (kernels/gluon_gemm)
+    GLUON: bool = False
 
     @staticmethod
     def from_params(params: dict) -> GemmConfig:
@@ -312,14 +314,33 @@ def offsets_fit(*element_counts: int) -> bool:
     return max(element_counts) < 2**31
 
 
-def gluon_problem(cfg: GemmConfig) -> str | None:
-    """Why `cfg` cannot be a GLUON config (None when it can): the Gluon block-scaled kernel takes BLOCK_SIZE_K 128,
-    BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4 warps, 128 on 8) and none
-    of the Triton kernels' options but PERSISTENT_TMA (then it runs persistent: as many programs as fit at once)."""
-    if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 128) or cfg.num_warps not in (4, 8) \
-            or cfg.BLOCK_SIZE_M != 16 * cfg.num_warps:
-        return (f"GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "
-                f"on 8), got {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} warps")
+def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1) -> str | None:
+    """Why `cfg` cannot be a GLUON config of `kernel` (operands of `elt` bytes; None when it can). The block-scaled
+    kernel takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64
+    on 4 warps, 128 on 8); the bf16 / a8w8 kernel takes BLOCK_SIZE_K of 128 bytes (64 for 16-bit operands, 128 for
+    fp8), BLOCK_SIZE_N a power of two or the sum of two (16-256), BLOCK_SIZE_M 64-256 with at least 16 rows a warp.
+    Both take none of the Triton kernels' options but PERSISTENT_TMA (the block-scaled kernel then runs persistent:
+    as many programs as fit at once; the other always does)."""
+    if kernel == "a8w8_blockscale":
+        if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 128) or cfg.num_warps not in (4, 8) \
+                or cfg.BLOCK_SIZE_M != 16 * cfg.num_warps:
+            return (f"GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, "
+                    f"128 on 8), got {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} "
+                    f"warps")
+    else:
+        from tritune.kernels.gluon_gemm import split_width
+
+        try:
+            split_width(cfg.BLOCK_SIZE_N)
+            width = None if cfg.BLOCK_SIZE_N <= 256 else "at most 256"
+        except ValueError as err:
+            width = str(err)
+        if width or cfg.BLOCK_SIZE_K != 128 // elt or cfg.num_warps not in (4, 8) \
+                or cfg.BLOCK_SIZE_M not in (64, 128, 256) or cfg.BLOCK_SIZE_M < 16 * cfg.num_warps:
+            return (f"GLUON {kernel} takes BLOCK_SIZE_K {128 // elt} (128 bytes), BLOCK_SIZE_N a power of two or the "
+                    f"sum of two up to 256, BLOCK_SIZE_M 64-256 with 16 rows a warp or more, got "
+                    f"{cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} warps"
+                    + (f" ({width})" if width else ""))
     if cfg.NUM_KSPLIT != 1 or cfg.SCALE_PIPELINE or cfg.WARP_SPECIALIZE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT \
             or cfg.cache_modifier:
         return ("GLUON is its own kernel: NUM_KSPLIT 1, no SCALE_PIPELINE, WARP_SPECIALIZE, EPILOGUE_SUBTILE, "
@@ -337,9 +358,9 @@ def gluon_available(device: torch.device) -> bool:
 def _check_gluon(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: GemmConfig) -> None:
     from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
-    if kernel != "a8w8_blockscale":
-        raise ValueError(f"GLUON is the block-scaled kernel (a8w8_blockscale), not {kernel}")
-    why = gluon_problem(cfg)
+    if a.dtype == torch.float32:
+        raise ValueError("GLUON takes bf16, fp16 or fp8 operands, not float32")
+    why = gluon_problem(cfg, kernel, a.element_size())
     if why:
         raise ValueError(why)
     if not HAS_GLUON_HOPPER:
@@ -427,6 +448,7 @@ class GemmLaunch:
         scale_strides = (a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0)
         bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
         self.split = cfg.NUM_KSPLIT
+        self._desc_of = (0, 1, 2)  # which of (A, B, C) each TMA descriptor describes
         if cfg.GLUON:
             self._bind_gluon(kernel, a, b, a_s, b_s, out, cfg)
             return
@@ -475,6 +497,9 @@ class GemmLaunch:
 
         _check_gluon(kernel, a, b, out, cfg)
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+        if kernel != "a8w8_blockscale":
+            self._bind_gluon_gemm(kernel, a, b, a_s, b_s, out, cfg)
+            return
         self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
         programs = gb.programs_for(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device),
                                    bm, bn, cfg.num_stages, cfg.PERSISTENT_TMA)
@@ -486,6 +511,27 @@ class GemmLaunch:
         self._desc_caches = tuple(
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
             for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
+
+    def _bind_gluon_gemm(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
+        """The Gluon bf16 / a8w8 kernel (persistent, a program a SM), bound once: five descriptors (A; B's rows and
+        C's columns in the tile's two power-of-two parts, the second pair repeating the first where the tile is one
+        power of two wide), each cached by address."""
+        from tritune.kernels import gluon_gemm as gg
+
+        bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+        bn0, bn1 = gg.split_width(bn)
+        bk = gg.block_k(a.dtype)
+        self._blocks = ([bm, bk], [bn0, bk], [bn1 or bn0, bk], [bm, bn0], [bm, bn1 or bn0])
+        self._desc_of = (0, 1, 1, 2, 2)  # which of (A, B, C) each descriptor describes
+        programs = gg.programs_for(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
+        self.main = BoundKernel(
+            gg.gemm_kernel, (programs,),
+            (*gg.descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, programs,
+             *gg.constexprs(kernel, self.K, a.dtype, cfg)),
+            varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self._desc_caches = tuple(
+            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
+            for i, (t, blk) in enumerate(zip((a, b, b, out, out), self._blocks, strict=True)))
 
     def _lock(self):
         """The per-tile locks of this call's stream (zero between calls: the last split of a tile resets its own)."""
@@ -504,9 +550,12 @@ class GemmLaunch:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             return tuple(TensorDescriptor.from_tensor(t, blk) for t, blk in zip((a, b, out), self._blocks, strict=True))
-        ca, cb, cc = self._desc_caches
-        return (*ca.get(a if isinstance(a, int) else a.data_ptr()), *cb.get(b if isinstance(b, int) else b.data_ptr()),
-                *cc.get(out if isinstance(out, int) else out.data_ptr()))
+        ptrs = (a if isinstance(a, int) else a.data_ptr(), b if isinstance(b, int) else b.data_ptr(),
+                out if isinstance(out, int) else out.data_ptr())
+        if len(self._desc_caches) == 3:
+            ca, cb, cc = self._desc_caches
+            return (*ca.get(ptrs[0]), *cb.get(ptrs[1]), *cc.get(ptrs[2]))
+        return tuple(x for cache, i in zip(self._desc_caches, self._desc_of, strict=True) for x in cache.get(ptrs[i]))
 
     def __call__(self, a, b, a_scale, b_scale, out, workspace: torch.Tensor | None = None) -> None:
         """Launch on A, B, the scales (None when unquantized) and C: tensors, or their addresses when
@@ -596,11 +645,19 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
     if cfg.GLUON:
         from tritune.kernels import gluon_blockscale as gb
 
-        why = gluon_problem(cfg) if kernel == "a8w8_blockscale" else f"GLUON is a8w8_blockscale's, not {kernel}'s"
+        why = ("GLUON takes bf16, fp16 or fp8 operands, not float32" if in_dtype == torch.float32
+               else gluon_problem(cfg, kernel, in_dtype.itemsize))
         if why:
             raise ValueError(why)
         a, b, c = (MockTensor(dt, shape) for dt, shape in ((in_dtype, [M, K]), (in_dtype, [N, K]),
                                                            (out_dtype, [M, N])))
+        if kernel != "a8w8_blockscale":
+            from tritune.kernels import gluon_gemm as gg
+
+            gg.gemm_kernel.warmup(*gg.descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, 1,  # programs
+                                  *gg.constexprs(kernel, K, in_dtype, cfg), num_warps=cfg.num_warps,
+                                  num_stages=cfg.num_stages, grid=(1,))
+            return
         gb.blockscale_kernel.warmup(
             *gb.descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1, s_b, 1, 1,  # programs: any
             cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -115,16 +115,23 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     if config is None:
         config, _ = select_config(kernel, M, N, K, a.device, out.dtype)
     if config.GLUON and not gk.gluon_available(a.device):  # a file tuned on Hopper, read where Gluon cannot run
-        config = gk.GemmConfig(**{**config.__dict__, "GLUON": False})
+        config = _off_gluon(config, {})
     if (config.PERSISTENT_TMA or config.GLUON) and not gk.tma_compatible(a, b, out):
-        config = gk.GemmConfig(**{**config.__dict__, "PERSISTENT_TMA": False, "WARP_SPECIALIZE": False,
-                                  "EPILOGUE_SUBTILE": False, "GLUON": False})
+        config = _off_gluon(config, {"PERSISTENT_TMA": False, "WARP_SPECIALIZE": False, "EPILOGUE_SUBTILE": False})
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     if a.is_cuda:
         with torch.cuda.device(a.device):
             return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
     return gk.GemmLaunch(kernel, a, b, a_scale, b_scale, out, config)
+
+
+def _off_gluon(config: gk.GemmConfig, more: dict) -> gk.GemmConfig:
+    """`config` on the Triton kernels: GLUON off (and `more`), a tile two powers of two wide (192, 96: Gluon's
+    only) cut to the larger one."""
+    bn = config.BLOCK_SIZE_N
+    return gk.GemmConfig(**{**config.__dict__, **more, "GLUON": False,
+                            "BLOCK_SIZE_N": 1 << (bn.bit_length() - 1)})
 
 
 _OUT_DTYPES = frozenset(gk.OUT_DTYPES.values())

@@ -34,6 +34,10 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
   rows: the Gluon kernel (`GLUON`, kernels/gluon_blockscale.py: the rescale of K block k-1 while block k's MMA
   runs), persistent, 128×128 on 8 warps where that grid makes a wave, else 64×128 on 4 (H100: 1.23× faster than
   the Triton kernels in geomean at M 256-8192, up to 1.39×);
+- a8w8 from M ≥ `GLUON_MIN_M`, N ≥ 128 and K ≥ 512 on Hopper with Gluon and 16-byte rows: the tile whose waves cost
+  least (`FP8_TILE_SPEED`) among Triton's 128×256 and the Gluon kernel's (kernels/gluon_gemm.py, persistent) 128×128,
+  64×192 (two MMAs, 128 + 64 columns), 128×192 and 64×128; the Triton rule where 128×256 costs least (H100: 1.03-1.20×
+  faster than the Triton rule at the 9 of 24 held-out points it takes Gluon, the op 1.047 → 1.089× `_scaled_mm`);
 - bf16/fp16 past M = 64: up to 7 stages (`DEEP_STAGES`; 128×128×64 at M 256-1024 ran 1.10-1.41× faster with 6-7
   than with 4); otherwise 4 stages (5 when one stage holds ≤ 8 KiB, as vLLM's small block-fp8 tiles); fewer when the
   A and B stages (plus
@@ -105,6 +109,7 @@ from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
 from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.gluon_blockscale import smem_bytes as gluon_smem_bytes
+from tritune.kernels.gluon_gemm import smem_bytes as gluon_gemm_smem_bytes
 from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
 from tritune.ops import cost_model as cm
 
@@ -134,6 +139,16 @@ FILL = 0.7  # a tile is large enough when its grid covers this fraction of the S
 # waves) beat 192 of 128x256 (1.45 waves, the second half empty): 74.9 against 93.2 us.
 TILE_SPEED = {(128, 256): 1.0, (256, 128): 1.0, (128, 128): 0.93, (64, 256): 0.85, (128, 64): 0.7, (64, 128): 0.7,
               (64, 64): 0.65}
+
+# fp8 per-token (a8w8) on Hopper from GLUON_MIN_M: the tile whose waves cost least (`_wave_cost`) among the Triton
+# kernel's 128x256 and the Gluon kernel's tiles (kernels/gluon_gemm; (BM, BN, warps, stages)), each at its speed per
+# output element against Triton's 128x256 at 8192 rows (H100, six held-out (N, K), twenty-sixth session: Gluon
+# 128x128 0.75-0.97, 64x192 0.82-0.88, 128x192 0.77-0.87, 64x128 0.72-0.74). Where Triton's tile wins, the rule
+# below picks its config as before. Measured there: the Gluon tiles the costs pick ran 0.84-0.97x the Triton op's
+# time at M 256-4096 where they are picked (up to 0.83x at K 18944, M 256), and Triton's 128x256 1.0-1.1x faster
+# than any Gluon tile where it is.
+FP8_TILE_SPEED = {(128, 256): 1.0, (128, 128): 0.86, (64, 192): 0.85, (128, 192): 0.82, (64, 128): 0.72}
+_GLUON_FP8_TILES = ((128, 128, 8, 4), (64, 192, 4, 5), (128, 192, 8, 4), (64, 128, 4, 6))
 
 # (M upper bound or None, main tiles largest first, fallback tiles). Block-scaled: BLOCK_N capped at 128, no
 # 128-row tile up to M=256 (tuned: 64x128 beat 128x128 there) and no 32-row main tile past M=32 (its BLOCK_K 128
@@ -181,11 +196,24 @@ def _fills(grid: int, sm_count: int) -> bool:
     return grid >= FILL * sm_count and grid >= FILL * waves * sm_count
 
 
-def _wave_cost(tile: tuple[int, int], M: int, N: int, sm_count: int) -> float:
-    """The time of a bf16 grid of `tile`, in units of one 128×256 tile at full speed: waves × tile area / the
-    tile's measured speed (`TILE_SPEED`)."""
+def _wave_cost(tile: tuple[int, int], M: int, N: int, sm_count: int, speeds: dict = TILE_SPEED) -> float:
+    """The time of a grid of `tile`, in units of one 128×256 tile at full speed: waves × tile area / the tile's
+    measured speed (`speeds`: bf16's `TILE_SPEED` unless given)."""
     bm, bn = tile
-    return _cdiv(_cdiv(M, bm) * _cdiv(N, bn), sm_count) * bm * bn / TILE_SPEED.get(tile, 0.5) / (128 * 256)
+    return _cdiv(_cdiv(M, bm) * _cdiv(N, bn), sm_count) * bm * bn / speeds.get(tile, 0.5) / (128 * 256)
+
+
+def _gluon_fp8(M: int, N: int, sm_count: int, max_shared: int) -> GemmConfig | None:
+    """The Gluon a8w8 config whose waves cost least (`FP8_TILE_SPEED`), None where Triton's 128x256 costs least."""
+    best = min(((128, 256, 0, 0),) + _GLUON_FP8_TILES,
+               key=lambda t: _wave_cost(t[:2], M, N, sm_count, FP8_TILE_SPEED))  # first of equals: Triton's
+    bm, bn, warps, stages = best
+    if not warps:
+        return None
+    while stages > 2 and gluon_gemm_smem_bytes(bm, bn, stages) > max_shared:
+        stages -= 1
+    return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=warps,
+                      num_stages=stages, PERSISTENT_TMA=True, GLUON=True)
 
 
 def _gemm_tile(kernel: str, M: int, N: int, sm_count: int, by_wave_cost: bool) -> tuple[int, int]:
@@ -260,6 +288,11 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     if block_scaled and gluon and capability[0] == 9 and M >= GLUON_MIN_M and N >= 128 and K >= 4 * SCALE_BLOCK \
             and N % 8 == 0 and K % 16 == 0:
         return _gluon_blockscale(M, N, K, sm_count, max_shared)
+    if kernel == "a8w8" and gluon and capability[0] == 9 and M >= GLUON_MIN_M and N >= 128 and K >= 4 * 128 \
+            and N % 8 == 0 and K % 16 == 0:
+        config = _gluon_fp8(M, N, sm_count, max_shared)
+        if config is not None:
+            return config
     elt = 1 if kernel in cm.FP8_KERNELS else 2
     large_bf16 = elt == 2 and M > LARGE_M  # the held-out tune's rules: wave-cost tile, deep stages, 4 warps on 128x128
     bm, bn = _gemm_tile(kernel, M, N, sm_count, large_bf16)

@@ -28,7 +28,9 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (N, K) in minutes. `FULL_SPACE` is the exhaustive one (pass it with --search-space).
 DEFAULT_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
-    "BLOCK_SIZE_N": (64, 128, 256),
+    # 192 (128 + 64 as two MMAs on one A tile): the Gluon bf16 / a8w8 kernel's only (a wave count Triton's powers of
+    # two miss; H100: fp8 64x192 won 3 of 24 held-out points at M 256-4096)
+    "BLOCK_SIZE_N": (64, 128, 192, 256),
     "BLOCK_SIZE_K": (64, 128, 256),
     "GROUP_SIZE_M": (1, 8),
     "num_warps": (4, 8),
@@ -40,20 +42,24 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "PERSISTENT_TMA": (False, True),
     "SCALE_PIPELINE": (False, True),
     "TAIL_SPLIT": (False, True),
-    # Block-scaled on Hopper: the Gluon kernel (rescale off the MMA path; H100 0.72-0.83x the Triton kernel's time).
+    # Hopper: the Gluon kernels. Block-scaled: rescale off the MMA path (H100 0.72-0.83x the Triton kernel's time);
+    # bf16 / a8w8: persistent, 96- and 192-wide tiles (H100: fp8 0.83-0.97x the Triton op's time at M 256-4096 where
+    # the rule picks it; bf16 0.91-0.96x at 4 of 24 held-out points, 1.01-1.05x at others).
     "GLUON": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
     **DEFAULT_SPACE,
-    "BLOCK_SIZE_N": (32, 64, 128, 256),
+    "BLOCK_SIZE_N": (32, 64, 96, 128, 192, 256),
     "num_stages": (2, 3, 4, 5, 6, 7, 8),
     "NUM_KSPLIT": (1, 2, 3, 4, 6, 8, 16),
 }
 # The values each parameter may take at all (a --search-space file is checked against them before any work): tiles
-# are powers of two >= 16 (tl.arange, tl.dot), num_warps a power of two; GROUP_SIZE_M, num_stages and NUM_KSPLIT any
-# integer >= 1; cache_modifier "" or ".cg" (the pruning rules know no other).
+# are powers of two >= 16 (tl.arange, tl.dot), BLOCK_SIZE_N also the sum of two (Gluon's), num_warps a power of two;
+# GROUP_SIZE_M, num_stages and NUM_KSPLIT any integer >= 1; cache_modifier "" or ".cg" (the pruning rules know no
+# other).
 SPACE_RULES: dict[str, Param] = {
-    "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True), "BLOCK_SIZE_K": Param(16, pow2=True),
+    "BLOCK_SIZE_M": Param(16, pow2=True), "BLOCK_SIZE_N": Param(16, pow2=True, pow2_pairs=True),
+    "BLOCK_SIZE_K": Param(16, pow2=True),
     "GROUP_SIZE_M": Param(1), "num_warps": Param(1, pow2=True), "num_stages": Param(1), "NUM_KSPLIT": Param(1),
     "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL, "TAIL_SPLIT": BOOL,
     "GLUON": BOOL,
@@ -116,13 +122,21 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     def gluon_ok(c: Config) -> bool:
         if not c.get("GLUON"):
             return True
-        aligned = p.K % 16 == 0 and p.N % 8 == 0
-        return (p.kernel == "a8w8_blockscale" and dev.capability[0] == 9 and HAS_GLUON_HOPPER and aligned
-                and gk.gluon_problem(gk.GemmConfig.from_params(c.as_dict())) is None)
+        aligned = (p.K * elt) % 16 == 0 and p.N % 8 == 0
+        if not (dev.capability[0] == 9 and HAS_GLUON_HOPPER and aligned and p.dtype != "fp32"):
+            return False
+        # bf16 / a8w8: always persistent, so PERSISTENT_TMA off would only repeat PERSISTENT_TMA on
+        return (p.kernel == "a8w8_blockscale" or bool(c["PERSISTENT_TMA"])) and gk.gluon_problem(
+            gk.GemmConfig.from_params(c.as_dict()), p.kernel, elt) is None
+
+    def pow2(n: int) -> bool:
+        return n & (n - 1) == 0
 
     return (
-        Constraint("GLUON: block-scale on Hopper (Gluon API), 16-byte rows, its tiles and no Triton-kernel option",
-                   gluon_ok),
+        Constraint("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, its tiles, no Triton-kernel "
+                   "option (bf16 / a8w8: PERSISTENT_TMA on)", gluon_ok),
+        Constraint("BLOCK_SIZE_N not a power of two: the Gluon kernel's only",
+                   lambda c: pow2(c["BLOCK_SIZE_N"]) or bool(c.get("GLUON"))),
         Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),
         Constraint("accumulator registers per thread > 128",
                    lambda c: c["BLOCK_SIZE_M"] * c["BLOCK_SIZE_N"] // (c["num_warps"] * 32) <= 128),

@@ -31,6 +31,7 @@ class Param:
     least: int = 1
     pow2: bool = False
     choices: tuple[Scalar, ...] = ()
+    pow2_pairs: bool = False  # with pow2: the sum of two powers of two (each >= least) too
 
     def fault(self, value: object) -> str | None:
         """Why `value` is not allowed ('must be a power of two >= 16'), None when it is."""
@@ -39,11 +40,20 @@ class Param:
                 return None
             return "must be one of " + ", ".join(json.dumps(c) for c in self.choices)
         whole = isinstance(value, int) and not isinstance(value, bool)
-        if self.pow2 and not (whole and value >= self.least and value & (value - 1) == 0):
-            return f"must be a power of two >= {self.least}"
+        if self.pow2 and not (whole and value >= self.least and (value & (value - 1) == 0
+                                                                 or self.pow2_pairs and _pow2_pair(value, self.least))):
+            return (f"must be a power of two >= {self.least}"
+                    + (" or the sum of two (192 = 128 + 64)" if self.pow2_pairs else ""))
         if not (whole and value >= self.least):
             return f"must be an integer >= {self.least}"
         return None
+
+
+def _pow2_pair(value: int, least: int) -> bool:
+    """Whether `value` is the sum of two powers of two, each at least `least` (the larger taken first)."""
+    high = 1 << (value.bit_length() - 1)
+    low = value - high
+    return low >= least and low & (low - 1) == 0
 
 
 BOOL = Param(choices=(False, True))
