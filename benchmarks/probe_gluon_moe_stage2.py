@@ -1,7 +1,8 @@
-r"""Fused-MoE stage 2 with per_1x128 fp8 in Gluon (issue 14, prototype): the sorted intermediate and w2 through TMA,
-block k-1's rescale while block k's MMA runs (the schedule of `kernels/gluon_blockscale.py`), each row sent back to
-its (token, slot) pair with its routing weight. Measured beside the op's own stage 2 (the Triton kernel that retires
-the MMA every K block), both on the same sorted, quantized intermediate, warm L2 (the op's profile convention).
+r"""Fused-MoE stage 2 with per_1x128 fp8 in Gluon (issue 14; the kernel: kernels/gluon_moe.py): the sorted intermediate
+and w2 through TMA, block k-1's rescale while block k's MMA runs (the schedule of `kernels/gluon_blockscale.py`),
+each row sent back to its (token, slot) pair with its routing weight. Measured beside the op's own stage 2 (the
+Triton kernel that retires the MMA every K block), both on the same sorted, quantized intermediate, warm L2 (the
+op's profile convention).
 
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage2.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:128:4:8:8,64:128:4:4:8] [--out F]
@@ -23,76 +24,7 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
-
-    from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords
-
-    @gluon.jit
-    def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
-                          num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
-                          stride_wsk, stride_om, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-        """out[pair, n] = w[pair] · Σ_k (A_k[row] · W2[e]_kᵀ) · a_s[row, k] · w_s[e, n // 128, k] for each sorted
-        row of a block whose expert is e. Grid: (max_blocks · ⌈N/BN⌉,); programs past the sort's blocks return."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BN: gl.constexpr = w_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        gl.static_assert(BK == 128)
-        num_pid_n = gl.cdiv(N, BN)
-        pid_m, pid_n = _tile_coords(gl.program_id(0), max_blocks, num_pid_n, GROUP_M)
-        if pid_m * BM >= gl.load(num_post_ptr):
-            return
-        expert = gl.load(expert_ids_ptr + pid_m)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
-        w_row = expert * N + off_n
-        k_tiles = gl.cdiv(K, BK)
-
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                              instr_shape=[16, BN, 32])
-        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            _load(a_desc, w_desc, a_smem, b_smem, ready, i, i, off_m, w_row, i < k_tiles, STAGES)
-
-        rows = off_m + gl.arange(0, BM, layout=row_layout)
-        a_s_ptrs = as_ptr + rows * stride_asm
-        w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        acc = gl.zeros([BM, BN], gl.float32, mma_layout)
-        p0 = _issue(a_smem, b_smem, ready, acc, 0, STAGES)
-        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
-        for ki in range(1, k_tiles - 1, 2):
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
-            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            j = ki - 1 + STAGES
-            _load(a_desc, w_desc, a_smem, b_smem, ready, j, j, off_m, w_row, j < k_tiles, STAGES)
-            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
-            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
-            _load(a_desc, w_desc, a_smem, b_smem, ready, j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
-        if k_tiles % 2 == 0:
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, k_tiles - 1, STAGES)
-            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-
-        pairs = gl.load(sorted_ids_ptr + rows)
-        ok = pairs < numel
-        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
-        cols = off_n + gl.arange(0, BN, layout=col_layout)
-        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+    from tritune.kernels.gluon_moe import moe_stage2_kernel
 
 
 def op_kernels(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:

@@ -219,8 +219,31 @@ def short(c):
     (64, (2048, 1536, 64, 6), "none", (False, (16, 32, 256, 4, 1, 0), (16, 64, 256, 4, 1, 0))),  # 6 steps
 ])
 def test_moe_rule_table_rows(tokens, dims, quant, want):
-    run_1stage, s1, s2 = moe_heuristic(tokens, *dims, quant)
+    run_1stage, s1, s2 = moe_heuristic(tokens, *dims, quant, gluon=False)  # the Triton kernels' rows (Gluon: below)
     assert (run_1stage, short(s1), short(s2) if s2 else None) == want
+
+
+def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
+    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, I >= 1024, from m = 256: both stages in Gluon
+    on 128-row blocks, stage 1 on gathered rows."""
+    from tritune.kernels.fused_moe import check_plan
+    from tritune.kernels.fused_moe_config import gluon_problem
+
+    _, s1, s2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)  # DeepSeek-V2-Lite, m = 384
+    assert s1.GLUON and s2.GLUON and (s1.BLOCK_SIZE_M, s1.BLOCK_SIZE_N, s2.BLOCK_SIZE_N) == (128, 64, 128)
+    assert s1.GATHER_A and s1.SORTED_INTER == 2 and gluon_problem(s1, "stage1", "per_1x128") is None
+    assert gluon_problem(s2, "stage2", "per_1x128") is None
+    check_plan(s1, s2, "per_1x128")
+    for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
+                             (4096, (4096, 384, 128, 8), {}),  # E 128 I 384: stage 2's 3 K blocks
+                             (4096, (2048, 1408, 64, 6), {"capability": (8, 0)}),
+                             (4096, (2048, 1408, 64, 6), {"gluon": False}),
+                             (4096, (2048, 1408, 64, 6), {"gated": False}),
+                             (4096, (2000, 1408, 64, 6), {}),  # D not a multiple of 128
+                             (4096, (2048, 1400, 64, 6), {})):
+        _, s1, s2 = moe_heuristic(tokens, *dims, "per_1x128", **{"gluon": True, **kw})
+        assert not s1.GLUON and not s2.GLUON, (tokens, dims, kw)
+    assert not moe_heuristic(4096, 2048, 1408, 64, 6, "per_token", gluon=True)[1].GLUON
 
 
 def test_moe_one_stage_only_for_a_handful_of_pairs():
@@ -270,7 +293,7 @@ def test_moe_stage_2_runs_persistent_with_the_sorted_intermediate_up_to_its_k_li
     intermediate through TMA and K <= 512 (bf16), 1536 (per_token), 768 (per_1x128); never for MXFP4 (no TMA
     there)."""
     def stage2(tokens, inter, quant="none"):
-        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 128, 8, quant)
+        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 128, 8, quant, gluon=False)  # the Triton rule
         check_plan(s1, s2, quant)
         return s2
 
@@ -300,7 +323,7 @@ def test_moe_rejects_bad_input():
 
 def test_moe_sorted_intermediate_through_tma_from_64_pairs_per_expert_in_16_bit_on_hopper():
     def levers(tokens, inter=14336, quant="none", capability=(9, 0)):
-        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 8, 2, quant, capability=capability)
+        _, s1, s2 = moe_heuristic(tokens, 4096, inter, 8, 2, quant, capability=capability, gluon=False)
         check_plan(s1, s2, quant)
         return s1.SORTED_INTER, s2.SORTED_INTER
 

@@ -110,6 +110,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
     # The plan-level options, as MoeLaunch passes them: a sorted intermediate has moe_align.sorted_rows rows; stage 2
     # adds into the fp32 [T, D] accumulator unless it writes `out` itself (top-1 without split-K).
     rows = sorted_rows(numel, dims.experts, cfg.BLOCK_SIZE_M) if cfg.SORTED_INTER else numel
+    if cfg.GLUON:
+        return _compile_gluon(kernel, dims, cfg, rows, num_pid_m)
     stage1 = kernel == "stage1"
     atomic = not stage1 and bool(cfg.TOPK_ATOMIC) and not (dims.topk == 1 and cfg.KSPLIT == 1)
     if stage1:
@@ -149,6 +151,34 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
         ATOMIC_TOPK=dims.topk if atomic else 0, SWAP_AB=bool(cfg.SWAP_AB), WARP_SPEC=bool(cfg.WARP_SPEC),
         OUT_K32=False, SCALE_TMA=bool(cfg.SCALE_TMA), W_SWIZZLED=prepared, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,), **({"launch_pdl": True} if pdl else {}))
+
+
+def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pid_m: int) -> Any:
+    """`compile_only` of a Gluon per_1x128 stage (kernels/gluon_moe.py), its operands as MoeLaunch._gemm_gluon passes
+    them: A (stage 1: the gathered rows; stage 2: the quantized intermediate) and the weights as [E·N, K] through TMA,
+    stage 1's intermediate through TMA too."""
+    from triton.runtime.jit import MockTensor
+
+    from tritune.kernels import gluon_moe
+    from tritune.kernels.gluon_blockscale import descriptor
+
+    f32, i32 = torch.float32, torch.int32
+    stage1 = kernel == "stage1"
+    n, k = (dims.inter_dim, dims.model_dim) if stage1 else (dims.model_dim, dims.inter_dim)
+    n_w = n * (2 if stage1 and dims.gated else 1)
+    bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+    a = descriptor(MockTensor(FP8, [rows, k]), [bm, SCALE_BLOCK])
+    w = descriptor(MockTensor(FP8, [dims.experts * n_w, k]), [bn, SCALE_BLOCK])
+    groups = triton.cdiv(k, SCALE_BLOCK)
+    strides = (triton.cdiv(n_w, SCALE_BLOCK) * groups, groups, 1)  # quantize_weights' [E, N/128, K/128]
+    meta = dict(GROUP_M=cfg.GROUP_SIZE_M, STAGES=cfg.num_stages, WARPS=cfg.num_warps, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, grid=(1,))
+    if stage1:
+        out = descriptor(MockTensor(dims.dtype, [rows, n]), [bm, bn])
+        return gluon_moe.moe_stage1_kernel.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1,
+                                                  *strides, **meta)
+    return gluon_moe.moe_stage2_kernel.warmup(a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k,
+                                              num_pid_m, groups, 1, *strides, n, **meta)
 
 
 def _compile_1stage_swap(dims: MoeDims, cfg: MoeConfig, num_pid_m: int, pdl: bool) -> Any:

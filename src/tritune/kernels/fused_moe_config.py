@@ -27,7 +27,7 @@ SCALE_BLOCK = 128
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC", "GATHER_A")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
-OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT", "SCALE_TMA")
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT", "SCALE_TMA", "GLUON")
 
 
 def act_group(quant: str) -> int:
@@ -65,11 +65,12 @@ class MoeConfig:
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
     PERSISTENT: int = 0  # stage 2, every load through TMA: 1 = a persistent program walks tiles (fused_moe_persistent)
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
+    GLUON: int = 0  # per_1x128 stage kernels on Hopper, A through TMA: 1 = the Gluon kernel (kernels/gluon_moe.py)
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
               "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA",
-              "PERSISTENT": "PS", "SCALE_TMA": "ST"}
+              "PERSISTENT": "PS", "SCALE_TMA": "ST", "GLUON": "GL"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -186,6 +187,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
+    if config.GLUON not in (0, 1) or (config.GLUON and gluon_problem(config, kernel, quant)):
+        raise ValueError(f"{config.name(kernel, quant)}: " + (gluon_problem(config, kernel, quant)
+                                                               or "GLUON must be 0 or 1"))
     if config.SWAP_AB and kernel == "1stage":
         _check_1stage_swap(config, quant)
     if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:
@@ -212,6 +216,25 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
                              "gathered-A variant (SORTED_INTER, TOPK_ATOMIC, GATHER_A are 2-stage plan options)")
         if quant == "per_1x128" and SCALE_BLOCK % config.BLOCK_SIZE_N:
             raise ValueError(f"{config.name(kernel, quant)}: 1-stage per_1x128 needs BLOCK_SIZE_N dividing 128")
+
+
+def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
+    """Why `config` cannot run on the Gluon stage kernels (kernels/gluon_moe.py), None when it can: a stage kernel of
+    per_1x128 with every load through TMA (USE_TMA 1, SORTED_INTER 2; stage 1 GATHER_A 1), BLOCK_SIZE_K 128,
+    BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the
+    Triton kernels' other options (KSPLIT 1; no SWAP_AB, WARP_SPEC, PERSISTENT, SCALE_TMA, TOPK_ATOMIC)."""
+    if kernel == "1stage" or quant != "per_1x128":
+        return f"GLUON is for the per_1x128 stage kernels, not {kernel} with {quant}"
+    if config.BLOCK_SIZE_K != SCALE_BLOCK or config.BLOCK_SIZE_N not in (64, 128) or config.num_warps not in (4, 8) \
+            or config.BLOCK_SIZE_M != 16 * config.num_warps:
+        return ("GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "
+                "on 8)")
+    if not config.USE_TMA or config.SORTED_INTER != 2 or (kernel == "stage1" and not config.GATHER_A):
+        return "GLUON reads every operand through TMA: USE_TMA 1, SORTED_INTER 2 and (stage 1) GATHER_A 1"
+    if config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC or config.PERSISTENT or config.SCALE_TMA \
+            or config.TOPK_ATOMIC:
+        return "GLUON is its own kernel: KSPLIT 1, no SWAP_AB, WARP_SPEC, PERSISTENT, SCALE_TMA or TOPK_ATOMIC"
+    return None
 
 
 def _check_1stage_swap(config: MoeConfig, quant: str) -> None:

@@ -80,7 +80,8 @@ def fuses_intermediate_quant(quant: str, stage1: MoeConfig, stage2: MoeConfig, i
     (off by default: measured slower), not behind a split-K stage 1 (no epilogue sees whole outputs), only while the
     16-bit intermediate takes at most FUSE_QUANT_L2_SHARE of `l2_bytes`, and only when stage 2's pipeline of
     `a_bytes`-wide A tiles and fp8 weight tiles fits `max_shared` (None: no such limit, the interpreter)."""
-    if not FUSE_INTERMEDIATE_QUANT or quant not in ("per_token", "per_1x128") or stage1.KSPLIT != 1:
+    if not FUSE_INTERMEDIATE_QUANT or quant not in ("per_token", "per_1x128") or stage1.KSPLIT != 1 \
+            or stage1.GLUON or stage2.GLUON:  # the Gluon stages read and write a ready fp8 / 16-bit intermediate
         return False
     if l2_bytes is not None and intermediate_bytes > FUSE_QUANT_L2_SHARE * l2_bytes:
         return False
@@ -274,12 +275,20 @@ class MoeLaunch:
         self.steps = tuple((bound.launch, getter) for bound, getter in self.getters)
 
     def _descriptor(self, source: tuple, shape: tuple[int, ...], dtype: torch.dtype, block: list[int],
-                    example: dict, what: str, view=None) -> tuple[str, int]:
+                    example: dict, what: str, view=None, gluon: bool = False) -> tuple[str, int]:
         """A TMA operand over `source` viewed `shape` (row-major; `view(tensor)` makes that view when a reshape
-        cannot), recorded in self.tma; its recipe entry."""
+        cannot), recorded in self.tma; its recipe entry. `gluon`: the binding compiles a Gluon kernel, whose
+        descriptors carry their shared-memory layout (the per-call cache still encodes plain ones: the launcher takes
+        the layout recorded at compile time)."""
         if (shape[-1] * dtype.itemsize) % 16:
             raise ValueError(f"{what} needs rows of 16-byte multiples; K={shape[-1]} of {dtype} is not")
-        if source[0] == "t":
+        if gluon:
+            from triton.runtime.jit import MockTensor
+
+            from tritune.kernels.gluon_blockscale import descriptor
+
+            desc = descriptor(MockTensor(dtype, list(shape)), block)  # only its dtype and shape matter to the binding
+        elif source[0] == "t":
             t = example[source[1]]
             desc = TensorDescriptor.from_tensor(view(t) if view else t.view(*shape), block)
         else:  # a workspace piece: its dtype is all the binding needs (Triton's mock tensor, as compile_only does)
@@ -323,6 +332,12 @@ class MoeLaunch:
               out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None,
               out_k32: bool = False, swizzled: bool = False) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
+        if cfg.GLUON:
+            self._gemm_gluon(kernel=kernel, a=a, a_scale=a_scale, w=w, w_scale=w_scale, target=target,
+                             stride_asm=stride_asm, n=n, k=k, numel=numel, cfg=cfg, example=example, pieces=pieces,
+                             a_rows=a_rows, gated=gated, act=act, mul_weight=mul_weight, atomic_topk=atomic_topk,
+                             quant_on_load=quant_on_load, stride_om=stride_om)
+            return
         if swizzled:
             check_swizzled(cfg, quant, kernel, n, gated)
         num_pid_m = self.align.gemm_blocks
@@ -358,6 +373,52 @@ class MoeLaunch:
         else:
             fn, grid = _moe_gemm_kernel, (tiles, cfg.KSPLIT)
         self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, self.pdl)
+        self._cache_descriptors(first, w_t)
+
+    def _gemm_gluon(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple,
+                    stride_asm: int, n: int, k: int, numel: int, cfg: MoeConfig, example: dict, pieces: _Pieces,
+                    a_rows: int | None, gated: bool, act: int, mul_weight: bool, atomic_topk: int,
+                    quant_on_load: bool, stride_om: int) -> None:
+        """A per_1x128 stage on the Gluon kernels (kernels/gluon_moe.py; `check_config` holds the config to them):
+        A, w and (stage 1) the intermediate through TMA; ValueError where they cannot run this call."""
+        from tritune.kernels import gluon_moe
+
+        name = cfg.name(kernel, "per_1x128")
+        w_t, ws_t = example[w], example[w_scale[1]]
+        if not (gluon_moe.HAS_GLUON_HOPPER and w_t.is_cuda and torch.cuda.get_device_capability(w_t.device)[0] == 9):
+            raise ValueError(f"{name}: GLUON runs on a Hopper GPU with Triton's Gluon API (Triton >= 3.5), not "
+                             f"{w_t.device} with Triton {triton.__version__}")
+        if kernel == "stage1" and (not gated or act != _ACT_ID["silu"] or mul_weight or n % cfg.BLOCK_SIZE_N):
+            raise ValueError(f"{name}: GLUON's stage 1 is gated SiLU with the routing weights in stage 2 and an "
+                             f"intermediate size (here {n}) a multiple of BLOCK_SIZE_N")
+        if kernel == "stage2" and (not mul_weight or atomic_topk or quant_on_load):
+            raise ValueError(f"{name}: GLUON's stage 2 applies the routing weights itself and writes each pair's row "
+                             "(no TOPK_ATOMIC, no intermediate quantized on load)")
+        if ws_t.dim() != 3 or ws_t.stride(2) != 1:
+            raise ValueError(f"{name}: GLUON takes per_1x128 weight scales [E, N/128, K/128], contiguous along K")
+        bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+        first = len(self.tma)
+        a_desc = self._descriptor(a, (a_rows or self.inter_rows, k), pieces.items[a[1]][0], [bm, SCALE_BLOCK],
+                                  example, "GLUON (A through TMA)", gluon=True)
+        row, _ = weight_tma_view("per_1x128", k, bn, SCALE_BLOCK)
+        w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, [bn, SCALE_BLOCK], example,
+                                  "GLUON (weights through TMA)", gluon=True)
+        strides = (ws_t.stride(0), ws_t.stride(1), 1)
+        blocks = self.align.gemm_blocks
+        grid = (blocks * triton.cdiv(n, bn),)
+        tail = [("v", v) for v in (cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps)]
+        if kernel == "stage1":
+            out_desc = self._descriptor(target, (self.inter_rows, n), pieces.items[target[1]][0], [bm, bn], example,
+                                        "GLUON (the intermediate through TMA)", gluon=True)
+            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2)] + [
+                ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + tail
+            fn = gluon_moe.moe_stage1_kernel
+        else:
+            recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
+                      ("p", 2)] + [("v", v) for v in (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)] + tail
+            fn = gluon_moe.moe_stage2_kernel
+        # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.
+        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False)
         self._cache_descriptors(first, w_t)
 
     def _cache_descriptors(self, first: int, w_t: torch.Tensor) -> None:

@@ -31,6 +31,7 @@ from tritune import knobs
 from tritune.kernels import fused_moe as fm
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_launch import MoeLaunch
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.mxfp4_records import Mxfp4Scales, split_scales
 from tritune.kernels.mxfp4_swizzle import Mxfp4Weights, split_weights
 from tritune.ops.heuristics import moe_heuristic
@@ -64,14 +65,15 @@ class MoeChoice:
 
 def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str, *,
                          sm_count: int = 132, max_shared: int = 232448, gated: bool = True,
-                         scale_records: bool = True, deterministic: bool = False) -> MoeChoice:
+                         scale_records: bool = True, deterministic: bool = False, gluon: bool = True) -> MoeChoice:
     """The rule table's choice (`tritune.ops.heuristics.moe_heuristic`) for `tokens` tokens of the shape
-    (`scale_records` False: MXFP4 scales as codes only; `deterministic`: never a plan that sums with atomics)."""
+    (`scale_records` False: MXFP4 scales as codes only; `deterministic`: never a plan that sums with atomics;
+    `gluon` False: never the Gluon stage kernels)."""
     if quant not in OP_QUANTS:
         raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
                                                max_shared, gated=gated, scale_records=scale_records,
-                                               one_stage=not deterministic)
+                                               one_stage=not deterministic, gluon=gluon and HAS_GLUON_HOPPER)
     return MoeChoice(run_1stage, stage1, stage2, "heuristic")
 
 
@@ -246,13 +248,25 @@ def _signature(t: torch.Tensor | None) -> tuple | None:
 
 
 def _rule_choice(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                 activation: str, quant: str, doweight_stage1: bool, *, scale_records: bool) -> MoeChoice:
-    """The rule table's choice for this call (`scale_records` False: its tiles for MXFP4 scales given as codes)."""
+                 activation: str, quant: str, doweight_stage1: bool, *, scale_records: bool,
+                 gluon: bool = True) -> MoeChoice:
+    """The rule table's choice for this call (`scale_records` False: its tiles for MXFP4 scales given as codes;
+    `gluon` False: without the Gluon stage kernels)."""
     shape = _call_shape(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1)
     cu_num, max_shared, _ = _device_facts(_index(hidden_states.device))
     return heuristic_moe_choice(shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, quant,
                                 sm_count=cu_num, max_shared=max_shared, gated=shape.use_g1u1,
-                                scale_records=scale_records, deterministic=knobs.deterministic())
+                                scale_records=scale_records, deterministic=knobs.deterministic(), gluon=gluon)
+
+
+def _gluon_runs(choice: MoeChoice, hidden_states: torch.Tensor, activation: str, doweight_stage1: bool) -> bool:
+    """Whether a choice's Gluon stages (MoeConfig.GLUON) can run this call: a Hopper GPU with Triton's Gluon API,
+    gated SiLU, the routing weights applied in stage 2. True for a choice with none."""
+    stages = (choice.stage1,) if choice.run_1stage else (choice.stage1, choice.stage2)
+    if not any(getattr(c, "GLUON", 0) for c in stages):
+        return True
+    return (HAS_GLUON_HOPPER and hidden_states.is_cuda and activation == "silu" and not doweight_stage1
+            and torch.cuda.get_device_capability(hidden_states.device)[0] == 9)
 
 
 def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torch.Tensor | Mxfp4Weights,
@@ -273,6 +287,10 @@ def _plan(hidden_states: torch.Tensor, w1: torch.Tensor | Mxfp4Weights, w2: torc
                                   doweight_stage1=doweight_stage1)
         choice = _swizzle_as_given(choice, quant, (swizzled1, swizzled2), codes_rule)
     choice = _scale_tma_as_given(choice, w1_scale, w2_scale, codes_rule)
+    if not _gluon_runs(choice, hidden_states, activation, doweight_stage1):
+        # a Gluon plan (tuned on Hopper, or the rule's) where it cannot run: the rule table without it
+        choice = _rule_choice(hidden_states, w1, w2, topk_ids, activation, quant, doweight_stage1,
+                              scale_records=True, gluon=False)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     stage2 = None if choice.run_1stage else choice.stage2

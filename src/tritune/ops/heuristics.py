@@ -130,6 +130,15 @@ PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up
 # persistent program overlaps weigh twice as much. H100, whole op, L2 flushed, four shapes at 1024 / 4096 / 8192 tokens
 # (RESULTS.md, twenty-fifth session): per_token at I 768 / 1408 / 1536 0.91-1.00x the time, at I 14336 1.00-1.06x;
 # per_1x128 at I 768 0.93 / 0.99 / 1.00x, at I 1408 / 1536 0.99-1.04x.
+# per_1x128 on Hopper from GLUON_MOE_MIN_M routed pairs an expert, gated, D and I multiples of 128 and I (stage 2's
+# K) at least GLUON_MOE_MIN_K: both stages on the Gluon kernels, 128-row blocks (`_gluon_moe`; kernels/gluon_moe.py).
+# H100, the whole op, L2 flushed (twenty-sixth session): E 64 top-6 I 1536 at 4096 / 8192 tokens 0.93 / 0.87x the
+# Triton plan's time, DeepSeek-V2-Lite (I 1408) 0.86 / 0.81x. Not below: at m 96 the Gluon stage 1 was only 1.02x
+# faster before its gather copy; at I 384 (E 128 top-8) the Gluon stage 2 ran 1.22x the persistent Triton one's time
+# (3 K blocks), and the Gluon stage 1 with that stage 2 on 128-row blocks made the op 1.28-1.37x slower.
+GLUON_MOE = True
+GLUON_MOE_MIN_M = 256
+GLUON_MOE_MIN_K = 1024
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -466,7 +475,8 @@ def _moe_stage(bm: int, bn: int, bk: int, warps: int, n: int, k: int, quant: str
 def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, topk: int, quant: str,
                   sm_count: int = 132, max_shared: int = 232448, *,
                   gated: bool = True, capability: tuple[int, int] = (9, 0),
-                  one_stage: bool = True, scale_records: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
+                  one_stage: bool = True, scale_records: bool = True,
+                  gluon: bool = HAS_GLUON_HOPPER) -> tuple[bool, MoeConfig, MoeConfig | None]:
     """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
     hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
     model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights) | "per_1x32_a8" (and
@@ -503,6 +513,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     m = pairs / experts
     mean = max(1, math.ceil(m))
     active = min(pairs, experts)
+    if quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and m >= GLUON_MOE_MIN_M and gated \
+            and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0 and inter_dim >= GLUON_MOE_MIN_K:
+        return (False, *_gluon_moe())
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
     if bm == 16:
@@ -539,6 +552,14 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         if persistent_ok:
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
     return False, stage1, stage2
+
+
+def _gluon_moe() -> tuple[MoeConfig, MoeConfig]:
+    """The per_1x128 stage pair on the Gluon kernels, 128-row blocks on 8 warps: stage 1 on rows gathered for TMA
+    with 64-wide gate and up tiles, stage 2 with 128-wide tiles."""
+    common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8, num_warps=8, num_stages=4, USE_TMA=1,
+                  SORTED_INTER=2, GATHER_A=1, GLUON=1)
+    return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, **common)
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,

@@ -1,0 +1,209 @@
+"""The fused MoE's two GEMM stages with per_1x128 fp8 in Gluon: the schedule of `kernels/gluon_blockscale.py` (block
+k's MMA into a fresh partial while block k-1's is rescaled into the sum) on the MoE's sorted rows.
+
+Why. Each 128-deep K block of a per_1x128 GEMM ends with a rescale; in `tl.dot` form it retires the MMA every block
+(the Triton stage kernels). Here the rescale runs while the next block's MMA does. Measured on the H100 (RESULTS.md,
+twenty-fifth and twenty-sixth sessions) against the op's Triton stage kernels: stage 1 1.02-1.35x faster at 1024-8192
+tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
+
+- Stage 1 (`moe_stage1_kernel`): A is the activation rows gathered into the sort's order (the op's GATHER_A copy),
+  read through TMA like w1's gate and up tiles (two MMA groups a K block); silu(gate) · up leaves through TMA into the
+  intermediate in the sort's order (SORTED_INTER 2).
+- Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
+  (token, slot) pair with its routing weight, for the op's top-k sum.
+
+Both: BLOCK_K 128, BLOCK_N at most 128 (one weight scale a tile and K block), BLOCK_M 16 rows a warp; programs past
+the sort's blocks return. Hopper only (TMA, wgmma); no interpreter.
+"""
+
+from __future__ import annotations
+
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+if HAS_GLUON_HOPPER:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords, _tma_load, _tma_store
+
+    @gluon.jit
+    def _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k, off_m, gate_row, up_row, pred,
+               STAGES: gl.constexpr):
+        """K block k of A's rows and w1's gate and up rows into stage k % STAGES, where `pred`."""
+        s = k % STAGES
+        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
+        _tma_load(w_desc, [gate_row, k * 128], ready.index(s), g_smem.index(s), pred=pred)
+        _tma_load(w_desc, [up_row, k * 128], ready.index(s), u_smem.index(s), pred=pred)
+
+    @gluon.jit
+    def _issue2(a_smem, g_smem, u_smem, ready, regs_g, regs_u, k, STAGES: gl.constexpr):
+        """Block k's gate and up MMAs from zero (into the registers of `regs_*`, unread), once the stage landed."""
+        s = k % STAGES
+        mbarrier.wait(ready.index(s), phase=(k // STAGES) & 1)
+        pg = warpgroup_mma(a_smem.index(s), g_smem.index(s).permute((1, 0)), regs_g, use_acc=False, is_async=True)
+        pu = warpgroup_mma(a_smem.index(s), u_smem.index(s).permute((1, 0)), regs_u, use_acc=False, is_async=True)
+        return pg, pu
+
+    @gluon.jit
+    def moe_stage1_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, N_INTER, K, max_blocks,
+                          stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+        """inter[row, n] = silu(Σ_k A_k[row]·G_kᵀ · s) · (Σ_k A_k[row]·U_kᵀ · s) for the sorted rows of a block whose
+        expert is e (G = w1[e, n], U = w1[e, I + n] with I = N_INTER, s = a_s[row, k] · w_s[e, n // 128, k]).
+        Grid: (max_blocks · ⌈I/BN⌉,); programs past the sort's blocks return."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN <= 128)
+        pid_m, pid_n = _tile_coords(gl.program_id(0), max_blocks, gl.cdiv(N_INTER, BN), GROUP_M)
+        if pid_m * BM >= gl.load(num_post_ptr):
+            return
+        expert = gl.load(expert_ids_ptr + pid_m)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        gate_row = expert * 2 * N_INTER + off_n
+        up_row = gate_row + N_INTER
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, off_m, gate_row, up_row, i < k_tiles, STAGES)
+
+        rows = off_m + gl.arange(0, BM, layout=row_layout)
+        a_s_ptrs = as_ptr + rows * stride_asm
+        wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+        wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+        acc_g = gl.zeros([BM, BN], gl.float32, mma_layout)
+        acc_u = gl.zeros([BM, BN], gl.float32, mma_layout)
+        # Two MMA groups a K block (gate, up): waiting for at most two outstanding retires the previous block's pair
+        # while this block's pair runs. The partials alternate and take acc * 0 as their unread accumulators, as in
+        # the dense kernel, so no register copy touches an in-flight partial.
+        g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, 0, STAGES)
+        a0 = gl.load(a_s_ptrs)
+        sg0 = a0 * gl.load(wg_s_ptr)
+        su0 = a0 * gl.load(wu_s_ptr)
+        for ki in range(1, k_tiles - 1, 2):
+            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki, STAGES)
+            a1 = gl.load(a_s_ptrs + ki * stride_ask)
+            sg1 = a1 * gl.load(wg_s_ptr + ki * stride_wsk)
+            su1 = a1 * gl.load(wu_s_ptr + ki * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0, u0))  # block ki-1's pair
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+            j = ki - 1 + STAGES  # into block ki-1's stage, free now
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j, off_m, gate_row, up_row, j < k_tiles, STAGES)
+            g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki + 1, STAGES)
+            a0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask)
+            sg0 = a0 * gl.load(wg_s_ptr + (ki + 1) * stride_wsk)
+            su0 = a0 * gl.load(wu_s_ptr + (ki + 1) * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g1, u1))  # block ki's pair
+            acc_g = acc_g + dg * sg1[:, None]
+            acc_u = acc_u + du * su1[:, None]
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j + 1, off_m, gate_row, up_row, j + 1 < k_tiles,
+                   STAGES)
+        if k_tiles % 2 == 0:
+            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, k_tiles - 1, STAGES)
+            a1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask)
+            sg1 = a1 * gl.load(wg_s_ptr + (k_tiles - 1) * stride_wsk)
+            su1 = a1 * gl.load(wu_s_ptr + (k_tiles - 1) * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0, u0))
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g1, u1))
+            acc_g = acc_g + dg * sg1[:, None]
+            acc_u = acc_u + du * su1[:, None]
+        else:
+            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g0, u0))
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u  # silu(gate) * up
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        c_smem.store(h.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
+                          num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
+                          stride_wsk, stride_om, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+        """out[pair, n] = w[pair] · Σ_k (A_k[row] · W2[e]_kᵀ) · a_s[row, k] · w_s[e, n // 128, k] for each sorted
+        row of a block whose expert is e. Grid: (max_blocks · ⌈N/BN⌉,); programs past the sort's blocks return."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        num_pid_n = gl.cdiv(N, BN)
+        pid_m, pid_n = _tile_coords(gl.program_id(0), max_blocks, num_pid_n, GROUP_M)
+        if pid_m * BM >= gl.load(num_post_ptr):
+            return
+        expert = gl.load(expert_ids_ptr + pid_m)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        w_row = expert * N + off_n
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            _load(a_desc, w_desc, a_smem, b_smem, ready, i, i, off_m, w_row, i < k_tiles, STAGES)
+
+        rows = off_m + gl.arange(0, BM, layout=row_layout)
+        a_s_ptrs = as_ptr + rows * stride_asm
+        w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+        acc = gl.zeros([BM, BN], gl.float32, mma_layout)
+        p0 = _issue(a_smem, b_smem, ready, acc, 0, STAGES)
+        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
+        for ki in range(1, k_tiles - 1, 2):
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
+            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            j = ki - 1 + STAGES
+            _load(a_desc, w_desc, a_smem, b_smem, ready, j, j, off_m, w_row, j < k_tiles, STAGES)
+            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
+            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
+            _load(a_desc, w_desc, a_smem, b_smem, ready, j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
+        if k_tiles % 2 == 0:
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, k_tiles - 1, STAGES)
+            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+        else:
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        pairs = gl.load(sorted_ids_ptr + rows)
+        ok = pairs < numel
+        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
+        cols = off_n + gl.arange(0, BN, layout=col_layout)
+        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])

@@ -1,0 +1,128 @@
+"""The fused MoE's Gluon per_1x128 stages without a GPU: what a GLUON config must hold (one-line refusals naming the
+field), its kernel name (GL1 only when on, parsed back), the op's fallback to the Triton plan where Gluon cannot run,
+and both kernels compiled for sm_90 as the tuner's compile pool builds them (`fused_moe_compile.compile_only`), their
+MMAs kept in flight (`wgmma.wait_group` 2 for stage 1's gate and up pair, 1 for stage 2), not serialized by ptxas
+(C7514 / C7512) and not spilling. The kernels run on a Hopper GPU in tests/test_gluon_moe_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tritune.kernels.fused_moe import MoeConfig, check_config
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1)
+S1 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, GLUON=1, **_PLAN)
+S2 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, GLUON=1, **_PLAN)
+
+
+def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
+    check_config(S1, "stage1", "per_1x128")
+    check_config(S2, "stage2", "per_1x128")
+    name = S1.name("stage1", "per_1x128")
+    assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
+    assert "GL" not in dataclasses.replace(S1, GLUON=0).name("stage1", "per_1x128")  # old names read back unchanged
+
+
+@pytest.mark.parametrize(("kernel", "quant", "changes", "message"), [
+    ("stage1", "per_token", {}, "GLUON is for the per_1x128 stage kernels, not stage1 with per_token"),
+    ("1stage", "per_1x128", {"BLOCK_SIZE_D": 128}, "GLUON is for the per_1x128 stage kernels"),
+    ("stage1", "per_1x128", {"BLOCK_SIZE_K": 64}, "GLUON takes BLOCK_SIZE_K 128"),
+    ("stage2", "per_1x128", {"BLOCK_SIZE_N": 256}, "BLOCK_SIZE_N 64 or 128"),
+    ("stage2", "per_1x128", {"num_warps": 4}, "BLOCK_SIZE_M 16 x num_warps"),  # 128 rows on 4 warps
+    ("stage1", "per_1x128", {"GATHER_A": 0}, "GLUON reads every operand through TMA"),
+    ("stage2", "per_1x128", {"SORTED_INTER": 1}, "GLUON reads every operand through TMA"),
+    ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads every operand through TMA"),
+    ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
+    ("stage2", "per_1x128", {"PERSISTENT": 1}, "PERSISTENT|GLUON is its own kernel"),
+    ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
+    ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),
+])
+def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_config(dataclasses.replace(S2 if kernel == "stage2" else S1, **changes), kernel, quant)
+
+
+def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch) -> None:
+    """A choice naming GLUON (a file tuned on Hopper, or the rule's there) on the interpreter or another GPU: the op
+    binds the rule table's plan without Gluon and gives the reference's result."""
+    from tritune.kernels import fused_moe_launch
+    from tritune.kernels.fused_moe import quantize_weights
+    from tritune.kernels.moe_reference import fused_moe_reference
+    from tritune.ops.fused_moe import MoeChoice, fused_moe
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and HAS_GLUON_HOPPER:
+        pytest.skip("on a Hopper GPU with Gluon the Gluon plan itself runs (tests/test_gluon_moe_gpu.py)")
+    bound = []
+    real = fused_moe_launch.MoeLaunch
+    op_module = importlib.import_module("tritune.ops.fused_moe")  # the package re-exports the function by that name
+    monkeypatch.setattr(op_module, "MoeLaunch",
+                        lambda *a, **kw: bound.append((kw["stage1"], kw["stage2"])) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(4)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hidden = torch.randn(9, 256, generator=gen).to(device, torch.float16)
+    (q1, s1), (q2, s2) = (quantize_weights(torch.randn(4, 2 * 128, 256, generator=gen) / 16, "per_1x128"),
+                          quantize_weights(torch.randn(4, 256, 128, generator=gen) / 11, "per_1x128"))
+    ids = torch.tensor([[i % 4, (i + 1) % 4] for i in range(9)], dtype=torch.int32)
+    weights = torch.softmax(torch.randn(9, 2, generator=gen), dim=1)
+    ops = [t.to(device) for t in (q1, q2, weights, ids, s1, s2)]
+    got = fused_moe(hidden, ops[0], ops[1], ops[2], ops[3], quant="per_1x128", w1_scale=ops[4], w2_scale=ops[5],
+                    choice=MoeChoice(False, S1, S2, "test"))
+    assert len(bound) == 1 and not bound[0][0].GLUON and not bound[0][1].GLUON
+    ref = fused_moe_reference(hidden, ops[0], ops[1], ops[2], ops[3], quant="per_1x128", w1_scale=ops[4],
+                              w2_scale=ops[5])
+    assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
+
+
+# Run in a child: compile_without_gpu retargets this process's Triton driver for good.
+_CHILD = r"""
+import json, pathlib, re, subprocess, tempfile
+from tritune.compile_target import CompileTarget, compile_without_gpu
+compile_without_gpu(CompileTarget("cuda", 90, 32, 132))
+from triton.backends.nvidia.compiler import get_ptxas
+from tritune.kernels.fused_moe import MoeConfig
+from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+
+plan = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
+dims = MoeDims(tokens=4096, topk=6, experts=64, model_dim=2048, inter_dim=1408, quant="per_1x128")
+ptxas = get_ptxas(90).path
+report = {}
+for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **plan)),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **plan)),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **plan))):
+    ptx = compile_only(kernel, dims, cfg).asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = pathlib.Path(tmp, "k.ptx")
+        src.write_text(ptx)
+        run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
+                             capture_output=True, text=True)
+    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = {
+        "waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
+        "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
+print("REPORT " + json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
+def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
+    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
+    assert line is not None, run.stderr[-3000:]
+    report = json.loads(line[len("REPORT "):])
+    assert set(report) == {"stage1 128x64", "stage1 64x64", "stage2 128x128"}
+    for name, r in report.items():
+        assert r["ptxas_rc"] == 0, (name, r["ptxas"])
+        assert r["waits"] == (["0", "2"] if name.startswith("stage1") else ["0", "1"]), (name, r["waits"])
+        assert "C7514" not in r["ptxas"] and "C7512" not in r["ptxas"], (name, r["ptxas"])
+        assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])

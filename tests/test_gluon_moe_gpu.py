@@ -1,0 +1,105 @@
+"""The fused MoE's per_1x128 stages on the Gluon kernels (kernels/gluon_moe.py), through the op on a Hopper GPU:
+against the fp32 reference on odd shapes (experts with no tokens, one expert taking every token, token counts no
+block divides, D and I crossing 128-wide scale blocks), bit-equal as a CUDA-graph replay, the rule table's own
+choice, and the Triton plan where the Gluon one cannot run. Gluon has no interpreter: on anything but a Hopper GPU
+with Triton's Gluon API these skip with that reason (the CPU suite compiles the kernels: tests/test_gluon_moe.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from tritune.kernels.fused_moe import MoeConfig, quantize_weights
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+from tritune.kernels.moe_reference import fused_moe_reference
+from tritune.ops.fused_moe import MoeChoice, fused_moe
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+pytestmark = pytest.mark.skipif(not (HOPPER and HAS_GLUON_HOPPER),
+                                reason="the Gluon kernels run only on a Hopper GPU with Triton's Gluon API")
+
+_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1)
+S1_128 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, GLUON=1, **_PLAN)
+S2_128 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, GLUON=1, **_PLAN)
+S1_64 = MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, GLUON=1, **_PLAN)
+S2_64 = MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=5, GLUON=1, **_PLAN)
+S2_PERSISTENT = dataclasses.replace(S2_128, GLUON=0, PERSISTENT=1)  # the rule's stage 2 where I < 1024
+
+
+def _moe(tokens: int, d: int, inter: int, experts: int, topk: int, seed: int = 0, ids: torch.Tensor | None = None):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, d, generator=gen) * (1 + torch.arange(d) // 128 % 3)[None, :]
+    w1 = torch.randn(experts, 2 * inter, d, generator=gen) / math.sqrt(d)
+    w1 = w1 * (1 + torch.arange(experts) % 3)[:, None, None] * (1 + torch.arange(2 * inter) // 128 % 2)[None, :, None]
+    w2 = torch.randn(experts, d, inter, generator=gen) / math.sqrt(inter) * (1 + torch.arange(experts) % 2)[:, None,
+                                                                                                            None]
+    (q1, s1), (q2, s2) = quantize_weights(w1, "per_1x128"), quantize_weights(w2, "per_1x128")
+    if ids is None:
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, topk, generator=gen), dim=1)
+    cuda = {"hidden": hidden.bfloat16(), "w1": q1, "w2": q2, "w1_scale": s1, "w2_scale": s2, "weights": weights,
+            "ids": ids.to(torch.int32)}
+    return {k: v.cuda() for k, v in cuda.items()}
+
+
+def _run(x: dict, choice: MoeChoice | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    return fused_moe(x["hidden"], x["w1"], x["w2"], x["weights"], x["ids"], quant="per_1x128",
+                     w1_scale=x["w1_scale"], w2_scale=x["w2_scale"], choice=choice, out=out)
+
+
+def _check(got: torch.Tensor, x: dict) -> None:
+    ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["weights"], x["ids"], quant="per_1x128",
+                              w1_scale=x["w1_scale"], w2_scale=x["w2_scale"])
+    assert not got.isnan().any()
+    rel = float((got.float() - ref.float()).norm() / ref.float().norm())
+    assert rel < 2e-2, rel  # the reference requantizes the intermediate as the op does; fp8 accumulation order
+
+
+@pytest.mark.parametrize(("s1", "s2"), [(S1_128, S2_128), (S1_64, S2_64), (S1_128, S2_PERSISTENT)],
+                         ids=["128-rows", "64-rows", "stage-2-persistent"])
+@pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
+    (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
+    (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens
+    (1, 256, 128, 4, 1),  # one token, top-1: stage 2 writes the output itself
+])
+def test_matches_the_reference(s1, s2, tokens, d, inter, experts, topk) -> None:
+    x = _moe(tokens, d, inter, experts, topk)
+    _check(_run(x, MoeChoice(False, s1, s2, "test")), x)
+
+
+def test_one_expert_taking_every_token_and_empty_experts() -> None:
+    ids = torch.full((513, 1), 3)  # 513 rows for expert 3: five 128-row blocks, the last one row; seven idle experts
+    x = _moe(513, 256, 256, 8, 1, seed=1, ids=ids)
+    _check(_run(x, MoeChoice(False, S1_128, S2_128, "test")), x)
+
+
+def test_the_rule_takes_it_and_a_graph_replays_it_bit_equal() -> None:
+    from tritune.ops.fused_moe import heuristic_moe_choice
+
+    x = _moe(2048, 512, 1024, 8, 2, seed=2)  # m = 512 pairs an expert
+    choice = heuristic_moe_choice(2048, 512, 1024, 8, 2, "per_1x128")
+    assert choice.stage1.GLUON and choice.stage2.GLUON
+    out = torch.empty(2048, 512, device="cuda", dtype=torch.bfloat16)
+    _run(x, out=out)
+    _check(out, x)
+    eager = out.clone()
+    out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _run(x, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+def test_a_gluon_plan_falls_back_where_it_cannot_run() -> None:
+    """GELU (the Gluon stage 1 is SiLU only): the op takes the rule table's Triton plan rather than refusing."""
+    x = _moe(600, 256, 256, 4, 2, seed=3)
+    got = fused_moe(x["hidden"], x["w1"], x["w2"], x["weights"], x["ids"], quant="per_1x128", activation="gelu",
+                    w1_scale=x["w1_scale"], w2_scale=x["w2_scale"], choice=MoeChoice(False, S1_128, S2_128, "test"))
+    ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["weights"], x["ids"], quant="per_1x128",
+                              activation="gelu", w1_scale=x["w1_scale"], w2_scale=x["w2_scale"])
+    assert float((got.float() - ref).norm() / ref.norm()) < 2e-2
