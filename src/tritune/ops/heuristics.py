@@ -72,6 +72,10 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - fp8 per_token and per_1x128 take both together, never the sorted intermediate alone (H100, E 128 top-8 I 384,
   whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024), up to a longer K:
   `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
+- per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (256), gated, D and I multiples of 128, I ≥
+  `GLUON_MOE_MIN_K` (1024): both stages on the Gluon kernels (`GLUON`, kernels/gluon_moe.py) on 128-row blocks,
+  stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide, 8 warps, 4 stages
+  (H100, whole op: 0.81-0.93x the Triton plan's time at 4096-8192 tokens);
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
