@@ -126,3 +126,34 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
         assert r["waits"] == (["0", "2"] if name.startswith("stage1") else ["0", "1"]), (name, r["waits"])
         assert "C7514" not in r["ptxas"] and "C7512" not in r["ptxas"], (name, r["ptxas"])
         assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])
+
+
+def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper() -> None:
+    """The end-to-end candidates of a per_1x128 row on Hopper gain the Gluon stage pairs (128- and 64-row blocks),
+    last, with the fastest pair's stage times; none for another quantization, GPU, activation, the interpreter or
+    D / I off 128."""
+    from tritune.device import DeviceInfo
+    from tritune.kernels.fused_moe import check_plan
+    from tritune.store.fmoe_rows import FmoeShape
+    from tritune.tuners import fused_moe as fmoe_tuner
+
+    hopper = DeviceInfo("H100", 132, (9, 0), 232448, 65536, 50 * 2**20, 32, "3.6.0", "2.11", "13.0")
+    shape = FmoeShape(4096, 2048, 1408, 64, 6, "silu", "bf16", "fp8", "fp8", "per_1x128", True, False)
+    pairs = fmoe_tuner.gluon_variants(shape, hopper)
+    if not HAS_GLUON_HOPPER:
+        assert pairs == []
+        return
+    assert [p[0].BLOCK_SIZE_M for p in pairs] == [128, 64] and all(p[0].GLUON and p[1].GLUON for p in pairs)
+    for first, second in pairs:
+        check_plan(first, second, "per_1x128")
+    fast = fmoe_tuner.Choice((dataclasses.replace(S1, GLUON=0, GATHER_A=0),
+                              dataclasses.replace(S2, GLUON=0, GATHER_A=0)), 700.0, 0.0, 300.0, 0.0)
+    chosen = fmoe_tuner.with_gluon_variants([fast], shape, hopper)
+    assert chosen[0] == fast and [c.plan for c in chosen[1:]] == pairs
+    assert all((c.us1, c.us2) == (700.0, 300.0) for c in chosen[1:])
+    assert fmoe_tuner.with_gluon_variants(chosen, shape, hopper) == chosen  # each pair once
+    for other in (dataclasses.replace(shape, q_type="per_token"), dataclasses.replace(shape, act_type="gelu"),
+                  dataclasses.replace(shape, inter_dim=1400), dataclasses.replace(shape, doweight_stage1=True)):
+        assert fmoe_tuner.gluon_variants(other, hopper) == [], other
+    for dev in (dataclasses.replace(hopper, capability=(8, 0)), dataclasses.replace(hopper, interpreter=True)):
+        assert fmoe_tuner.gluon_variants(shape, dev) == []

@@ -281,6 +281,43 @@ def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceIn
     return [*choices, *(Choice(v, pair.us1, pair.err1, pair.us2, pair.err2) for v in variants)]
 
 
+# The end-to-end re-time also runs, on per_1x128 rows on Hopper with Gluon, the stage pair on the Gluon kernels
+# (MoeConfig.GLUON, kernels/gluon_moe.py) on 128-row blocks (the rule table's) and on 64-row blocks: they need the
+# plan levers (rows gathered, the sorted intermediate), so the stages alone cannot time them. H100 (RESULTS.md,
+# twenty-sixth session): the 128-row pair 0.81-0.93x the Triton plan's time at 4096-8192 tokens where I >= 1024;
+# alone, the 64-row stage kernels 0.85-0.96x the op's at E 64 I 1536 and 1024-8192 tokens.
+E2E_GLUON_VARIANTS = True
+_GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
+GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
+    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
+     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
+    (MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **_GLUON_PLAN),
+     MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=4, num_stages=4, **_GLUON_PLAN)),
+)
+
+
+def gluon_variants(shape: FmoeShape, device: DeviceInfo) -> list[Plan]:
+    """The Gluon stage pairs (`GLUON_PAIRS`) a row can run: per_1x128, gated SiLU with the routing weights in stage
+    2, D and I multiples of 128, on a Hopper GPU with Triton's Gluon API; none elsewhere (or with the switch off)."""
+    from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
+
+    if not (E2E_GLUON_VARIANTS and HAS_GLUON_HOPPER and not device.interpreter and device.capability[0] == 9
+            and shape.quant == "per_1x128" and shape.use_g1u1 and shape.act_type == "silu"
+            and not shape.doweight_stage1 and shape.model_dim % 128 == 0 and shape.inter_dim % 128 == 0):
+        return []
+    return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0]
+
+
+def with_gluon_variants(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
+    """`choices` and, last (a tie keeps what came first), the row's Gluon stage pairs (`gluon_variants`) not already
+    among them, carrying the fastest stage pair's stage times (the stages alone cannot run them)."""
+    pair = next((c for c in choices if not c.one_stage), None)
+    if pair is None:
+        return choices
+    new = [v for v in gluon_variants(shape, device) if all(c.plan != v for c in choices)]
+    return [*choices, *(Choice(v, pair.us1, pair.err1, pair.us2, pair.err2) for v in new)]
+
+
 def rule_plan_applies(device: DeviceInfo) -> bool:
     """Whether the rule table's plan is re-timed: on a GPU (under the interpreter only where tests switch it on)."""
     return not device.interpreter or fused_moe_tunable.RULE_PLAN_UNDER_INTERPRETER
@@ -415,7 +452,8 @@ def _search_and_retime(req: MoeTuneRequest, device: DeviceInfo, settings: TuneSe
             report.failed.append((shape, why_nothing_chosen(*kind_results)))
             continue
         rule = rule_plan(shape, device) if rule_plan_applies(device) else None
-        cs = with_rule_plan(with_lever_variant(cs, shape, device), *kind_results, rule)
+        cs = with_gluon_variants(with_lever_variant(cs, shape, device), shape, device)
+        cs = with_rule_plan(cs, *kind_results, rule)
         for c in cs:
             p = MoeProblem(shape, "e2e", req.skew, c.plan)
             choices[p.key()] = c

@@ -142,10 +142,11 @@ class MoeProblem:
 
     @property
     def lever_tag(self) -> str:
-        """' SI2 TA1' (' SI2 PS1' with stage 2 persistent) when an end-to-end plan has issue 14's levers on, else
-        ''."""
+        """' SI2 TA1' (' SI2 PS1' with stage 2 persistent, ' SI2 GA1 GL1' on the Gluon kernels) when an end-to-end
+        plan has issue 14's levers on, else ''."""
         first, second = self.plan if self.plan else (None, None)
-        levers = [f"{short}{getattr(first, name, 0)}" for name, short in (("SORTED_INTER", "SI"), ("TOPK_ATOMIC", "TA"))
+        levers = [f"{short}{getattr(first, name, 0)}" for name, short in (
+            ("SORTED_INTER", "SI"), ("TOPK_ATOMIC", "TA"), ("GATHER_A", "GA"), ("GLUON", "GL"))
                   if first is not None and getattr(first, name, 0)]
         levers += ["PS1"] if getattr(second, "PERSISTENT", 0) else []
         return (" " + " ".join(levers)) if levers else ""
