@@ -8,7 +8,8 @@ by kernel (warm L2).
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage1.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:64:4:8:8] [--out F]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M; BN is the gate's (and the up's) width, so a tile holds 2·BN columns of w1.
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:WIDE]; BN is the gate's (and the up's) width, so a tile holds 2·BN columns of
+w1; WIDE 1 runs `moe_stage1_wide_kernel` (one 2·BN-wide MMA a K block) instead of two BN-wide MMAs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from tritune.kernels.gluon_moe import moe_stage1_kernel
+    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_wide_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from probe_gluon_moe_stage2 import checked_timing, expert_rows, op_kernels, sorted_operand  # noqa: E402
@@ -35,7 +36,8 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     (warm L2)."""
     from tritune.kernels.gluon_blockscale import descriptor
 
-    bm, bn, stages, warps, group = (int(x) for x in variant.split(":"))
+    bm, bn, stages, warps, group, wide = (int(x) for x in (variant + ":0").split(":")[:6])
+    kernel = moe_stage1_wide_kernel if wide else moe_stage1_kernel
     sort, a8, a_s = sorted_operand(ti, bm, experts, d, tokens + 2)  # rows gathered in the sort's order
     rows = a8.shape[0]
     inter_out = torch.zeros(rows, inter, device="cuda", dtype=torch.bfloat16)
@@ -46,7 +48,7 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
             max_blocks, a_s.stride(0), a_s.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
 
     def fn():
-        moe_stage1_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
+        kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
         return inter_out
 
     fn()

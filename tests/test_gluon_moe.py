@@ -1,8 +1,9 @@
 """The fused MoE's Gluon per_1x128 stages without a GPU: what a GLUON config must hold (one-line refusals naming the
-field), its kernel name (GL1 only when on, parsed back), the op's fallback to the Triton plan where Gluon cannot run,
-and both kernels compiled for sm_90 as the tuner's compile pool builds them (`fused_moe_compile.compile_only`), their
-MMAs kept in flight (`wgmma.wait_group` 2 for stage 1's gate and up pair, 1 for stage 2), not serialized by ptxas
-(C7514 / C7512) and not spilling. The kernels run on a Hopper GPU in tests/test_gluon_moe_gpu.py."""
+field), its kernel name (GL1 only when on, parsed back), the op's fallback to the Triton plan where Gluon cannot
+run, and both kernels compiled for sm_90 as the tuner's compile pool builds them (`fused_moe_compile.compile_only`),
+with the one-MMA stage 1 the probe times, their MMAs kept in flight (`wgmma.wait_group` 2 for stage 1's gate and up
+pair, 1 for one MMA a K block), not serialized by ptxas (C7514 / C7512) and not spilling. The kernels run on a
+Hopper GPU in tests/test_gluon_moe_gpu.py."""
 
 from __future__ import annotations
 
@@ -109,6 +110,25 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
     report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = {
         "waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
         "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
+# the one-MMA stage 1 (not in the op yet): compiled as the probe launches it
+import torch
+from triton.runtime.jit import MockTensor
+from tritune.kernels.gluon_blockscale import descriptor
+from tritune.kernels.gluon_moe import moe_stage1_wide_kernel
+fp8, rows = torch.float8_e4m3fn, 25000
+binary = moe_stage1_wide_kernel.warmup(
+    descriptor(MockTensor(fp8, [rows, 2048]), [128, 128]),
+    descriptor(MockTensor(fp8, [64 * 2 * 1408, 2048]), [64, 128]),
+    descriptor(MockTensor(torch.bfloat16, [rows, 1408]), [128, 64]), torch.float32, torch.float32, torch.int32,
+    torch.int32, 1408, 2048, 196, 16, 1, 22 * 16, 16, 1, GROUP_M=8, STAGES=4, WARPS=8, num_warps=8, grid=(1,))
+ptx = binary.asm["ptx"]
+with tempfile.TemporaryDirectory() as tmp:
+    src = pathlib.Path(tmp, "k.ptx")
+    src.write_text(ptx)
+    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
+                         capture_output=True, text=True)
+report["stage1 wide 128x128"] = {"waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
+                                 "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
 print("REPORT " + json.dumps(report))
 """
 
@@ -120,10 +140,11 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
     assert line is not None, run.stderr[-3000:]
     report = json.loads(line[len("REPORT "):])
-    assert set(report) == {"stage1 128x64", "stage1 64x64", "stage2 128x128"}
+    assert set(report) == {"stage1 128x64", "stage1 64x64", "stage2 128x128", "stage1 wide 128x128"}
     for name, r in report.items():
         assert r["ptxas_rc"] == 0, (name, r["ptxas"])
-        assert r["waits"] == (["0", "2"] if name.startswith("stage1") else ["0", "1"]), (name, r["waits"])
+        two_groups = name in ("stage1 128x64", "stage1 64x64")  # gate and up, one MMA each a K block
+        assert r["waits"] == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
         assert "C7514" not in r["ptxas"] and "C7512" not in r["ptxas"], (name, r["ptxas"])
         assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])
 

@@ -103,3 +103,35 @@ def test_a_gluon_plan_falls_back_where_it_cannot_run() -> None:
     ref = fused_moe_reference(x["hidden"], x["w1"], x["w2"], x["weights"], x["ids"], quant="per_1x128",
                               activation="gelu", w1_scale=x["w1_scale"], w2_scale=x["w2_scale"])
     assert float((got.float() - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize(("bm", "warps"), [(128, 8), (64, 4)])
+def test_the_one_mma_stage_1_matches_the_two_mma_one(bm: int, warps: int) -> None:
+    """`moe_stage1_wide_kernel` (not in the op yet: its timing is a probe's) computes what `moe_stage1_kernel` does:
+    silu(gate) · up of the gathered rows, each half of its one MMA rescaled by its own weight scale."""
+    import triton
+
+    from tritune.kernels.gluon_blockscale import descriptor
+    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_wide_kernel
+    from tritune.kernels.moe_align import moe_align_block_size
+    from tritune.kernels.quant import quantize_blocks
+
+    x = _moe(700, 384, 320, 8, 2, seed=5)  # I 320: a 64-wide tile at 256, the up rows' scale block 2 then 4
+    inter, d, experts = 320, 384, 8
+    sort = moe_align_block_size(x["ids"], bm, experts)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    a8, a_s = quantize_blocks(torch.randn(sort.sorted_token_ids.numel(), d, device="cuda", generator=gen), 1)
+    rows, blocks = a8.shape[0], a8.shape[0] // bm
+    outs = []
+    for kernel in (moe_stage1_kernel, moe_stage1_wide_kernel):
+        out = torch.full((rows, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+        kernel[(blocks * triton.cdiv(inter, 64),)](
+            descriptor(a8, [bm, 128]), descriptor(x["w1"].reshape(experts * 2 * inter, d), [64, 128]),
+            descriptor(out, [bm, 64]), a_s, x["w1_scale"], sort.expert_ids, sort.num_tokens_post_padded, inter, d,
+            blocks, a_s.stride(0), a_s.stride(1), *x["w1_scale"].stride(), GROUP_M=8, STAGES=3, WARPS=warps,
+            num_warps=warps)
+        outs.append(out)
+    real = sort.sorted_token_ids.long() < 700 * 2
+    two, wide = (o.float()[real] for o in outs)
+    assert not wide.isnan().any()
+    assert float((wide - two).norm() / two.norm()) < 1e-2
