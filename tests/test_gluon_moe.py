@@ -1,9 +1,9 @@
 """The fused MoE's Gluon per_1x128 stages without a GPU: what a GLUON config must hold (one-line refusals naming the
 field), its kernel name (GL1 only when on, parsed back), the op's fallback to the Triton plan where Gluon cannot
-run, and both kernels compiled for sm_90 as the tuner's compile pool builds them (`fused_moe_compile.compile_only`),
-with the one-MMA stage 1 the probe times, their MMAs kept in flight (`wgmma.wait_group` 2 for stage 1's gate and up
-pair, 1 for one MMA a K block), not serialized by ptxas (C7514 / C7512) and not spilling. The kernels run on a
-Hopper GPU in tests/test_gluon_moe_gpu.py."""
+run, the tuner's Gluon pairs, and the kernels compiled for sm_90 as the tuner's compile pool builds them
+(`fused_moe_compile.compile_only`; stage 1 in both forms, GLUON 1 and 2), their MMAs kept in flight
+(`wgmma.wait_group` 2 for stage 1's gate and up pair, 1 for one MMA a K block), not serialized by ptxas (C7514 /
+C7512) and not spilling. The kernels run on a Hopper GPU in tests/test_gluon_moe_gpu.py."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ S2 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, GL
 def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(S1, "stage1", "per_1x128")
     check_config(S2, "stage2", "per_1x128")
+    check_config(dataclasses.replace(S1, GLUON=2), "stage1", "per_1x128")  # one MMA over the gate and up rows
+    assert dataclasses.replace(S1, GLUON=2).name("stage1", "per_1x128").endswith("_GL2")
     name = S1.name("stage1", "per_1x128")
     assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
     assert "GL" not in dataclasses.replace(S1, GLUON=0).name("stage1", "per_1x128")  # old names read back unchanged
@@ -47,7 +49,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"PERSISTENT": 1}, "PERSISTENT|GLUON is its own kernel"),
     ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
-    ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),
+    ("stage2", "per_1x128", {"GLUON": 3}, "GLUON must be 0, 1 or 2"),
+    ("stage2", "per_1x128", {"GLUON": 2}, "GLUON 2 .* is stage 1's"),
+    ("stage1", "per_1x128", {"GLUON": 2, "BLOCK_SIZE_N": 128}, "with BLOCK_SIZE_N 64"),
 ])
 def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -100,35 +104,18 @@ ptxas = get_ptxas(90).path
 report = {}
 for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **plan)),
-                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **plan))):
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **plan)),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4,
+                                         **{**plan, "GLUON": 2}))):
     ptx = compile_only(kernel, dims, cfg).asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         src = pathlib.Path(tmp, "k.ptx")
         src.write_text(ptx)
         run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
                              capture_output=True, text=True)
-    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = {
+    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}"] = {
         "waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
         "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
-# the one-MMA stage 1 (not in the op yet): compiled as the probe launches it
-import torch
-from triton.runtime.jit import MockTensor
-from tritune.kernels.gluon_blockscale import descriptor
-from tritune.kernels.gluon_moe import moe_stage1_wide_kernel
-fp8, rows = torch.float8_e4m3fn, 25000
-binary = moe_stage1_wide_kernel.warmup(
-    descriptor(MockTensor(fp8, [rows, 2048]), [128, 128]),
-    descriptor(MockTensor(fp8, [64 * 2 * 1408, 2048]), [64, 128]),
-    descriptor(MockTensor(torch.bfloat16, [rows, 1408]), [128, 64]), torch.float32, torch.float32, torch.int32,
-    torch.int32, 1408, 2048, 196, 16, 1, 22 * 16, 16, 1, GROUP_M=8, STAGES=4, WARPS=8, num_warps=8, grid=(1,))
-ptx = binary.asm["ptx"]
-with tempfile.TemporaryDirectory() as tmp:
-    src = pathlib.Path(tmp, "k.ptx")
-    src.write_text(ptx)
-    run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
-                         capture_output=True, text=True)
-report["stage1 wide 128x128"] = {"waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
-                                 "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
 print("REPORT " + json.dumps(report))
 """
 
@@ -140,10 +127,10 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
     assert line is not None, run.stderr[-3000:]
     report = json.loads(line[len("REPORT "):])
-    assert set(report) == {"stage1 128x64", "stage1 64x64", "stage2 128x128", "stage1 wide 128x128"}
+    assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage1 128x64 GL2"}
     for name, r in report.items():
         assert r["ptxas_rc"] == 0, (name, r["ptxas"])
-        two_groups = name in ("stage1 128x64", "stage1 64x64")  # gate and up, one MMA each a K block
+        two_groups = name.startswith("stage1") and name.endswith("GL1")  # gate and up, one MMA each a K block
         assert r["waits"] == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
         assert "C7514" not in r["ptxas"] and "C7512" not in r["ptxas"], (name, r["ptxas"])
         assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])
@@ -164,7 +151,8 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper() -> Non
     if not HAS_GLUON_HOPPER:
         assert pairs == []
         return
-    assert [p[0].BLOCK_SIZE_M for p in pairs] == [128, 64] and all(p[0].GLUON and p[1].GLUON for p in pairs)
+    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in pairs] == [(128, 1), (128, 2), (64, 1)]
+    assert all(p[1].GLUON == 1 for p in pairs)
     for first, second in pairs:
         check_plan(first, second, "per_1x128")
     fast = fmoe_tuner.Choice((dataclasses.replace(S1, GLUON=0, GATHER_A=0),

@@ -175,8 +175,8 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
                 num_stages=cfg.num_stages, grid=(1,))
     if stage1:
         out = descriptor(MockTensor(dims.dtype, [rows, n]), [bm, bn])
-        return gluon_moe.moe_stage1_kernel.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1,
-                                                  *strides, **meta)
+        fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
+        return fn.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1, *strides, **meta)
     return gluon_moe.moe_stage2_kernel.warmup(a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k,
                                               num_pid_m, groups, 1, *strides, n, **meta)
 

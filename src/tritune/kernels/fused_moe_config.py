@@ -65,7 +65,9 @@ class MoeConfig:
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
     PERSISTENT: int = 0  # stage 2, every load through TMA: 1 = a persistent program walks tiles (fused_moe_persistent)
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
-    GLUON: int = 0  # per_1x128 stage kernels on Hopper, A through TMA: 1 = the Gluon kernel (kernels/gluon_moe.py)
+    # per_1x128 stage kernels on Hopper, A through TMA: 1 = the Gluon kernel (kernels/gluon_moe.py); 2 (stage 1) = its
+    # one-MMA variant (gate and up in one B tile: moe_stage1_wide_kernel)
+    GLUON: int = 0
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
@@ -187,9 +189,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
-    if config.GLUON not in (0, 1) or (config.GLUON and gluon_problem(config, kernel, quant)):
+    if config.GLUON not in (0, 1, 2) or (config.GLUON and gluon_problem(config, kernel, quant)):
         raise ValueError(f"{config.name(kernel, quant)}: " + (gluon_problem(config, kernel, quant)
-                                                               or "GLUON must be 0 or 1"))
+                                                               or "GLUON must be 0, 1 or 2"))
     if config.SWAP_AB and kernel == "1stage":
         _check_1stage_swap(config, quant)
     if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:
@@ -225,6 +227,8 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     Triton kernels' other options (KSPLIT 1; no SWAP_AB, WARP_SPEC, PERSISTENT, SCALE_TMA, TOPK_ATOMIC)."""
     if kernel == "1stage" or quant != "per_1x128":
         return f"GLUON is for the per_1x128 stage kernels, not {kernel} with {quant}"
+    if config.GLUON == 2 and (kernel != "stage1" or config.BLOCK_SIZE_N != 64):
+        return "GLUON 2 (one MMA over the gate and up rows) is stage 1's, with BLOCK_SIZE_N 64"
     if config.BLOCK_SIZE_K != SCALE_BLOCK or config.BLOCK_SIZE_N not in (64, 128) or config.num_warps not in (4, 8) \
             or config.BLOCK_SIZE_M != 16 * config.num_warps:
         return ("GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "

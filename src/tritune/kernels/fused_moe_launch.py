@@ -412,7 +412,7 @@ class MoeLaunch:
                                         "GLUON (the intermediate through TMA)", gluon=True)
             recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2)] + [
                 ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + tail
-            fn = gluon_moe.moe_stage1_kernel
+            fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
         else:
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
                       ("p", 2)] + [("v", v) for v in (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)] + tail

@@ -291,6 +291,9 @@ _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, 
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
+    # stage 1 as one MMA over the gate and up rows (GLUON 2; not yet measured: the whole op decides)
+    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **{**_GLUON_PLAN, "GLUON": 2}),
+     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
     (MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=4, num_stages=4, **_GLUON_PLAN)),
 )
