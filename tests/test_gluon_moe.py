@@ -136,7 +136,7 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
         assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])
 
 
-def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper() -> None:
+def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypatch) -> None:
     """The end-to-end candidates of a per_1x128 row on Hopper gain the Gluon stage pairs (128- and 64-row blocks),
     last, with the fastest pair's stage times; none for another quantization, GPU, activation, the interpreter or
     D / I off 128."""
@@ -151,7 +151,12 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper() -> Non
     if not HAS_GLUON_HOPPER:
         assert pairs == []
         return
-    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in pairs] == [(128, 1), (128, 2), (64, 1)]
+    assert fmoe_tuner.E2E_GLUON_WIDE is False  # the one-MMA stage 1 has not run on a GPU yet
+    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in pairs] == [(128, 1), (64, 1)]
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", True)
+    wide = fmoe_tuner.gluon_variants(shape, hopper)
+    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in wide] == [(128, 1), (128, 2), (64, 1)]
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", False)
     assert all(p[1].GLUON == 1 for p in pairs)
     for first, second in pairs:
         check_plan(first, second, "per_1x128")

@@ -10,8 +10,8 @@ tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
   read through TMA like w1's gate and up tiles (two MMA groups a K block); silu(gate) · up leaves through TMA into the
   intermediate in the sort's order (SORTED_INTER 2).
 - `moe_stage1_wide_kernel` (MoeConfig.GLUON 2): stage 1 with one MMA a K block over a B tile holding the gate and
-  the up rows (the two-MMA kernel's 64-wide wgmmas do little with each A read). Compiled for sm_90, not yet measured:
-  in no rule; the tuner re-times it end to end.
+  the up rows (the two-MMA kernel's 64-wide wgmmas do little with each A read). Compiled for sm_90, not yet run on
+  a GPU: in no rule, and in the tuner's end-to-end pairs only with `tuners.fused_moe.E2E_GLUON_WIDE`.
 - Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
   (token, slot) pair with its routing weight, for the op's top-k sum.
 

@@ -287,11 +287,13 @@ def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceIn
 # twenty-sixth session): the 128-row pair 0.81-0.93x the Triton plan's time at 4096-8192 tokens where I >= 1024;
 # alone, the 64-row stage kernels 0.85-0.96x the op's at E 64 I 1536 and 1024-8192 tokens.
 E2E_GLUON_VARIANTS = True
+# The one-MMA stage 1 (GLUON 2) joins them once it has run on a GPU (written and compiled for sm_90 only so far).
+E2E_GLUON_WIDE = False
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
-    # stage 1 as one MMA over the gate and up rows (GLUON 2; not yet measured: the whole op decides)
+    # stage 1 as one MMA over the gate and up rows (GLUON 2): only with E2E_GLUON_WIDE
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **{**_GLUON_PLAN, "GLUON": 2}),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
     (MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **_GLUON_PLAN),
@@ -308,7 +310,8 @@ def gluon_variants(shape: FmoeShape, device: DeviceInfo) -> list[Plan]:
             and shape.quant == "per_1x128" and shape.use_g1u1 and shape.act_type == "silu"
             and not shape.doweight_stage1 and shape.model_dim % 128 == 0 and shape.inter_dim % 128 == 0):
         return []
-    return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0]
+    return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0
+            and (E2E_GLUON_WIDE or pair[0].GLUON != 2)]
 
 
 def with_gluon_variants(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
