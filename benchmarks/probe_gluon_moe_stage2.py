@@ -7,7 +7,7 @@ op's profile convention).
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage2.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:128:4:8:8,64:128:4:4:8] [--out F]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M. The op's stage 2 is timed through `profile_moe_kernels.device_events` on
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent kernel (a program a SM). The op's stage 2 is timed through `profile_moe_kernels.device_events` on
 the whole op (its stage-2 kernel's mean µs).
 """
 
@@ -24,7 +24,7 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from tritune.kernels.gluon_moe import moe_stage2_kernel
+    from tritune.kernels.gluon_moe import moe_stage2_kernel, moe_stage2_persistent_kernel
 
 
 def op_kernels(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
@@ -72,20 +72,25 @@ def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, token
     torch product (routing weight applied), µs (warm L2)."""
     from tritune.kernels.gluon_blockscale import descriptor
 
-    bm, bn, stages, warps, group = (int(x) for x in variant.split(":"))
+    bm, bn, stages, warps, group, persistent = (int(x) for x in (variant + ":0").split(":")[:6])
     sort, a8, a_s = sorted_operand(ti, bm, experts, inter, tokens + 1)  # the sorted intermediate
     rows = a8.shape[0]
     numel = tokens * topk
     out = torch.zeros(numel, d, device="cuda", dtype=torch.bfloat16)
     max_blocks = rows // bm
     grid = (max_blocks * triton.cdiv(d, bn),)
+    programs = min(grid[0], torch.cuda.get_device_properties(0).multi_processor_count)
     flat_w = tw.reshape(-1).float().contiguous()
     args = (descriptor(a8, [bm, 128]), descriptor(q2.reshape(experts * d, inter), [bn, 128]), out, a_s, s2,
             sort.sorted_token_ids, sort.expert_ids, flat_w, sort.num_tokens_post_padded, numel, d, inter, max_blocks,
             a_s.stride(0), a_s.stride(1), s2.stride(0), s2.stride(1), s2.stride(2), out.stride(0))
 
     def fn():
-        moe_stage2_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
+        if persistent:
+            moe_stage2_persistent_kernel[(programs,)](*args, programs, GROUP_M=group, STAGES=stages, WARPS=warps,
+                                                      num_warps=warps)
+        else:
+            moe_stage2_kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
         return out
 
     fn()

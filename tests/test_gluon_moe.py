@@ -31,6 +31,7 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(S1, "stage1", "per_1x128")
     check_config(S2, "stage2", "per_1x128")
     check_config(dataclasses.replace(S1, GLUON=2), "stage1", "per_1x128")  # one MMA over the gate and up rows
+    check_config(dataclasses.replace(S2, PERSISTENT=1), "stage2", "per_1x128")  # the persistent Gluon stage 2
     assert dataclasses.replace(S1, GLUON=2).name("stage1", "per_1x128").endswith("_GL2")
     name = S1.name("stage1", "per_1x128")
     assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
@@ -47,7 +48,7 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"SORTED_INTER": 1}, "GLUON reads every operand through TMA"),
     ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads every operand through TMA"),
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
-    ("stage2", "per_1x128", {"PERSISTENT": 1}, "PERSISTENT|GLUON is its own kernel"),
+    ("stage1", "per_1x128", {"PERSISTENT": 1}, "PERSISTENT .* is for stage 2"),
     ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"GLUON": 3}, "GLUON must be 0, 1 or 2"),
     ("stage2", "per_1x128", {"GLUON": 2}, "GLUON 2 .* is stage 1's"),
@@ -106,14 +107,16 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **plan)),
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4,
-                                         **{**plan, "GLUON": 2}))):
+                                         **{**plan, "GLUON": 2})),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1,
+                                         **plan))):
     ptx = compile_only(kernel, dims, cfg).asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         src = pathlib.Path(tmp, "k.ptx")
         src.write_text(ptx)
         run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
                              capture_output=True, text=True)
-    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}"] = {
+    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")] = {
         "waits": sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx))),
         "ptxas_rc": run.returncode, "ptxas": run.stdout + run.stderr}
 print("REPORT " + json.dumps(report))
@@ -127,7 +130,8 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
     assert line is not None, run.stderr[-3000:]
     report = json.loads(line[len("REPORT "):])
-    assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage1 128x64 GL2"}
+    assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage1 128x64 GL2",
+                           "stage2 128x128 GL1 PS1"}
     for name, r in report.items():
         assert r["ptxas_rc"] == 0, (name, r["ptxas"])
         two_groups = name.startswith("stage1") and name.endswith("GL1")  # gate and up, one MMA each a K block
@@ -153,10 +157,16 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
         return
     assert fmoe_tuner.E2E_GLUON_WIDE is False  # the one-MMA stage 1 has not run on a GPU yet
     assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in pairs] == [(128, 1), (64, 1)]
+    assert fmoe_tuner.E2E_GLUON_PERSISTENT is False  # nor the persistent Gluon stage 2
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", True)
-    wide = fmoe_tuner.gluon_variants(shape, hopper)
-    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON) for p in wide] == [(128, 1), (128, 2), (64, 1)]
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", True)
+    every = fmoe_tuner.gluon_variants(shape, hopper)
+    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON, p[1].PERSISTENT) for p in every] == [
+        (128, 1, 0), (128, 2, 0), (128, 1, 1), (64, 1, 0)]
+    for first, second in every:
+        check_plan(first, second, "per_1x128")
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", False)
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", False)
     assert all(p[1].GLUON == 1 for p in pairs)
     for first, second in pairs:
         check_plan(first, second, "per_1x128")

@@ -59,8 +59,10 @@ def _check(got: torch.Tensor, x: dict) -> None:
 
 
 @pytest.mark.parametrize(("s1", "s2"), [(S1_128, S2_128), (S1_64, S2_64), (S1_128, S2_PERSISTENT),
-                                        (dataclasses.replace(S1_128, GLUON=2), S2_128)],
-                         ids=["128-rows", "64-rows", "stage-2-persistent", "stage-1-one-mma"])
+                                        (dataclasses.replace(S1_128, GLUON=2), S2_128),
+                                        (S1_128, dataclasses.replace(S2_128, PERSISTENT=1))],
+                         ids=["128-rows", "64-rows", "triton-stage-2-persistent", "stage-1-one-mma",
+                              "gluon-stage-2-persistent"])
 @pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
     (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
     (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens

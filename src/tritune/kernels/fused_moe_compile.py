@@ -177,6 +177,10 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
         out = descriptor(MockTensor(dims.dtype, [rows, n]), [bm, bn])
         fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
         return fn.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1, *strides, **meta)
+    if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
+        return gluon_moe.moe_stage2_persistent_kernel.warmup(
+            a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,
+            sm_count_for(torch.device("cuda")) or 132, **meta)
     return gluon_moe.moe_stage2_kernel.warmup(a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k,
                                               num_pid_m, groups, 1, *strides, n, **meta)
 

@@ -414,9 +414,14 @@ class MoeLaunch:
                 ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + tail
             fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
         else:
-            recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
-                      ("p", 2)] + [("v", v) for v in (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)] + tail
+            values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel
+            if cfg.PERSISTENT:  # a program a SM walks the filled blocks' tiles
+                grid = (min(programs_per_wave(w_t.device), grid[0]),)
+                values += (grid[0],)
+                fn = gluon_moe.moe_stage2_persistent_kernel
+            recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
+                      ("p", 2)] + [("v", v) for v in values] + tail
         # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.
         self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False)
         self._cache_descriptors(first, w_t)

@@ -12,6 +12,8 @@ tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
 - `moe_stage1_wide_kernel` (MoeConfig.GLUON 2): stage 1 with one MMA a K block over a B tile holding the gate and
   the up rows (the two-MMA kernel's 64-wide wgmmas do little with each A read). Compiled for sm_90, not yet run on
   a GPU: in no rule, and in the tuner's end-to-end pairs only with `tuners.fused_moe.E2E_GLUON_WIDE`.
+- `moe_stage2_persistent_kernel` (GLUON 1 with PERSISTENT 1): stage 2 from a program a SM walking the filled
+  blocks' tiles, the next tile's loads under this one's epilogue. Compiled for sm_90, not yet run: as GLUON 2.
 - Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
   (token, slot) pair with its routing weight, for the op's top-k sum.
 
@@ -322,3 +324,83 @@ if HAS_GLUON_HOPPER:
         cols = off_n + gl.arange(0, BN, layout=col_layout)
         ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
         gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+
+    @gluon.jit(do_not_specialize=["programs"])
+    def moe_stage2_persistent_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
+                                     weights_ptr, num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask,
+                                     stride_wse, stride_wsn, stride_wsk, stride_om, programs,
+                                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+        """`moe_stage2_kernel`'s result from `programs` programs that walk the sort's filled blocks' tiles (tile p,
+        p + programs, ... in the grouped order), the next tile's first STAGES K blocks loading under this tile's
+        epilogue. Same arguments, and `programs` (the grid). Not yet run on a GPU (compiled for sm_90)."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N, BN)
+        used_m = gl.load(num_post_ptr) // BM  # the blocks the sort filled (its padded count is a multiple of BM)
+        my_tiles = gl.cdiv(used_m * num_pid_n - pid, programs)
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        pid_m, pid_n = _tile_coords(pid, used_m, num_pid_n, GROUP_M)
+        expert = gl.load(expert_ids_ptr + gl.minimum(pid_m, max_blocks - 1))
+        for i in gl.static_range(STAGES):  # the first tile's first blocks
+            _load(a_desc, w_desc, a_smem, b_smem, ready, i, i, pid_m * BM, expert * N + pid_n * BN,
+                  (i < k_tiles) & (my_tiles > 0), STAGES)
+
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
+            expert = gl.load(expert_ids_ptr + pid_m)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            w_row = expert * N + off_n
+            g0 = t * k_tiles  # this tile's first K step among the program's
+            rows = off_m + gl.arange(0, BM, layout=row_layout)
+            a_s_ptrs = as_ptr + rows * stride_asm
+            w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+            acc = gl.zeros([BM, BN], gl.float32, mma_layout)
+            p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
+            s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
+            for ki in range(1, k_tiles - 1, 2):
+                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
+                s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+                j = ki - 1 + STAGES
+                _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j, j, off_m, w_row, j < k_tiles, STAGES)
+                p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
+                s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
+                _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, w_row, j + 1 < k_tiles,
+                      STAGES)
+            if k_tiles % 2 == 0:
+                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
+                s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+            else:
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+            # Every stage is free: the next tile's first blocks load now, under this tile's epilogue.
+            nm, nn = _tile_coords(pid + (t + 1) * programs, used_m, num_pid_n, GROUP_M)
+            has_next = t + 1 < my_tiles
+            n_expert = gl.load(expert_ids_ptr + gl.minimum(nm, max_blocks - 1))
+            for i in gl.static_range(STAGES):
+                _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + k_tiles + i, i, nm * BM, n_expert * N + nn * BN,
+                      (i < k_tiles) & has_next, STAGES)
+            pairs = gl.load(sorted_ids_ptr + rows)
+            ok = pairs < numel
+            out = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
+            cols = off_n + gl.arange(0, BN, layout=col_layout)
+            ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
+            gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
