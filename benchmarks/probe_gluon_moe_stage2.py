@@ -7,9 +7,8 @@ op's profile convention).
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage2.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:128:4:8:8,64:128:4:4:8] [--out F]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent kernel (a program a SM). The op's stage 2 is timed through `profile_moe_kernels.device_events` on
-the whole op (its stage-2 kernel's mean µs).
-"""
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent kernel (a program a SM). The op's stage 2 is
+timed through `profile_moe_kernels.device_events` on the whole op (its stage-2 kernel's mean µs). """
 
 from __future__ import annotations
 
