@@ -6,20 +6,13 @@ The kernel itself runs only on a Hopper GPU (Gluon has no interpreter): tests/te
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import torch
+from sm90_ptx import assert_asynchronous, compile_report
 
 from tritune.kernels import gemm as gk
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.gluon_gemm import block_k, constexprs, programs_for, smem_bytes, split_width
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("width", "parts"), [(192, (128, 64)), (96, (64, 32)), (128, (128, 0)), (48, (32, 16)),
@@ -45,19 +38,12 @@ def test_the_stages_never_outnumber_the_k_steps() -> None:
     assert programs_for(100, 132) == 100 and programs_for(1000, 132) == 132
 
 
-# Run in a child: compile_without_gpu retargets this process's Triton driver for good.
 _CHILD = r"""
-import json, pathlib, re, subprocess, sys, tempfile
-from tritune.compile_target import CompileTarget, compile_without_gpu
-compile_without_gpu(CompileTarget("cuda", 90, 32, 132))
 import torch
 from triton.runtime.jit import MockTensor
-from triton.backends.nvidia.compiler import get_ptxas
 from tritune.kernels import gemm as gk, gluon_gemm as gg
 
 M, N, K = 4096, 4608, 3584
-ptxas = get_ptxas(90).path
-report = {}
 for kernel, dtype, cfg in (
         ("bf16", torch.bfloat16, gk.GemmConfig(128, 128, 64, 8, 4, 5, PERSISTENT_TMA=True, GLUON=True)),
         ("bf16", torch.float16, gk.GemmConfig(128, 192, 64, 8, 8, 4, PERSISTENT_TMA=True, GLUON=True)),
@@ -70,30 +56,16 @@ for kernel, dtype, cfg in (
     compiled = gg.gemm_kernel.warmup(*gg.descriptors(a, b, c, cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N), s, s, M, N, K, 1,
                                      *gg.constexprs(kernel, K, dtype, cfg), num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages, grid=(1,))
-    ptx = compiled.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        src = pathlib.Path(tmp, "k.ptx")
-        src.write_text(ptx)
-        run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(src), "-o", str(pathlib.Path(tmp, "k.cubin"))],
-                             capture_output=True, text=True)
-    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = {
-        "waits": re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx), "ptxas_rc": run.returncode,
-        "ptxas": run.stdout + run.stderr, "two_mmas": cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1) != 0}
-print("REPORT " + json.dumps(report))
+    report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = ptxas_report(
+        compiled.asm["ptx"], two_mmas=cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1) != 0)
 """
 
 
 @pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
 def test_compiled_for_sm90_with_the_mmas_in_flight_and_nothing_spilled() -> None:
-    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    line = next((x for x in run.stdout.splitlines() if x.startswith("REPORT ")), None)
-    assert line is not None, run.stderr[-3000:]
-    report = json.loads(line[len("REPORT "):])
+    report = compile_report(_CHILD)
     assert set(report) == {"bf16 128x128", "bf16 128x192", "a8w8 64x192", "a8w8 128x256"}
     for name, r in report.items():
-        assert r["ptxas_rc"] == 0, (name, r["ptxas"])
         in_flight = "2" if r["two_mmas"] else "1"  # this K step's MMAs run while the loop refills the last one's stage
         assert set(r["waits"]) == {in_flight, "0"}, (name, r["waits"])  # and all retired after the loop
-        assert "C7514" not in r["ptxas"] and "C7512" not in r["ptxas"], (name, r["ptxas"])  # not serialized
-        assert "0 bytes spill stores" in r["ptxas"], (name, r["ptxas"])
+        assert_asynchronous(name, r)

@@ -13,6 +13,7 @@ import torch
 from tritune.kernels import gemm as gk
 from tritune.kernels.gluon_gemm import HAS_GLUON_HOPPER, gluon_gemm
 from tritune.kernels.quant import quantize_rows
+from tritune.tuning.bench import capture_graph
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 pytestmark = pytest.mark.skipif(not (HOPPER and HAS_GLUON_HOPPER),
@@ -86,10 +87,8 @@ def test_the_op_picks_it_for_fp8_and_a_graph_replays_it_bit_equal() -> None:
     gemm_a8w8(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], out=out)
     _check("a8w8", out, ops)
     eager = out.clone()
-    out.zero_()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gemm_a8w8(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], out=out)
+    graph, _ = capture_graph(lambda: gemm_a8w8(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], out=out))
+    out.zero_()  # the capture's warm-up wrote it: only the replay may write it again
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)

@@ -16,6 +16,7 @@ from tritune.kernels.fused_moe import MoeConfig, quantize_weights
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.ops.fused_moe import MoeChoice, fused_moe
+from tritune.tuning.bench import capture_graph
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 pytestmark = pytest.mark.skipif(not (HOPPER and HAS_GLUON_HOPPER),
@@ -89,10 +90,8 @@ def test_the_rule_takes_it_and_a_graph_replays_it_bit_equal() -> None:
     _run(x, out=out)
     _check(out, x)
     eager = out.clone()
-    out.zero_()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _run(x, out=out)
+    graph, _ = capture_graph(lambda: _run(x, out=out))
+    out.zero_()  # the capture's warm-up wrote it: only the replay may write it again
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
