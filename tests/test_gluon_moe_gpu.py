@@ -7,12 +7,12 @@ with Triton's Gluon API these skip with that reason (the CPU suite compiles the 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
+from test_fused_moe import Dims, make_moe
 
-from tritune.kernels.fused_moe import MoeConfig, quantize_weights
+from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.moe_reference import fused_moe_reference
 from tritune.ops.fused_moe import MoeChoice, fused_moe
@@ -31,19 +31,15 @@ S2_PERSISTENT = dataclasses.replace(S2_128, GLUON=0, PERSISTENT=1)  # the rule's
 
 
 def _moe(tokens: int, d: int, inter: int, experts: int, topk: int, seed: int = 0, ids: torch.Tensor | None = None):
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(tokens, d, generator=gen) * (1 + torch.arange(d) // 128 % 3)[None, :]
-    w1 = torch.randn(experts, 2 * inter, d, generator=gen) / math.sqrt(d)
-    w1 = w1 * (1 + torch.arange(experts) % 3)[:, None, None] * (1 + torch.arange(2 * inter) // 128 % 2)[None, :, None]
-    w2 = torch.randn(experts, d, inter, generator=gen) / math.sqrt(inter) * (1 + torch.arange(experts) % 2)[:, None,
-                                                                                                            None]
-    (q1, s1), (q2, s2) = quantize_weights(w1, "per_1x128"), quantize_weights(w2, "per_1x128")
-    if ids is None:
-        ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
-    weights = torch.softmax(torch.randn(tokens, topk, generator=gen), dim=1)
-    cuda = {"hidden": hidden.bfloat16(), "w1": q1, "w2": q2, "w1_scale": s1, "w2_scale": s2, "weights": weights,
-            "ids": ids.to(torch.int32)}
-    return {k: v.cuda() for k, v in cuda.items()}
+    """test_fused_moe's seeded per_1x128 operands (every scale distinct), hidden in bf16, `ids` routing if given."""
+    x = make_moe(Dims(tokens=tokens, model_dim=d, inter_dim=inter, experts=experts, topk=topk), "per_1x128", seed)
+    ops = {"hidden": x.hidden.bfloat16(), "w1": x.w1, "w2": x.w2, "w1_scale": x.w1_scale, "w2_scale": x.w2_scale,
+           "weights": x.weights, "ids": x.ids.to(torch.int32)}
+    if ids is not None:
+        ops["ids"] = ids.to(device="cuda", dtype=torch.int32)
+        gen = torch.Generator().manual_seed(seed)
+        ops["weights"] = torch.softmax(torch.randn(ids.shape, generator=gen), dim=1).cuda()
+    return ops
 
 
 def _run(x: dict, choice: MoeChoice | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
