@@ -189,12 +189,17 @@ def descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
             descriptor(out, [block_m, bn1]) if bn1 else c0)
 
 
+def stages_for(stages: int, K: int, dtype: torch.dtype) -> int:
+    """The pipeline stages `gemm_kernel` runs: at most the K steps, so that EARLY loads the next tile's first blocks
+    within this tile's loop."""
+    return max(1, min(stages, triton.cdiv(K, block_k(dtype))))
+
+
 def constexprs(kernel: str, K: int, dtype: torch.dtype, cfg) -> tuple:
     """`gemm_kernel`'s compile-time arguments for `kernel` ("bf16" or "a8w8") with GemmConfig `cfg` (BN1, SCALED,
-    GROUP_M, STAGES, WARPS, EARLY), shared by the bound launch and compile_only: the stages at most the K steps, so
-    the next tile's first blocks load within this tile's loop."""
+    GROUP_M, STAGES, WARPS, EARLY), shared by the bound launch and compile_only."""
     return (split_width(cfg.BLOCK_SIZE_N)[1], kernel != "bf16", cfg.GROUP_SIZE_M,
-            max(1, min(cfg.num_stages, triton.cdiv(K, block_k(dtype)))), cfg.num_warps, True)
+            stages_for(cfg.num_stages, K, dtype), cfg.num_warps, True)
 
 
 def smem_bytes(block_m: int, block_n: int, stages: int, in_bytes: int = 2, out_bytes: int = 2) -> int:
@@ -222,7 +227,7 @@ def gluon_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=torch.bfloat16 if scaled else a.dtype)
     _, bn1 = split_width(block_n)
-    stages = min(stages, triton.cdiv(K, block_k(a.dtype)))  # EARLY loads the next tile's blocks within this one's K
+    stages = stages_for(stages, K, a.dtype)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     if programs is None:
         programs = programs_for(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
