@@ -220,8 +220,8 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
            "ours_configs": [c.name("1stage" if own.run_1stage else k, quant)
                             for c, k in ((own.stage1, "stage1"), (own.stage2, "stage2")) if c is not None]}
     calls = {"ours": None} | {f"variant {label}": apply_variant(own, s1, s2) for label, s1, s2 in args.variants}
-    for flag, value in args.rule_flags:  # the rule table's choice with one of its switches set otherwise
-        calls[f"rule {flag}={value}"] = rule_choice_with(flag, value, tokens, d, inter, e, topk, quant)
+    for flags in args.rule_flags:  # the rule table's choice with some of its switches set otherwise
+        calls[flags_label(flags)] = rule_choice_with(flags, tokens, d, inter, e, topk, quant)
     if tuned_csv is not None:  # the tuned row's choice, read from its CSV alone, then forgotten
         os.environ[knobs.CONFIG_FMOE] = tuned_csv
         try:
@@ -391,23 +391,44 @@ def fp8_speedups(rows: list[dict]) -> list[str]:
     return lines
 
 
-def rule_choice_with(flag: str, value: int, tokens: int, d: int, inter: int, experts: int, topk: int, quant: str):
-    """The rule table's choice (`heuristic_moe_choice`) for the point with `tritune.ops.heuristics.<flag>` = value."""
+def parse_rule_flags(text: str) -> tuple[tuple[str, int], ...]:
+    """`NAME=INT[,NAME=INT...]`, each NAME an integer or boolean switch of tritune.ops.heuristics (ValueError if not)."""
+    from tritune.ops import heuristics
+
+    flags = []
+    for item in text.split(","):
+        name, _, value = item.strip().partition("=")
+        if not (name.isupper() and isinstance(getattr(heuristics, name, None), (bool, int))) or not value.isdigit():
+            raise ValueError(f"--rule-flag {text!r}: {item!r} is not NAME=INT with NAME an integer or boolean switch "
+                             "of tritune.ops.heuristics")
+        flags.append((name, int(value)))
+    return tuple(flags)
+
+
+def rule_choice_with(flags: tuple, tokens: int, d: int, inter: int, experts: int, topk: int, quant: str):
+    """The rule table's choice (`heuristic_moe_choice`) for the point with each `tritune.ops.heuristics.<flag>` set to
+    its value (put back afterwards)."""
     from tritune.ops import heuristics
     from tritune.ops.fused_moe import heuristic_moe_choice
 
-    old = getattr(heuristics, flag)
-    setattr(heuristics, flag, type(old)(value))
+    old = {flag: getattr(heuristics, flag) for flag, _ in flags}
     try:
+        for flag, value in flags:
+            setattr(heuristics, flag, type(old[flag])(value))
         return heuristic_moe_choice(tokens, d, inter, experts, topk, quant)
     finally:
-        setattr(heuristics, flag, old)
+        for flag, value in old.items():
+            setattr(heuristics, flag, value)
+
+
+def flags_label(flags: tuple) -> str:
+    return "rule " + ",".join(f"{f}={v}" for f, v in flags)
 
 
 def table(rows: list[dict], labels: list[str], tuned: bool = False, rule_flags: tuple = ()) -> list[str]:
     """The markdown table of `rows`: one column per --variant label and --rule-flag (and the tuned row's choice when
     `tuned`)."""
-    extra = [f"variant {v}" for v in labels] + [f"rule {f}={v}" for f, v in rule_flags]
+    extra = [f"variant {v}" for v in labels] + [flags_label(f) for f in rule_flags]
     extra += (["tuned"] if tuned else []) + [k for k in ("grouped", "library", "dense")
                                              if any(f"{k}_us" in r or f"{k}_error" in r for r in rows)]
     head = ["shape", "quant", "tokens", "ours µs", "vLLM µs", "ours/vLLM", "floor µs", "ours/floor",
@@ -449,9 +470,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=ints, default=TOKENS, help="comma list")
     ap.add_argument("--variant", action="append", default=[], metavar="[s1.|s2.]FIELD=INT,...",
                     help="the op's own choice with these MoeConfig fields replaced (repeatable)")
-    ap.add_argument("--rule-flag", action="append", default=[], metavar="NAME=INT",
-                    help="also the rule table's choice with tritune.ops.heuristics.NAME set to INT (repeatable), e.g. "
-                         "FP8_PAIR_AT_DECODE=0")
+    ap.add_argument("--rule-flag", action="append", default=[], metavar="NAME=INT[,NAME=INT...]",
+                    help="also the rule table's choice with these switches of tritune.ops.heuristics set (repeatable; "
+                         "each a column), e.g. FP8_PAIR_AT_DECODE=0 or GLUON_MOE_MIN_K=256,GLUON_MOE_PERSISTENT=1")
     ap.add_argument("--tune-row", metavar="SHAPE:TOKENS[:QUANT]", help="first time `tritune moe` on this one row")
     ap.add_argument("--tuned-csv", type=pathlib.Path,
                     help="a tuned fused-MoE CSV: every row also times the op's choice read from it alone")
@@ -480,15 +501,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.notes = [note for *_, notes in parsed for note in notes]
     args.notes += [f"variant {text!r}: no field MoeConfig has; not run" for text, s1, s2, _ in parsed if not s1 | s2]
     args.variants = [(text, s1, s2) for text, s1, s2, _ in parsed if s1 | s2]
-    from tritune.ops import heuristics
-
-    args.rule_flags = []
-    for text in args.rule_flag:
-        name, _, value = text.partition("=")
-        if not (name.isupper() and isinstance(getattr(heuristics, name, None), (bool, int))) or not value.isdigit():
-            ap.error(f"--rule-flag {text!r}: want NAME=INT with NAME an integer or boolean switch of "
-                     "tritune.ops.heuristics")
-        args.rule_flags.append((name, int(value)))
+    try:
+        args.rule_flags = [parse_rule_flags(text) for text in args.rule_flag]
+    except ValueError as err:
+        ap.error(str(err))
     args.peaks = dict(PEAKS)
     return args
 

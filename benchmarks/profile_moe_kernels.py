@@ -5,7 +5,8 @@ slower, this says which launch and why).
 On the device (repository root; carry ["peers_vllm"], see bench_fused_moe_gen2.py for how to make it):
 
     PYTHONPATH=src python benchmarks/profile_moe_kernels.py --vendor-dir peers_vllm --out $OUT/profile.json \
-        --points deepseek-v2-lite:per_1x128:1024,qwen3-30b-a3b:none:1024 [--variant s1.BLOCK_SIZE_N=128 ...]
+        --points deepseek-v2-lite:per_1x128:1024,qwen3-30b-a3b:none:1024 [--variant s1.BLOCK_SIZE_N=128 ...] \
+        [--rule-flag GLUON_MOE_MIN_K=256 ...]
 
 Each contestant runs --iters calls back to back under torch.profiler (CUDA activity only; L2 not flushed between
 calls, so these are warm-cache times: the breakdown, not the headline). Kernels are listed in launch order with
@@ -78,7 +79,7 @@ def compiled_resources(jit_fns: dict) -> list[dict]:
     return rows
 
 
-def profile_point(spec: str, variants: list, args) -> dict:
+def profile_point(spec: str, variants: list, args, rule_flags: tuple = ()) -> dict:
     """One SHAPE:QUANT:TOKENS point: each contestant checked against the fp32 reference, then its kernels timed."""
     import bench_fused_moe_gen2 as gen2
 
@@ -97,6 +98,7 @@ def profile_point(spec: str, variants: list, args) -> dict:
     ref = fused_moe_reference(h, w["w1"], w["w2"], tw, ti, **kw)
     own = fused_moe_choice(h, w["w1"], w["w2"], ti, quant=quant)
     calls = {"ours": own} | {f"variant {t}": gen2.apply_variant(own, s1, s2) for t, s1, s2 in variants}
+    calls |= {gen2.flags_label(f): gen2.rule_choice_with(f, tokens, d, inter, e, topk, quant) for f in rule_flags}
     point = {"point": spec, "floor_us": gen2.floor_us(tokens, d, inter, topk, gen2.routed_experts(ti), quant),
              "contestants": {}}
     for label, choice in calls.items():
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--points", required=True, help="comma list of SHAPE:QUANT:TOKENS (QUANT none, per_token or "
                     "per_1x128; vLLM beside none and per_1x128 only)")
     ap.add_argument("--variant", action="append", default=[], help="as bench_fused_moe_gen2 --variant (repeatable)")
+    ap.add_argument("--rule-flag", action="append", default=[],
+                    help="as bench_fused_moe_gen2 --rule-flag: the rule table's choice with these switches (repeatable)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", type=pathlib.Path)
     ap.add_argument("--fused-quant", action="store_true",
@@ -153,9 +157,13 @@ def main(argv: list[str] | None = None) -> None:
 
     fields = {f.name for f in dataclasses.fields(fm.MoeConfig)}
     variants = [(text, *gen2.parse_variant(text, fields)[:2]) for text in args.variant]
+    try:
+        rule_flags = [gen2.parse_rule_flags(text) for text in args.rule_flag]
+    except ValueError as err:
+        ap.error(str(err))
     doc = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(), "points": []}
     for spec in args.points.split(","):
-        point = profile_point(spec, variants, args)
+        point = profile_point(spec, variants, args, rule_flags)
         torch.cuda.empty_cache()
         doc["points"].append(point)
         print(f"\n## {spec}  floor {point['floor_us']:.1f} µs")

@@ -80,10 +80,14 @@ def test_parse_args_points_variants_and_tune_row(capsys):
     defaults = gen2.parse_args([])
     assert len(gen2.points(defaults)) == 7 * (5 + 2) and defaults.variants == [] and defaults.tune_point is None
     assert gen2.parse_args(["--fp8-shapes", ""]).fp8_shapes == ()
-    assert gen2.parse_args(["--rule-flag", "FP8_PAIR_AT_DECODE=0"]).rule_flags == [("FP8_PAIR_AT_DECODE", 0)]
+    assert gen2.parse_args(["--rule-flag", "FP8_PAIR_AT_DECODE=0"]).rule_flags == [(("FP8_PAIR_AT_DECODE", 0),)]
+    both = gen2.parse_args(["--rule-flag", "GLUON_MOE_MIN_K=256,GLUON_MOE_PERSISTENT=1"]).rule_flags
+    assert both == [(("GLUON_MOE_MIN_K", 256), ("GLUON_MOE_PERSISTENT", 1))]
+    assert gen2.flags_label(both[0]) == "rule GLUON_MOE_MIN_K=256,GLUON_MOE_PERSISTENT=1"
     for bad in (["--shapes", "llama"], ["--tune-row", "mixtral-8x22b"], ["--tune-row", "mixtral-8x22b:0"],
                 ["--variant", "BLOCK_SIZE_M"], ["--rule-flag", "NO_SUCH_SWITCH=1"], ["--rule-flag", "moe_heuristic=1"],
-                ["--rule-flag", "FP8_PAIR_AT_DECODE=yes"]):
+                ["--rule-flag", "FP8_PAIR_AT_DECODE=yes"],
+                ["--rule-flag", "FP8_PAIR_AT_DECODE=0,NO_SUCH_SWITCH=1"]):
         with pytest.raises(SystemExit) as exc:
             gen2.parse_args(bad)
         assert exc.value.code == 2

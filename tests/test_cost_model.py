@@ -1,6 +1,7 @@
 """ops.cost_model: routing statistics, monotonic estimates, waves, split-K and host cost, scaling, calibration."""
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -184,3 +185,29 @@ def test_model_ranks_the_tuning_profile():
                     for r in rows if r["kind"] == kind and r["status"] == "ok"}
         modelled = {c: cm._moe_gemm_launch(c, kind, shape, cm.H100)[0] for c in measured}
         assert measured[min(modelled, key=modelled.get)] <= 1.10 * min(measured.values()), kind
+
+
+def test_gluon_moe_stages_model_faster_and_pay_their_gather():
+    """The Gluon per_1x128 pair (rescale off the MMA's path, stage 1 from TMA) models under the Triton pair at
+    Mixtral-8x7B 4096 tokens (measured 0.79x on the H100), and its stage 1 pays the gathered copy as a helper
+    launch (GATHER_A)."""
+    from tritune.ops import heuristics
+    from tritune.ops.fused_moe import heuristic_moe_choice
+
+    shape = cm.MoeShape(4096, 4096, 14336, 8, 2, "per_1x128", True, 2)
+    gluon = heuristic_moe_choice(4096, 4096, 14336, 8, 2, "per_1x128")
+    assert gluon.stage1.GLUON and gluon.stage1.GATHER_A
+    old = heuristics.GLUON_MOE
+    heuristics.GLUON_MOE = False
+    try:
+        triton = heuristic_moe_choice(4096, 4096, 14336, 8, 2, "per_1x128")
+    finally:
+        heuristics.GLUON_MOE = old
+    assert not triton.stage1.GLUON
+    est = {k: cm.estimate_moe(cm.MoePlan(False, c.stage1, c.stage2), shape).gpu_us
+           for k, c in (("gluon", gluon), ("triton", triton))}
+    assert 0.6 < est["gluon"] / est["triton"] < 0.9, est
+    _, _, helpers, copy_us = cm._moe_gemm_launch(gluon.stage1, "stage1", shape, cm.H100)
+    assert helpers == 1 and copy_us > 2 * shape.pairs * 4096 / cm.H100.hbm
+    no_gather = dataclasses.replace(gluon.stage1, GATHER_A=0)
+    assert cm._moe_gemm_launch(no_gather, "stage1", shape, cm.H100)[2:] == (0, 0.0)

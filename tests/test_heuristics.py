@@ -225,13 +225,14 @@ def test_moe_rule_table_rows(tokens, dims, quant, want):
 
 def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
     """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, I >= 1024, from m = 256: both stages in Gluon
-    on 128-row blocks, stage 1 on gathered rows."""
+    on 128-row blocks, stage 1 on gathered rows, stage 2 persistent."""
     from tritune.kernels.fused_moe import check_plan
     from tritune.kernels.fused_moe_config import gluon_problem
 
     _, s1, s2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)  # DeepSeek-V2-Lite, m = 384
     assert s1.GLUON and s2.GLUON and (s1.BLOCK_SIZE_M, s1.BLOCK_SIZE_N, s2.BLOCK_SIZE_N) == (128, 64, 128)
     assert s1.GATHER_A and s1.SORTED_INTER == 2 and gluon_problem(s1, "stage1", "per_1x128") is None
+    assert s2.PERSISTENT == 1 and not s1.PERSISTENT
     assert gluon_problem(s2, "stage2", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96

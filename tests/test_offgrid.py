@@ -262,3 +262,19 @@ def test_fmoe_table_rows_of_one_shape_sorted_by_token():
     assert parsed[0] == MoeRow(512, False, S1_64, S2_64, 1300.0)
     assert choose_moe_offgrid(1024, **MIXTRAL, quant="none", rows=parsed)[3].startswith(
         "off-grid: tokens=1024 between tuned 512 and 2048")
+
+
+def test_a_gluon_rule_plan_beats_a_triton_row_scaled_far_up():
+    """Mixtral-8x7B per_1x128 tuned at 1024 tokens only (the shipped row, Triton kernels): at 4096 and 8192 tokens
+    the rule's Gluon plan wins the comparison (H100: 3396 / 6705 µs against the scaled row's 4278 / 8605)."""
+    from tritune.ops.fused_moe import _parse_stage, heuristic_moe_choice
+
+    s1 = _parse_stage("moe_stage1_per_1x128_silu_BM64_BN256_BK128_GM8_W8_S3_KS1_TMA1", "stage1", "per_1x128", "silu")
+    s2 = _parse_stage("moe_stage2_per_1x128_silu_BM64_BN256_BK128_GM8_W8_S4_KS1_TMA1", "stage2", "per_1x128", "silu")
+    rows = [MoeRow(1024, False, s1, s2, 1450.46)]
+    for tokens in (4096, 8192):
+        rule = heuristic_moe_choice(tokens, 4096, 14336, 8, 2, "per_1x128")
+        assert rule.stage1.GLUON
+        got = choose_moe_offgrid(tokens, 4096, 14336, 8, 2, "per_1x128", rows, 132,
+                                 heuristic=(False, rule.stage1, rule.stage2))
+        assert got[1:3] == (rule.stage1, rule.stage2) and "chose heuristic" in got[3], got[3]

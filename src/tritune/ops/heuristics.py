@@ -74,8 +74,9 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
 - per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (256), gated, D and I multiples of 128, I ≥
   `GLUON_MOE_MIN_K` (1024): both stages on the Gluon kernels (`GLUON`, kernels/gluon_moe.py) on 128-row blocks,
-  stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide, 8 warps, 4 stages
-  (H100, whole op: 0.81-0.93x the Triton plan's time at 4096-8192 tokens);
+  stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide and persistent
+  (`GLUON_MOE_PERSISTENT`), 8 warps, 4 stages (H100, whole op: 0.81-0.93x the Triton plan's time at 4096-8192 tokens;
+  Mixtral-8x7B 0.79x its scaled tuned row);
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
@@ -143,6 +144,10 @@ PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up
 GLUON_MOE = True
 GLUON_MOE_MIN_M = 256
 GLUON_MOE_MIN_K = 1024
+# Stage 2 of that pair persistent (a program an SM walking its (block, column) tiles): H100, whole op, L2 flushed
+# (twenty-seventh session): 0.97-0.98x the one-tile-a-program Gluon stage 2's time at 4096 tokens (E 64 I 1536,
+# DeepSeek-V2-Lite, Mixtral-8x7B), 1.00 at 8192; alone, 246 against 260 µs at E 64 4096 tokens.
+GLUON_MOE_PERSISTENT = True
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -563,7 +568,8 @@ def _gluon_moe() -> tuple[MoeConfig, MoeConfig]:
     with 64-wide gate and up tiles, stage 2 with 128-wide tiles."""
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8, num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=1, GLUON=1)
-    return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, **common)
+    return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT),
+                                                          **common)
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,

@@ -287,10 +287,11 @@ def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceIn
 # twenty-sixth session): the 128-row pair 0.81-0.93x the Triton plan's time at 4096-8192 tokens where I >= 1024;
 # alone, the 64-row stage kernels 0.85-0.96x the op's at E 64 I 1536 and 1024-8192 tokens.
 E2E_GLUON_VARIANTS = True
-# The one-MMA stage 1 (GLUON 2) and the persistent Gluon stage 2 (GLUON 1 with PERSISTENT 1) join them once they
-# have run on a GPU (written and compiled for sm_90 only so far).
+# The persistent Gluon stage 2 (GLUON 1 with PERSISTENT 1; the rule's since the twenty-seventh session: 0.97-1.00x
+# the whole op's time) joins them. The one-MMA stage 1 (GLUON 2) does not: alone 1.02-1.04x the two-MMA stage 1's
+# time at E 64 and DeepSeek-V2-Lite, 4096-8192 tokens, 1.00x at E 128.
 E2E_GLUON_WIDE = False
-E2E_GLUON_PERSISTENT = False
+E2E_GLUON_PERSISTENT = True
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
