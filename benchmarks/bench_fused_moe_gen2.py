@@ -392,7 +392,7 @@ def fp8_speedups(rows: list[dict]) -> list[str]:
 
 
 def parse_rule_flags(text: str) -> tuple[tuple[str, int], ...]:
-    """`NAME=INT[,NAME=INT...]`, each NAME an integer or boolean switch of tritune.ops.heuristics (ValueError if not)."""
+    """`NAME=INT[,NAME=INT...]`, each NAME an integer or boolean switch of tritune.ops.heuristics; ValueError else."""
     from tritune.ops import heuristics
 
     flags = []

@@ -8,8 +8,9 @@ by kernel (warm L2).
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage1.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:64:4:8:8] [--out F]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M[:WIDE]; BN is the gate's (and the up's) width, so a tile holds 2·BN columns of
-w1; WIDE 1 runs `moe_stage1_wide_kernel` (one 2·BN-wide MMA a K block) instead of two BN-wide MMAs.
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:MODE]; BN is the gate's (and the up's) width, so a tile holds 2·BN columns of
+w1; MODE 1 runs `moe_stage1_wide_kernel` (one 2·BN-wide MMA a K block) instead of two BN-wide MMAs; MODE 2 the
+two-MMA kernel copying each pair's token row itself (GATHER, cp.async) instead of reading gathered rows through TMA.
 """
 
 from __future__ import annotations
@@ -35,20 +36,35 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     """One Gluon stage-1 config on fresh gathered rows: relative error against the dequantized torch product, µs
     (warm L2)."""
     from tritune.kernels.gluon_blockscale import descriptor
+    from tritune.kernels.quant import quantize_blocks
 
-    bm, bn, stages, warps, group, wide = (int(x) for x in (variant + ":0").split(":")[:6])
-    kernel = moe_stage1_wide_kernel if wide else moe_stage1_kernel
-    sort, a8, a_s = sorted_operand(ti, bm, experts, d, tokens + 2)  # rows gathered in the sort's order
+    bm, bn, stages, warps, group, mode = (int(x) for x in (variant + ":0").split(":")[:6])
+    kernel = moe_stage1_wide_kernel if mode == 1 else moe_stage1_kernel
+    sort, _, _ = sorted_operand(ti, bm, experts, 128, 0)
+    topk = ti.shape[1]
+    gen = torch.Generator(device="cuda").manual_seed(tokens + 2)
+    t8, t_s = quantize_blocks(torch.randn(tokens, d, device="cuda", generator=gen), 1)  # the tokens' rows
+    sid = sort.sorted_token_ids.long()
+    real = sid < ti.numel()
+    tok = torch.where(real, sid // topk, 0)
+    a8 = torch.where(real[:, None], t8[tok].view(torch.uint8), 0).view(t8.dtype)  # gathered, as GATHER_A copies
+    a_s = torch.where(real[:, None], t_s[tok], 0.0)
     rows = a8.shape[0]
     inter_out = torch.zeros(rows, inter, device="cuda", dtype=torch.bfloat16)
     max_blocks = rows // bm
     grid = (max_blocks * triton.cdiv(inter, bn),)
-    args = (descriptor(a8, [bm, 128]), descriptor(q1.reshape(experts * 2 * inter, d), [bn, 128]),
-            descriptor(inter_out, [bm, bn]), a_s, s1, sort.expert_ids, sort.num_tokens_post_padded, inter, d,
-            max_blocks, a_s.stride(0), a_s.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
+    gather = mode == 2
+    a_op, s_op = (t8, t_s) if gather else (a8, a_s)
+    head = (descriptor(a_op, [bm, 128]), descriptor(q1.reshape(experts * 2 * inter, d), [bn, 128]),
+            descriptor(inter_out, [bm, bn]), s_op, s1, sort.expert_ids, sort.num_tokens_post_padded)
+    values = (inter, d, max_blocks, s_op.stride(0), s_op.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
+    args, extra = head + values, {}
+    if mode != 1:  # moe_stage1_kernel: A's token rows and the sorted pairs (read with GATHER), their count, the stride
+        args = head + (t8, sort.sorted_token_ids) + values + (ti.numel(), t8.stride(0))
+        extra = {"GATHER": gather, "TOPK": topk}
 
     def fn():
-        kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps)
+        kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps, **extra)
         return inter_out
 
     fn()

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                     "per_1x128; vLLM beside none and per_1x128 only)")
     ap.add_argument("--variant", action="append", default=[], help="as bench_fused_moe_gen2 --variant (repeatable)")
     ap.add_argument("--rule-flag", action="append", default=[],
-                    help="as bench_fused_moe_gen2 --rule-flag: the rule table's choice with these switches (repeatable)")
+                    help="as bench_fused_moe_gen2 --rule-flag: the rule's choice with these switches (repeatable)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", type=pathlib.Path)
     ap.add_argument("--fused-quant", action="store_true",

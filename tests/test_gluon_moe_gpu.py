@@ -30,6 +30,11 @@ S2_64 = MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=5, G
 S2_PERSISTENT = dataclasses.replace(S2_128, GLUON=0, PERSISTENT=1)  # the rule's stage 2 where I < 1024
 
 
+def _own_rows(*stages: MoeConfig) -> tuple[MoeConfig, ...]:
+    """The stages with stage 1 copying its rows itself (cp.async; no GATHER_A copy)."""
+    return tuple(dataclasses.replace(c, GATHER_A=0) for c in stages)
+
+
 def _moe(tokens: int, d: int, inter: int, experts: int, topk: int, seed: int = 0, ids: torch.Tensor | None = None):
     """test_fused_moe's seeded per_1x128 operands (every scale distinct), hidden in bf16, `ids` routing if given."""
     x = make_moe(Dims(tokens=tokens, model_dim=d, inter_dim=inter, experts=experts, topk=topk), "per_1x128", seed)
@@ -57,9 +62,11 @@ def _check(got: torch.Tensor, x: dict) -> None:
 
 @pytest.mark.parametrize(("s1", "s2"), [(S1_128, S2_128), (S1_64, S2_64), (S1_128, S2_PERSISTENT),
                                         (dataclasses.replace(S1_128, GLUON=2), S2_128),
-                                        (S1_128, dataclasses.replace(S2_128, PERSISTENT=1))],
+                                        (S1_128, dataclasses.replace(S2_128, PERSISTENT=1)),
+                                        _own_rows(S1_128, dataclasses.replace(S2_128, PERSISTENT=1)),
+                                        _own_rows(S1_64, S2_64)],
                          ids=["128-rows", "64-rows", "triton-stage-2-persistent", "stage-1-one-mma",
-                              "gluon-stage-2-persistent"])
+                              "gluon-stage-2-persistent", "128-rows-own-gather", "64-rows-own-gather"])
 @pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
     (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
     (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens
@@ -70,10 +77,12 @@ def test_matches_the_reference(s1, s2, tokens, d, inter, experts, topk) -> None:
     _check(_run(x, MoeChoice(False, s1, s2, "test")), x)
 
 
-def test_one_expert_taking_every_token_and_empty_experts() -> None:
+@pytest.mark.parametrize("own_gather", [False, True], ids=["gather-copy", "own-gather"])
+def test_one_expert_taking_every_token_and_empty_experts(own_gather: bool) -> None:
     ids = torch.full((513, 1), 3)  # 513 rows for expert 3: five 128-row blocks, the last one row; seven idle experts
     x = _moe(513, 256, 256, 8, 1, seed=1, ids=ids)
-    _check(_run(x, MoeChoice(False, S1_128, S2_128, "test")), x)
+    pair = _own_rows(S1_128, S2_128) if own_gather else (S1_128, S2_128)
+    _check(_run(x, MoeChoice(False, *pair, "test")), x)
 
 
 def test_the_rule_takes_it_and_a_graph_replays_it_bit_equal() -> None:
@@ -104,9 +113,10 @@ def test_a_gluon_plan_falls_back_where_it_cannot_run() -> None:
 
 
 @pytest.mark.parametrize(("bm", "warps"), [(128, 8), (64, 4)])
-def test_the_one_mma_stage_1_matches_the_two_mma_one(bm: int, warps: int) -> None:
-    """`moe_stage1_wide_kernel` (not in the op yet: its timing is a probe's) computes what `moe_stage1_kernel` does:
-    silu(gate) · up of the gathered rows, each half of its one MMA rescaled by its own weight scale."""
+def test_the_stage_1_kernels_agree(bm: int, warps: int) -> None:
+    """`moe_stage1_kernel` on the gathered copy through TMA, the same kernel copying each pair's token row itself
+    (GATHER, cp.async) and `moe_stage1_wide_kernel` (one MMA over the gate and up rows) compute the same silu(gate) ·
+    up: the in-kernel gather bit-equal to the copy, the one-MMA kernel within rounding."""
     import triton
 
     from tritune.kernels.gluon_blockscale import descriptor
@@ -115,21 +125,30 @@ def test_the_one_mma_stage_1_matches_the_two_mma_one(bm: int, warps: int) -> Non
     from tritune.kernels.quant import quantize_blocks
 
     x = _moe(700, 384, 320, 8, 2, seed=5)  # I 320: a 64-wide tile at 256, the up rows' scale block 2 then 4
-    inter, d, experts = 320, 384, 8
+    inter, d, experts, topk = 320, 384, 8, 2
     sort = moe_align_block_size(x["ids"], bm, experts)
     gen = torch.Generator(device="cuda").manual_seed(6)
-    a8, a_s = quantize_blocks(torch.randn(sort.sorted_token_ids.numel(), d, device="cuda", generator=gen), 1)
+    t8, t_s = quantize_blocks(torch.randn(700, d, device="cuda", generator=gen), 1)  # the tokens' rows
+    sid = sort.sorted_token_ids.long()
+    real = sid < 700 * topk
+    tok = torch.where(real, sid // topk, 0)
+    a8 = torch.where(real[:, None], t8[tok].view(torch.uint8), 0).view(t8.dtype)  # as the GATHER_A copy writes
+    a_s = torch.where(real[:, None], t_s[tok], 0.0)
     rows, blocks = a8.shape[0], a8.shape[0] // bm
     outs = []
-    for kernel in (moe_stage1_kernel, moe_stage1_wide_kernel):
+    for kernel, gather in ((moe_stage1_kernel, False), (moe_stage1_kernel, True), (moe_stage1_wide_kernel, False)):
         out = torch.full((rows, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
-        kernel[(blocks * triton.cdiv(inter, 64),)](
-            descriptor(a8, [bm, 128]), descriptor(x["w1"].reshape(experts * 2 * inter, d), [64, 128]),
-            descriptor(out, [bm, 64]), a_s, x["w1_scale"], sort.expert_ids, sort.num_tokens_post_padded, inter, d,
-            blocks, a_s.stride(0), a_s.stride(1), *x["w1_scale"].stride(), GROUP_M=8, STAGES=3, WARPS=warps,
-            num_warps=warps)
+        a, s = (t8, t_s) if gather else (a8, a_s)
+        head = [descriptor(a, [bm, 128]), descriptor(x["w1"].reshape(experts * 2 * inter, d), [64, 128]),
+                descriptor(out, [bm, 64]), s, x["w1_scale"], sort.expert_ids, sort.num_tokens_post_padded]
+        values = [inter, d, blocks, s.stride(0), s.stride(1), *x["w1_scale"].stride()]
+        args, extra = head + values, {}
+        if kernel is moe_stage1_kernel:  # A's token rows and the sorted pairs (read with GATHER), their count
+            args = head + [t8, sort.sorted_token_ids] + values + [700 * topk, t8.stride(0)]
+            extra = {"GATHER": gather, "TOPK": topk}
+        kernel[(blocks * triton.cdiv(inter, 64),)](*args, GROUP_M=8, STAGES=3, WARPS=warps, num_warps=warps, **extra)
         outs.append(out)
-    real = sort.sorted_token_ids.long() < 700 * 2
-    two, wide = (o.float()[real] for o in outs)
-    assert not wide.isnan().any()
-    assert float((wide - two).norm() / two.norm()) < 1e-2
+    copied, own, wide = (o.float()[real] for o in outs)
+    assert not own.isnan().any() and not wide.isnan().any()
+    assert torch.equal(own, copied)
+    assert float((wide - copied).norm() / copied.norm()) < 1e-2

@@ -224,8 +224,8 @@ def test_moe_rule_table_rows(tokens, dims, quant, want):
 
 
 def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
-    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, I >= 1024, from m = 256: both stages in Gluon
-    on 128-row blocks, stage 1 on gathered rows, stage 2 persistent."""
+    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, from m = 256: I >= 1024 both stages in Gluon
+    on 128-row blocks, stage 1 on gathered rows, stage 2 persistent; below, stage 1 alone, gathering its own rows."""
     from tritune.kernels.fused_moe import check_plan
     from tritune.kernels.fused_moe_config import gluon_problem
 
@@ -235,8 +235,16 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
     assert s2.PERSISTENT == 1 and not s1.PERSISTENT
     assert gluon_problem(s2, "stage2", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
+    # Below I 1024 (E 128 I 384: stage 2's 3 K blocks): stage 1 alone on Gluon, gathering its own rows, on the Triton
+    # plan's 64-row blocks before its persistent Triton stage 2
+    _, s1, s2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+    assert s1.GLUON == 1 and not s1.GATHER_A and (s1.BLOCK_SIZE_M, s1.BLOCK_SIZE_N, s1.num_warps) == (64, 64, 4)
+    assert not s2.GLUON and s2.PERSISTENT and s2.SORTED_INTER == 2 and s2.BLOCK_SIZE_M == 64
+    assert gluon_problem(s1, "stage1", "per_1x128") is None
+    check_plan(s1, s2, "per_1x128")
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
-                             (4096, (4096, 384, 128, 8), {}),  # E 128 I 384: stage 2's 3 K blocks
+                             (2048, (4096, 384, 128, 8), {}),  # m = 128
+                             (4096, (4096, 384, 128, 8), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"gluon": False}),
                              (4096, (2048, 1408, 64, 6), {"gated": False}),

@@ -155,8 +155,8 @@ def compile_only(kernel: str, dims: MoeDims, config: MoeConfig, pdl: bool = Fals
 
 def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pid_m: int) -> Any:
     """`compile_only` of a Gluon per_1x128 stage (kernels/gluon_moe.py), its operands as MoeLaunch._gemm_gluon passes
-    them: A (stage 1: the gathered rows; stage 2: the quantized intermediate) and the weights as [E·N, K] through TMA,
-    stage 1's intermediate through TMA too."""
+    them: A (stage 1: the gathered rows, or the tokens' rows it copies itself; stage 2: the quantized intermediate)
+    and the weights as [E·N, K] through TMA, stage 1's intermediate through TMA too."""
     from triton.runtime.jit import MockTensor
 
     from tritune.kernels import gluon_moe
@@ -175,8 +175,14 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
                 num_stages=cfg.num_stages, grid=(1,))
     if stage1:
         out = descriptor(MockTensor(dims.dtype, [rows, n]), [bm, bn])
-        fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
-        return fn.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1, *strides, **meta)
+        if cfg.GLUON == 2:
+            return gluon_moe.moe_stage1_wide_kernel.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1,
+                                                          *strides, **meta)
+        if not cfg.GATHER_A:  # the kernel copies each pair's token row: A's descriptor is over the tokens' rows
+            a = descriptor(MockTensor(FP8, [dims.numel // dims.topk, k]), [bm, SCALE_BLOCK])
+        return gluon_moe.moe_stage1_kernel.warmup(a, w, out, f32, f32, i32, i32, FP8, i32, n, k, num_pid_m, groups, 1,
+                                                  *strides, dims.numel, k, GATHER=not cfg.GATHER_A, TOPK=dims.topk,
+                                                  **meta)
     if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
         return gluon_moe.moe_stage2_persistent_kernel.warmup(
             a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,

@@ -222,7 +222,8 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
 
 def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     """Why `config` cannot run on the Gluon stage kernels (kernels/gluon_moe.py), None when it can: a stage kernel of
-    per_1x128 with every load through TMA (USE_TMA 1, SORTED_INTER 2; stage 1 GATHER_A 1), BLOCK_SIZE_K 128,
+    per_1x128 with the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2; stage 1's rows through
+    TMA from the GATHER_A copy, or copied by the kernel itself without it; GLUON 2 only the former), BLOCK_SIZE_K 128,
     BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the
     Triton kernels' other options (KSPLIT 1; no SWAP_AB, WARP_SPEC, SCALE_TMA, TOPK_ATOMIC). GLUON 2 is stage 1 as
     one MMA over the gate and up rows; PERSISTENT with GLUON 1 is stage 2's persistent Gluon kernel."""
@@ -234,8 +235,9 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
             or config.BLOCK_SIZE_M != 16 * config.num_warps:
         return ("GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "
                 "on 8)")
-    if not config.USE_TMA or config.SORTED_INTER != 2 or (kernel == "stage1" and not config.GATHER_A):
-        return "GLUON reads every operand through TMA: USE_TMA 1, SORTED_INTER 2 and (stage 1) GATHER_A 1"
+    if not config.USE_TMA or config.SORTED_INTER != 2 or (config.GLUON == 2 and not config.GATHER_A):
+        return ("GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2), GLUON 2 stage "
+                "1's rows too (GATHER_A 1)")
     if config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC or config.SCALE_TMA or config.TOPK_ATOMIC \
             or (config.PERSISTENT and (kernel != "stage2" or config.GLUON != 1)):
         return ("GLUON is its own kernel: KSPLIT 1, no SWAP_AB, WARP_SPEC, SCALE_TMA or TOPK_ATOMIC (PERSISTENT: "

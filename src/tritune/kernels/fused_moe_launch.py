@@ -336,7 +336,7 @@ class MoeLaunch:
             self._gemm_gluon(kernel=kernel, a=a, a_scale=a_scale, w=w, w_scale=w_scale, target=target,
                              stride_asm=stride_asm, n=n, k=k, numel=numel, cfg=cfg, example=example, pieces=pieces,
                              a_rows=a_rows, gated=gated, act=act, mul_weight=mul_weight, atomic_topk=atomic_topk,
-                             quant_on_load=quant_on_load, stride_om=stride_om)
+                             quant_on_load=quant_on_load, stride_om=stride_om, topk=a_row_div)
             return
         if swizzled:
             check_swizzled(cfg, quant, kernel, n, gated)
@@ -378,9 +378,10 @@ class MoeLaunch:
     def _gemm_gluon(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple,
                     stride_asm: int, n: int, k: int, numel: int, cfg: MoeConfig, example: dict, pieces: _Pieces,
                     a_rows: int | None, gated: bool, act: int, mul_weight: bool, atomic_topk: int,
-                    quant_on_load: bool, stride_om: int) -> None:
+                    quant_on_load: bool, stride_om: int, topk: int) -> None:
         """A per_1x128 stage on the Gluon kernels (kernels/gluon_moe.py; `check_config` holds the config to them):
-        A, w and (stage 1) the intermediate through TMA; ValueError where they cannot run this call."""
+        w and (stage 1) the intermediate through TMA, A too (stage 2; stage 1 with GATHER_A) or stage 1 copying each
+        pair's token row itself (cp.async; `a_rows` None); ValueError where they cannot run this call."""
         from tritune.kernels import gluon_moe
 
         name = cfg.name(kernel, "per_1x128")
@@ -398,8 +399,13 @@ class MoeLaunch:
             raise ValueError(f"{name}: GLUON takes per_1x128 weight scales [E, N/128, K/128], contiguous along K")
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
         first = len(self.tma)
-        a_desc = self._descriptor(a, (a_rows or self.inter_rows, k), pieces.items[a[1]][0], [bm, SCALE_BLOCK],
-                                  example, "GLUON (A through TMA)", gluon=True)
+        gather = kernel == "stage1" and a_rows is None  # the rows in token order, [tokens, K]
+        tokens = numel // topk
+        if gather and tokens * k >= 2**31:
+            raise ValueError(f"{name}: the in-kernel gather addresses A with 32-bit offsets; {tokens} tokens x {k} "
+                             "exceed them (use GATHER_A 1)")
+        a_desc = self._descriptor(a, (tokens if gather else a_rows or self.inter_rows, k), pieces.items[a[1]][0],
+                                  [bm, SCALE_BLOCK], example, "GLUON (A through TMA)", gluon=True)
         row, _ = weight_tma_view("per_1x128", k, bn, SCALE_BLOCK)
         w_desc = self._descriptor(("t", w), (w_t.numel() // row, row), w_t.dtype, [bn, SCALE_BLOCK], example,
                                   "GLUON (weights through TMA)", gluon=True)
@@ -410,9 +416,13 @@ class MoeLaunch:
         if kernel == "stage1":
             out_desc = self._descriptor(target, (self.inter_rows, n), pieces.items[target[1]][0], [bm, bn], example,
                                         "GLUON (the intermediate through TMA)", gluon=True)
-            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2)] + [
-                ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + tail
-            fn = gluon_moe.moe_stage1_wide_kernel if cfg.GLUON == 2 else gluon_moe.moe_stage1_kernel
+            values = [("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)]
+            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2)] + values + tail
+            fn = gluon_moe.moe_stage1_wide_kernel
+            if cfg.GLUON == 1:  # A's rows by pointer too (read only with GATHER), the sorted pairs, their count
+                recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2), a, ("p", 0)] + values + [
+                    ("v", numel), ("v", k)] + tail + [("v", gather), ("v", topk)]
+                fn = gluon_moe.moe_stage1_kernel
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel

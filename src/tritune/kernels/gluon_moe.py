@@ -30,6 +30,7 @@ from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 if HAS_GLUON_HOPPER:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -40,35 +41,56 @@ if HAS_GLUON_HOPPER:
 
     from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords, _tma_load, _tma_store
 
-    # The CTA-wide barrier: `thread_barrier` in Triton 3.6, `barrier` from 3.7
+    # The CTA-wide barrier: `thread_barrier` in Triton 3.6, `barrier` from 3.7; cp.async into shared memory:
+    # `async_copy_global_to_shared` in 3.6, `async_load` later (the old name raises there)
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
     def _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k, off_m, gate_row, up_row, pred,
-               STAGES: gl.constexpr):
-        """K block k of A's rows and w1's gate and up rows into stage k % STAGES, where `pred`."""
+               STAGES: gl.constexpr, GATHER: gl.constexpr = False, a_ptr=None, a_rows=None, a_ok=None, a_cols=None,
+               K=None):
+        """K block k of A's rows and w1's gate and up rows into stage k % STAGES, where `pred`. A through TMA, or
+        (GATHER) each row from its token's row of a_ptr (`a_rows`: element offsets, `a_ok`: a real pair) by cp.async,
+        every thread's copies arriving on the stage's barrier when they land."""
         s = k % STAGES
-        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
+        if GATHER:
+            mbarrier.expect(ready.index(s), 2 * w_desc.block_type.nbytes, pred=pred)
+        else:
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
+            _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
         _tma_load(w_desc, [gate_row, k * 128], ready.index(s), g_smem.index(s), pred=pred)
         _tma_load(w_desc, [up_row, k * 128], ready.index(s), u_smem.index(s), pred=pred)
+        if GATHER:
+            if pred:
+                cols = k * 128 + a_cols
+                _cp_async(a_smem.index(s), a_ptr + a_rows[:, None] + cols[None, :],
+                          mask=a_ok[:, None] & (cols < K)[None, :])
+                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
 
     @gluon.jit
-    def _issue2(a_smem, g_smem, u_smem, ready, regs_g, regs_u, k, STAGES: gl.constexpr):
-        """Block k's gate and up MMAs from zero (into the registers of `regs_*`, unread), once the stage landed."""
+    def _issue2(a_smem, g_smem, u_smem, ready, regs_g, regs_u, k, STAGES: gl.constexpr, GATHER: gl.constexpr = False):
+        """Block k's gate and up MMAs from zero (into the registers of `regs_*`, unread), once the stage landed (rows
+        copied by cp.async made visible to the MMA's proxy first)."""
         s = k % STAGES
         mbarrier.wait(ready.index(s), phase=(k // STAGES) & 1)
+        if GATHER:
+            fence_async_shared()
         pg = warpgroup_mma(a_smem.index(s), g_smem.index(s).permute((1, 0)), regs_g, use_acc=False, is_async=True)
         pu = warpgroup_mma(a_smem.index(s), u_smem.index(s).permute((1, 0)), regs_u, use_acc=False, is_async=True)
         return pg, pu
 
     @gluon.jit
-    def moe_stage1_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, N_INTER, K, max_blocks,
-                          stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
-                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    def moe_stage1_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr, sorted_ids_ptr,
+                          N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, num_pairs,
+                          stride_am, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                          GATHER: gl.constexpr, TOPK: gl.constexpr):
         """inter[row, n] = silu(Σ_k A_k[row]·G_kᵀ · s) · (Σ_k A_k[row]·U_kᵀ · s) for the sorted rows of a block whose
         expert is e (G = w1[e, n], U = w1[e, I + n] with I = N_INTER, s = a_s[row, k] · w_s[e, n // 128, k]).
-        Grid: (max_blocks · ⌈I/BN⌉,); programs past the sort's blocks return."""
+        A: a_desc's rows in the sort's order (the op's GATHER_A copy, with a_s beside it), or (GATHER) each sorted
+        pair's token row of a_ptr [tokens, K] (row stride stride_am; a_desc then only gives the tile and its shared
+        layout, a_s is by token) copied by cp.async. Grid: (max_blocks · ⌈I/BN⌉,); programs past the sort's blocks
+        return."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -91,13 +113,27 @@ if HAS_GLUON_HOPPER:
         g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # GATHER: each warp copies 16 whole rows (a warp group the 64 its own MMA reads), 16 bytes a cp.async
+        copy_layout: gl.constexpr = gl.BlockedLayout([BM // (4 * WARPS), 16], [4, 8], [WARPS, 1], [1, 0])
+        ids = gl.load(sorted_ids_ptr + off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, copy_layout)))
+        a_ok = ids < num_pairs
+        a_rows = gl.where(a_ok, ids // TOPK, 0) * stride_am
+        a_cols = gl.arange(0, BK, layout=gl.SliceLayout(0, copy_layout))
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
+            if GATHER:  # the weights' expect-arrive and every thread's cp.async arrive
+                mbarrier.init(ready.index(i), count=1 + 32 * WARPS)
+            else:
+                mbarrier.init(ready.index(i), count=1)
         for i in gl.static_range(STAGES):
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, off_m, gate_row, up_row, i < k_tiles, STAGES)
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
+                   GATHER, a_ptr, a_rows, a_ok, a_cols, K)
 
         rows = off_m + gl.arange(0, BM, layout=row_layout)
-        a_s_ptrs = as_ptr + rows * stride_asm
+        if GATHER:  # the activation scales by token
+            ids_r = gl.load(sorted_ids_ptr + rows)
+            a_s_ptrs = as_ptr + gl.where(ids_r < num_pairs, ids_r // TOPK, 0) * stride_asm
+        else:
+            a_s_ptrs = as_ptr + rows * stride_asm
         wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
         wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
         acc_g = gl.zeros([BM, BN], gl.float32, mma_layout)
@@ -105,12 +141,12 @@ if HAS_GLUON_HOPPER:
         # Two MMA groups a K block (gate, up): waiting for at most two outstanding retires the previous block's pair
         # while this block's pair runs. The partials alternate and take acc * 0 as their unread accumulators, as in
         # the dense kernel, so no register copy touches an in-flight partial.
-        g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, 0, STAGES)
+        g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, 0, STAGES, GATHER)
         a0 = gl.load(a_s_ptrs)
         sg0 = a0 * gl.load(wg_s_ptr)
         su0 = a0 * gl.load(wu_s_ptr)
         for ki in range(1, k_tiles - 1, 2):
-            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki, STAGES)
+            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki, STAGES, GATHER)
             a1 = gl.load(a_s_ptrs + ki * stride_ask)
             sg1 = a1 * gl.load(wg_s_ptr + ki * stride_wsk)
             su1 = a1 * gl.load(wu_s_ptr + ki * stride_wsk)
@@ -118,8 +154,9 @@ if HAS_GLUON_HOPPER:
             acc_g = acc_g + dg * sg0[:, None]
             acc_u = acc_u + du * su0[:, None]
             j = ki - 1 + STAGES  # into block ki-1's stage, free now
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j, off_m, gate_row, up_row, j < k_tiles, STAGES)
-            g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki + 1, STAGES)
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j, off_m, gate_row, up_row, j < k_tiles, STAGES,
+                   GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+            g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki + 1, STAGES, GATHER)
             a0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask)
             sg0 = a0 * gl.load(wg_s_ptr + (ki + 1) * stride_wsk)
             su0 = a0 * gl.load(wu_s_ptr + (ki + 1) * stride_wsk)
@@ -127,9 +164,9 @@ if HAS_GLUON_HOPPER:
             acc_g = acc_g + dg * sg1[:, None]
             acc_u = acc_u + du * su1[:, None]
             _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j + 1, off_m, gate_row, up_row, j + 1 < k_tiles,
-                   STAGES)
+                   STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
         if k_tiles % 2 == 0:
-            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, k_tiles - 1, STAGES)
+            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, k_tiles - 1, STAGES, GATHER)
             a1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask)
             sg1 = a1 * gl.load(wg_s_ptr + (k_tiles - 1) * stride_wsk)
             su1 = a1 * gl.load(wu_s_ptr + (k_tiles - 1) * stride_wsk)

@@ -384,10 +384,11 @@ def _moe_gemm_launch(config: Any, kernel: str, s: MoeShape, hw: Hardware) -> tup
     expert_w = halves * n * k * elt
     w_reads = sweeps / max(touched, 1e-9) if expert_w > hw.l2_bytes else 1.0
     kspan = _cdiv(_cdiv(k, ksplit), bk) * bk
-    # A Gluon stage (GLUON, per_1x128 on Hopper) rescales off the MMA's path; its stage 1 reads A through TMA from
-    # the gathered copy, without the pointer-gather discount. H100, twenty-seventh session, 4096 tokens: stage 1
-    # modelled 413 / 383 / 304 µs against 437 / 400 / 321 measured at E 64 I 1536 / DeepSeek-V2-Lite / E 128 I 384;
-    # stage 2 keeps the discount (E 64 265 against 255; E 128's 3 K blocks a tile 290 against 427).
+    # A Gluon stage (GLUON, per_1x128 on Hopper) rescales off the MMA's path; its stage 1 on the gathered copy
+    # (GATHER_A) reads A through TMA, without the pointer-gather discount. H100, twenty-seventh session, 4096 tokens:
+    # stage 1 modelled 413 / 383 / 304 µs against 437 / 400 / 321 measured at E 64 I 1536 / DeepSeek-V2-Lite / E 128
+    # I 384; gathering its own rows (cp.async) it keeps the discount (E 128, 64-row blocks: 405 against 346); stage 2
+    # keeps it too (E 64 265 against 255; E 128's 3 K blocks a tile 290 against 427).
     gluon = bool(_param(config, "GLUON", 0))
     overhead = rescale_overhead(bk, True, off_mma_path=gluon) if s.quant == "per_1x128" else 1.0
     use_tma = bool(_param(config, "USE_TMA", 0))
@@ -399,7 +400,8 @@ def _moe_gemm_launch(config: Any, kernel: str, s: MoeShape, hw: Hardware) -> tup
         occ=occ, total_flops=2.0 * blocks * bm * halves * pn * bn * ksplit * kspan * overhead,
         stream_bytes=touched * expert_w * w_reads, streams=max(1.0, touched) * pn * ksplit,
         stream_inflight=max(1, stages - 1) * halves * bn * bk * elt, other_bytes=a_bytes + out_bytes, elt=elt,
-        eff=(1.0 if gluon and stage1 else MOE_EFFICIENCY) * tile_efficiency(bm, bn, halves * bn),
+        eff=(1.0 if gluon and stage1 and _param(config, "GATHER_A", 0) else MOE_EFFICIENCY)
+        * tile_efficiency(bm, bn, halves * bn),
         boost=1.03 if use_tma else 1.0, launched=alloc_blocks * pn * ksplit)
     gpu, bound = _launch_us(launch, hw)
     aux_n, aux = 0, 0.0

@@ -148,6 +148,16 @@ GLUON_MOE_MIN_K = 1024
 # (twenty-seventh session): 0.97-0.98x the one-tile-a-program Gluon stage 2's time at 4096 tokens (E 64 I 1536,
 # DeepSeek-V2-Lite, Mixtral-8x7B), 1.00 at 8192; alone, 246 against 260 µs at E 64 4096 tokens.
 GLUON_MOE_PERSISTENT = True
+# Stage 1's rows copied into the sort's order by a launch before it (GATHER_A 1), or (False) by the stage-1 kernel
+# itself with cp.async. H100, whole op (twenty-seventh session): copied, the pair above runs 0.83-0.95x the own-gather
+# pair's time at E 64 I 1536, DeepSeek-V2-Lite and Mixtral-8x7B, 4096-8192 tokens (each of I/64 column tiles
+# gathers its rows again, by cp.async, where the copied rows come through TMA).
+GLUON_MOE_COPY_ROWS = True
+# Below GLUON_MOE_MIN_K (from GLUON_MOE_MIN_M pairs an expert, the same shapes otherwise): stage 1 alone on the Gluon
+# kernel, gathering its own rows (GATHER_A 0: the intermediate is short, few column tiles gather), on the Triton
+# plan's 64- or 128-row blocks, before the plan's Triton stage 2 (`_gluon_stage1`). H100, whole op, L2 flushed: E 128
+# top-8 I 384 0.88 / 0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768) 0.96 / 0.97x.
+GLUON_MOE_STAGE1 = True
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -522,8 +532,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     m = pairs / experts
     mean = max(1, math.ceil(m))
     active = min(pairs, experts)
-    if quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and m >= GLUON_MOE_MIN_M and gated \
-            and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0 and inter_dim >= GLUON_MOE_MIN_K:
+    gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and m >= GLUON_MOE_MIN_M \
+        and gated and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
+    if gluon_ok and inter_dim >= GLUON_MOE_MIN_K:
         return (False, *_gluon_moe())
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
@@ -560,6 +571,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         stage1, stage2 = replace(stage1, SORTED_INTER=2), replace(stage2, SORTED_INTER=2)
         if persistent_ok:
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
+    if gluon_ok and GLUON_MOE_STAGE1 and stage2.SORTED_INTER == 2 and stage1.KSPLIT == 1 and bm in (64, 128):
+        stage1 = _gluon_stage1(stage1)
     return False, stage1, stage2
 
 
@@ -567,9 +580,16 @@ def _gluon_moe() -> tuple[MoeConfig, MoeConfig]:
     """The per_1x128 stage pair on the Gluon kernels, 128-row blocks on 8 warps: stage 1 on rows gathered for TMA
     with 64-wide gate and up tiles, stage 2 with 128-wide tiles."""
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8, num_warps=8, num_stages=4, USE_TMA=1,
-                  SORTED_INTER=2, GATHER_A=1, GLUON=1)
+                  SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT),
                                                           **common)
+
+
+def _gluon_stage1(stage1: MoeConfig) -> MoeConfig:
+    """A Triton plan's stage 1 on the Gluon kernel on the same blocks, gathering its own rows: 64-wide gate and up
+    tiles, 16 rows a warp, 4 stages."""
+    return replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=stage1.BLOCK_SIZE_M // 16,
+                   num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1)
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,
