@@ -223,8 +223,8 @@ def test_moe_rule_table_rows(tokens, dims, quant, want):
     assert (run_1stage, short(s1), short(s2) if s2 else None) == want
 
 
-def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
-    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, from m = 256: I >= 1024 both stages in Gluon
+def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
+    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, from m = 128: I >= 1024 both stages in Gluon
     on 128-row blocks, stage 1 on gathered rows, stage 2 persistent; below, stage 1 alone, gathering its own rows."""
     from tritune.kernels.fused_moe import check_plan
     from tritune.kernels.fused_moe_config import gluon_problem
@@ -243,7 +243,7 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_256_pairs_an_expert():
     assert gluon_problem(s1, "stage1", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
-                             (2048, (4096, 384, 128, 8), {}),  # m = 128
+                             (1024, (4096, 384, 128, 8), {}),  # m = 64
                              (4096, (4096, 384, 128, 8), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"gluon": False}),

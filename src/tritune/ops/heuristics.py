@@ -72,11 +72,12 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
 - fp8 per_token and per_1x128 take both together, never the sorted intermediate alone (H100, E 128 top-8 I 384,
   whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024), up to a longer K:
   `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
-- per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (256), gated, D and I multiples of 128, I ≥
+- per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (128), gated, D and I multiples of 128, I ≥
   `GLUON_MOE_MIN_K` (1024): both stages on the Gluon kernels (`GLUON`, kernels/gluon_moe.py) on 128-row blocks,
   stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide and persistent
-  (`GLUON_MOE_PERSISTENT`), 8 warps, 4 stages (H100, whole op: 0.81-0.93x the Triton plan's time at 4096-8192 tokens;
-  Mixtral-8x7B 0.79x its scaled tuned row);
+  (`GLUON_MOE_PERSISTENT`), 8 warps, 4 stages (H100, whole op: 0.81-0.97x the Triton plan's time at 2048-8192 tokens;
+  Mixtral-8x7B 0.79x its scaled tuned row); below I 1024, stage 1 alone on the Gluon kernel gathering its own rows
+  (GATHER_A 0) before the plan's Triton stage 2 (`GLUON_MOE_STAGE1`; E 128 I 384 and Qwen3-30B-A3B 0.84-0.97x);
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
@@ -138,11 +139,11 @@ PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up
 # per_1x128 on Hopper from GLUON_MOE_MIN_M routed pairs an expert, gated, D and I multiples of 128 and I (stage 2's
 # K) at least GLUON_MOE_MIN_K: both stages on the Gluon kernels, 128-row blocks (`_gluon_moe`; kernels/gluon_moe.py).
 # H100, the whole op, L2 flushed (twenty-sixth session): E 64 top-6 I 1536 at 4096 / 8192 tokens 0.93 / 0.87x the
-# Triton plan's time, DeepSeek-V2-Lite (I 1408) 0.86 / 0.81x. Not below: at m 96 the Gluon stage 1 was only 1.02x
-# faster before its gather copy; at I 384 (E 128 top-8) the Gluon stage 2 ran 1.22x the persistent Triton one's time
-# (3 K blocks), and the Gluon stage 1 with that stage 2 on 128-row blocks made the op 1.28-1.37x slower.
+# Triton plan's time, DeepSeek-V2-Lite (I 1408) 0.86 / 0.81x; from m 128 (twenty-seventh session, 2048 tokens, m
+# 192): 0.97 / 0.95x. Not below I 1024: at I 384 (E 128 top-8) the Gluon stage 2 ran 1.22x the persistent Triton
+# one's time (3 K blocks), and the Gluon stage 1 with that stage 2 on 128-row blocks made the op 1.28-1.37x slower.
 GLUON_MOE = True
-GLUON_MOE_MIN_M = 256
+GLUON_MOE_MIN_M = 128
 GLUON_MOE_MIN_K = 1024
 # Stage 2 of that pair persistent (a program an SM walking its (block, column) tiles): H100, whole op, L2 flushed
 # (twenty-seventh session): 0.97-0.98x the one-tile-a-program Gluon stage 2's time at 4096 tokens (E 64 I 1536,
@@ -156,7 +157,8 @@ GLUON_MOE_COPY_ROWS = True
 # Below GLUON_MOE_MIN_K (from GLUON_MOE_MIN_M pairs an expert, the same shapes otherwise): stage 1 alone on the Gluon
 # kernel, gathering its own rows (GATHER_A 0: the intermediate is short, few column tiles gather), on the Triton
 # plan's 64- or 128-row blocks, before the plan's Triton stage 2 (`_gluon_stage1`). H100, whole op, L2 flushed: E 128
-# top-8 I 384 0.88 / 0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768) 0.96 / 0.97x.
+# top-8 I 384 0.84-0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768) 0.92-0.97x; at 2048
+# tokens (m 128) 0.89 / 0.92x.
 GLUON_MOE_STAGE1 = True
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
@@ -535,7 +537,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and m >= GLUON_MOE_MIN_M \
         and gated and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
     if gluon_ok and inter_dim >= GLUON_MOE_MIN_K:
-        return (False, *_gluon_moe())
+        return (False, *_gluon_moe(mean))
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
     if bm == 16:
@@ -576,10 +578,12 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     return False, stage1, stage2
 
 
-def _gluon_moe() -> tuple[MoeConfig, MoeConfig]:
+def _gluon_moe(mean: int) -> tuple[MoeConfig, MoeConfig]:
     """The per_1x128 stage pair on the Gluon kernels, 128-row blocks on 8 warps: stage 1 on rows gathered for TMA
-    with 64-wide gate and up tiles, stage 2 with 128-wide tiles."""
-    common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8, num_warps=8, num_stages=4, USE_TMA=1,
+    with 64-wide gate and up tiles, stage 2 with 128-wide tiles; grouped when an expert's `mean` pairs fill more
+    than one block."""
+    common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
+                  num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT),
                                                           **common)
