@@ -242,8 +242,9 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
     assert not s2.GLUON and s2.PERSISTENT and s2.SORTED_INTER == 2 and s2.BLOCK_SIZE_M == 64
     assert gluon_problem(s1, "stage1", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
+    assert moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].GLUON  # from m = 64
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
-                             (1024, (4096, 384, 128, 8), {}),  # m = 64
+                             (512, (4096, 384, 128, 8), {}),  # m = 32
                              (4096, (4096, 384, 128, 8), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"capability": (8, 0)}),
                              (4096, (2048, 1408, 64, 6), {"gluon": False}),

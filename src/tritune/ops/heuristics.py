@@ -154,12 +154,13 @@ GLUON_MOE_PERSISTENT = True
 # pair's time at E 64 I 1536, DeepSeek-V2-Lite and Mixtral-8x7B, 4096-8192 tokens (each of I/64 column tiles
 # gathers its rows again, by cp.async, where the copied rows come through TMA).
 GLUON_MOE_COPY_ROWS = True
-# Below GLUON_MOE_MIN_K (from GLUON_MOE_MIN_M pairs an expert, the same shapes otherwise): stage 1 alone on the Gluon
-# kernel, gathering its own rows (GATHER_A 0: the intermediate is short, few column tiles gather), on the Triton
-# plan's 64- or 128-row blocks, before the plan's Triton stage 2 (`_gluon_stage1`). H100, whole op, L2 flushed: E 128
-# top-8 I 384 0.84-0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768) 0.92-0.97x; at 2048
-# tokens (m 128) 0.89 / 0.92x.
+# Below GLUON_MOE_MIN_K (from GLUON_MOE_STAGE1_MIN_M pairs an expert, the same shapes otherwise): stage 1 alone on
+# the Gluon kernel, gathering its own rows (GATHER_A 0: the intermediate is short, few column tiles gather), on the
+# Triton plan's 64- or 128-row blocks, before the plan's Triton stage 2 (`_gluon_stage1`). H100, whole op, L2
+# flushed: E 128 top-8 I 384 0.84-0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768)
+# 0.92-0.97x; at 2048 tokens (m 128) 0.89 / 0.92x.
 GLUON_MOE_STAGE1 = True
+GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-30B-A3B 0.87x
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -534,9 +535,9 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     m = pairs / experts
     mean = max(1, math.ceil(m))
     active = min(pairs, experts)
-    gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and m >= GLUON_MOE_MIN_M \
-        and gated and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
-    if gluon_ok and inter_dim >= GLUON_MOE_MIN_K:
+    gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and gated \
+        and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
+    if gluon_ok and m >= GLUON_MOE_MIN_M and inter_dim >= GLUON_MOE_MIN_K:
         return (False, *_gluon_moe(mean))
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
@@ -573,7 +574,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         stage1, stage2 = replace(stage1, SORTED_INTER=2), replace(stage2, SORTED_INTER=2)
         if persistent_ok:
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
-    if gluon_ok and GLUON_MOE_STAGE1 and stage2.SORTED_INTER == 2 and stage1.KSPLIT == 1 and bm in (64, 128):
+    if gluon_ok and GLUON_MOE_STAGE1 and m >= GLUON_MOE_STAGE1_MIN_M and inter_dim < GLUON_MOE_MIN_K \
+            and stage2.SORTED_INTER == 2 and stage1.KSPLIT == 1 and bm in (64, 128):
         stage1 = _gluon_stage1(stage1)
     return False, stage1, stage2
 
