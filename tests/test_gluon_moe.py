@@ -27,6 +27,7 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(S2, "stage2", "per_1x128")
     check_config(dataclasses.replace(S1, GLUON=2), "stage1", "per_1x128")  # one MMA over the gate and up rows
     check_config(dataclasses.replace(S2, PERSISTENT=1), "stage2", "per_1x128")  # the persistent Gluon stage 2
+    check_config(dataclasses.replace(S1, PERSISTENT=1), "stage1", "per_1x128")  # and stage 1
     assert dataclasses.replace(S1, GLUON=2).name("stage1", "per_1x128").endswith("_GL2")
     name = S1.name("stage1", "per_1x128")
     assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
@@ -43,7 +44,7 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"SORTED_INTER": 1}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
-    ("stage1", "per_1x128", {"PERSISTENT": 1}, "PERSISTENT .* is for stage 2"),
+    ("stage1", "per_1x128", {"GLUON": 2, "PERSISTENT": 1}, "stage 1 too on the Gluon kernel, GLUON 1"),
     ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"GLUON": 3}, "GLUON must be 0, 1 or 2"),
     ("stage2", "per_1x128", {"GLUON": 2}, "GLUON 2 .* is stage 1's"),
@@ -101,6 +102,10 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4,
                                          **{**plan, "GATHER_A": 0})),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4,
+                                         **{**plan, "GATHER_A": 0})),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, PERSISTENT=1,
+                                         **plan)),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, PERSISTENT=1,
                                          **{**plan, "GATHER_A": 0}))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
     name += "" if cfg.GATHER_A or kernel == "stage2" else " gather"
@@ -112,7 +117,8 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
 def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     report = compile_report(_CHILD)
     assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage1 128x64 GL2",
-                           "stage2 128x128 GL1 PS1", "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather"}
+                           "stage2 128x128 GL1 PS1", "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather",
+                           "stage1 128x64 GL1 PS1", "stage1 64x64 GL1 PS1 gather"}
     for name, r in report.items():
         two_groups = name.startswith("stage1") and "GL1" in name  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])

@@ -64,9 +64,14 @@ def _check(got: torch.Tensor, x: dict) -> None:
                                         (dataclasses.replace(S1_128, GLUON=2), S2_128),
                                         (S1_128, dataclasses.replace(S2_128, PERSISTENT=1)),
                                         _own_rows(S1_128, dataclasses.replace(S2_128, PERSISTENT=1)),
-                                        _own_rows(S1_64, S2_64)],
+                                        _own_rows(S1_64, S2_64),
+                                        (dataclasses.replace(S1_128, PERSISTENT=1),
+                                         dataclasses.replace(S2_128, PERSISTENT=1)),
+                                        _own_rows(dataclasses.replace(S1_64, PERSISTENT=1),
+                                                  dataclasses.replace(S2_PERSISTENT, BLOCK_SIZE_M=64, num_warps=4))],
                          ids=["128-rows", "64-rows", "triton-stage-2-persistent", "stage-1-one-mma",
-                              "gluon-stage-2-persistent", "128-rows-own-gather", "64-rows-own-gather"])
+                              "gluon-stage-2-persistent", "128-rows-own-gather", "64-rows-own-gather",
+                              "both-persistent", "64-rows-own-gather-persistent-then-triton"])
 @pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
     (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
     (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens
@@ -82,6 +87,8 @@ def test_one_expert_taking_every_token_and_empty_experts(own_gather: bool) -> No
     ids = torch.full((513, 1), 3)  # 513 rows for expert 3: five 128-row blocks, the last one row; seven idle experts
     x = _moe(513, 256, 256, 8, 1, seed=1, ids=ids)
     pair = _own_rows(S1_128, S2_128) if own_gather else (S1_128, S2_128)
+    if own_gather:  # and stage 1 persistent: one program walks the five blocks' tiles
+        pair = (dataclasses.replace(pair[0], PERSISTENT=1), pair[1])
     _check(_run(x, MoeChoice(False, *pair, "test")), x)
 
 

@@ -180,9 +180,12 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
                                                           *strides, **meta)
         if not cfg.GATHER_A:  # the kernel copies each pair's token row: A's descriptor is over the tokens' rows
             a = descriptor(MockTensor(FP8, [dims.numel // dims.topk, k]), [bm, SCALE_BLOCK])
-        return gluon_moe.moe_stage1_kernel.warmup(a, w, out, f32, f32, i32, i32, FP8, i32, n, k, num_pid_m, groups, 1,
-                                                  *strides, dims.numel, k, GATHER=not cfg.GATHER_A, TOPK=dims.topk,
-                                                  **meta)
+        args = (a, w, out, f32, f32, i32, i32, FP8, i32, n, k, num_pid_m, groups, 1, *strides, dims.numel, k)
+        meta |= dict(GATHER=not cfg.GATHER_A, TOPK=dims.topk)
+        if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
+            return gluon_moe.moe_stage1_persistent_kernel.warmup(
+                *args, sm_count_for(torch.device("cuda")) or 132, **meta)
+        return gluon_moe.moe_stage1_kernel.warmup(*args, **meta)
     if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
         return gluon_moe.moe_stage2_persistent_kernel.warmup(
             a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,

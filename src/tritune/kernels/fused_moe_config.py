@@ -63,7 +63,7 @@ class MoeConfig:
     SWAP_AB: int = 0  # stage kernels: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
-    PERSISTENT: int = 0  # stage 2, every load through TMA: 1 = a persistent program walks tiles (fused_moe_persistent)
+    PERSISTENT: int = 0  # stage 2 (Gluon: stage 1 too), loads through TMA: 1 = a persistent program walks tiles
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
     # per_1x128 stage kernels on Hopper, A through TMA: 1 = the Gluon kernel (kernels/gluon_moe.py); 2 (stage 1) = its
     # one-MMA variant (gate and up in one B tile: moe_stage1_wide_kernel)
@@ -178,11 +178,12 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
     if config.PERSISTENT not in (0, 1) or (config.PERSISTENT and (
-            kernel != "stage2" or not config.USE_TMA or config.SORTED_INTER != 2 or config.KSPLIT != 1
-            or config.SWAP_AB or config.WARP_SPEC or quant not in PERSISTENT_QUANTS)):
-        raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 with every load through "
-                         f"TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, no SWAP_AB or WARP_SPEC, quant "
-                         f"{' or '.join(PERSISTENT_QUANTS)}")
+            (kernel != "stage2" and not (kernel == "stage1" and config.GLUON == 1)) or not config.USE_TMA
+            or config.SORTED_INTER != 2 or config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC
+            or quant not in PERSISTENT_QUANTS)):
+        raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 (stage 1 too on the "
+                         f"Gluon kernel, GLUON 1) with every load through TMA (USE_TMA 1, SORTED_INTER 2), KSPLIT 1, "
+                         f"no SWAP_AB or WARP_SPEC, quant {' or '.join(PERSISTENT_QUANTS)}")
     if config.SCALE_TMA not in (0, 1) or (config.SCALE_TMA and not (
             scale_records_fit(quant, config.SWAP_AB, config.USE_TMA, config.BLOCK_SIZE_K, config.BLOCK_SIZE_N)
             and not config.PERSISTENT)):
@@ -226,7 +227,7 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     TMA from the GATHER_A copy, or copied by the kernel itself without it; GLUON 2 only the former), BLOCK_SIZE_K 128,
     BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the
     Triton kernels' other options (KSPLIT 1; no SWAP_AB, WARP_SPEC, SCALE_TMA, TOPK_ATOMIC). GLUON 2 is stage 1 as
-    one MMA over the gate and up rows; PERSISTENT with GLUON 1 is stage 2's persistent Gluon kernel."""
+    one MMA over the gate and up rows; PERSISTENT with GLUON 1 is either stage's persistent Gluon kernel."""
     if kernel == "1stage" or quant != "per_1x128":
         return f"GLUON is for the per_1x128 stage kernels, not {kernel} with {quant}"
     if config.GLUON == 2 and (kernel != "stage1" or config.BLOCK_SIZE_N != 64):
@@ -239,9 +240,9 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
         return ("GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2), GLUON 2 stage "
                 "1's rows too (GATHER_A 1)")
     if config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC or config.SCALE_TMA or config.TOPK_ATOMIC \
-            or (config.PERSISTENT and (kernel != "stage2" or config.GLUON != 1)):
+            or (config.PERSISTENT and config.GLUON != 1):
         return ("GLUON is its own kernel: KSPLIT 1, no SWAP_AB, WARP_SPEC, SCALE_TMA or TOPK_ATOMIC (PERSISTENT: "
-                "stage 2's persistent Gluon kernel)")
+                "the persistent Gluon kernels, GLUON 1)")
     return None
 
 

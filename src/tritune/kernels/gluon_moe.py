@@ -47,13 +47,13 @@ if HAS_GLUON_HOPPER:
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
-    def _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k, off_m, gate_row, up_row, pred,
-               STAGES: gl.constexpr, GATHER: gl.constexpr = False, a_ptr=None, a_rows=None, a_ok=None, a_cols=None,
-               K=None):
-        """K block k of A's rows and w1's gate and up rows into stage k % STAGES, where `pred`. A through TMA, or
-        (GATHER) each row from its token's row of a_ptr (`a_rows`: element offsets, `a_ok`: a real pair) by cp.async,
-        every thread's copies arriving on the stage's barrier when they land."""
-        s = k % STAGES
+    def _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g, k, off_m, gate_row, up_row, pred,
+               STAGES: gl.constexpr, GATHER: gl.constexpr, a_ptr, a_rows, a_ok, a_cols, K):
+        """The program's K step g (K block k of the tile at off_m) of A's rows and w1's gate and up rows into stage
+        g % STAGES, where `pred`. A through TMA, or (GATHER) each row from its token's row of a_ptr (`a_rows`: element
+        offsets, `a_ok`: a real pair) by cp.async, every thread's copies arriving on the stage's barrier when they
+        land."""
+        s = g % STAGES
         if GATHER:
             mbarrier.expect(ready.index(s), 2 * w_desc.block_type.nbytes, pred=pred)
         else:
@@ -69,16 +69,94 @@ if HAS_GLUON_HOPPER:
                 async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
 
     @gluon.jit
-    def _issue2(a_smem, g_smem, u_smem, ready, regs_g, regs_u, k, STAGES: gl.constexpr, GATHER: gl.constexpr = False):
-        """Block k's gate and up MMAs from zero (into the registers of `regs_*`, unread), once the stage landed (rows
+    def _issue2(a_smem, g_smem, u_smem, ready, regs_g, regs_u, g, STAGES: gl.constexpr, GATHER: gl.constexpr):
+        """Step g's gate and up MMAs from zero (into the registers of `regs_*`, unread), once its stage landed (rows
         copied by cp.async made visible to the MMA's proxy first)."""
-        s = k % STAGES
-        mbarrier.wait(ready.index(s), phase=(k // STAGES) & 1)
+        s = g % STAGES
+        mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
         if GATHER:
             fence_async_shared()
         pg = warpgroup_mma(a_smem.index(s), g_smem.index(s).permute((1, 0)), regs_g, use_acc=False, is_async=True)
         pu = warpgroup_mma(a_smem.index(s), u_smem.index(s).permute((1, 0)), regs_u, use_acc=False, is_async=True)
         return pg, pu
+
+    @gluon.jit
+    def _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM: gl.constexpr, BK: gl.constexpr,
+                     WARPS: gl.constexpr, TOPK: gl.constexpr):
+        """For GATHER: the block's rows as element offsets of their tokens' rows, whether each is a real pair, and
+        the K block's columns, in the copy layout (each warp 16 whole rows, so a warp group copies the 64 its own MMA
+        reads; 16 bytes a cp.async)."""
+        copy_layout: gl.constexpr = gl.BlockedLayout([BM // (4 * WARPS), 16], [4, 8], [WARPS, 1], [1, 0])
+        ids = gl.load(sorted_ids_ptr + off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, copy_layout)))
+        ok = ids < num_pairs
+        return gl.where(ok, ids // TOPK, 0) * stride_am, ok, gl.arange(0, BK, layout=gl.SliceLayout(0, copy_layout))
+
+    @gluon.jit
+    def _init_ready(ready, STAGES: gl.constexpr, GATHER: gl.constexpr, WARPS: gl.constexpr):
+        for i in gl.static_range(STAGES):
+            if GATHER:  # the weights' expect-arrive and every thread's cp.async arrive
+                mbarrier.init(ready.index(i), count=1 + 32 * WARPS)
+            else:
+                mbarrier.init(ready.index(i), count=1)
+
+    @gluon.jit
+    def _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0, k_tiles, off_m, gate_row, up_row, a_s_ptrs,
+                     wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk, acc_g, acc_u, STAGES: gl.constexpr,
+                     GATHER: gl.constexpr, a_ptr, a_rows, a_ok, a_cols, K):
+        """One stage-1 tile's K loop from the program's step g0 (its first STAGES blocks already loading; later ones
+        loaded into stages as they free up): (Σ gate partials · scale, Σ up partials · scale), added to the zero
+        `acc_g`, `acc_u`. Two MMA groups a K block (gate, up): waiting for at most two outstanding retires the
+        previous block's pair while this block's pair runs. The partials alternate and take acc * 0 as their unread
+        accumulators, as in the dense kernel, so no register copy touches an in-flight partial."""
+        g0_, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, g0, STAGES, GATHER)
+        a0 = gl.load(a_s_ptrs)
+        sg0 = a0 * gl.load(wg_s_ptr)
+        su0 = a0 * gl.load(wu_s_ptr)
+        for ki in range(1, k_tiles - 1, 2):
+            g1_, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, g0 + ki, STAGES, GATHER)
+            a1 = gl.load(a_s_ptrs + ki * stride_ask)
+            sg1 = a1 * gl.load(wg_s_ptr + ki * stride_wsk)
+            su1 = a1 * gl.load(wu_s_ptr + ki * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0_, u0))  # block ki-1's pair
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+            j = ki - 1 + STAGES  # into block ki-1's stage, free now
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j, j, off_m, gate_row, up_row, j < k_tiles,
+                   STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+            g0_, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, g0 + ki + 1, STAGES, GATHER)
+            a0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask)
+            sg0 = a0 * gl.load(wg_s_ptr + (ki + 1) * stride_wsk)
+            su0 = a0 * gl.load(wu_s_ptr + (ki + 1) * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g1_, u1))  # block ki's pair
+            acc_g = acc_g + dg * sg1[:, None]
+            acc_u = acc_u + du * su1[:, None]
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j + 1, j + 1, off_m, gate_row, up_row,
+                   j + 1 < k_tiles, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+        if k_tiles % 2 == 0:
+            g1_, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, g0 + k_tiles - 1, STAGES,
+                              GATHER)
+            a1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask)
+            sg1 = a1 * gl.load(wg_s_ptr + (k_tiles - 1) * stride_wsk)
+            su1 = a1 * gl.load(wu_s_ptr + (k_tiles - 1) * stride_wsk)
+            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0_, u0))
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g1_, u1))
+            acc_g = acc_g + dg * sg1[:, None]
+            acc_u = acc_u + du * su1[:, None]
+        else:
+            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g0_, u0))
+            acc_g = acc_g + dg * sg0[:, None]
+            acc_u = acc_u + du * su0[:, None]
+        return acc_g, acc_u
+
+    @gluon.jit
+    def _a_scales(as_ptr, sorted_ids_ptr, rows, num_pairs, stride_asm, GATHER: gl.constexpr, TOPK: gl.constexpr):
+        """The rows' activation-scale pointers: by row of the gathered copy, or (GATHER) by token."""
+        if GATHER:
+            ids = gl.load(sorted_ids_ptr + rows)
+            return as_ptr + gl.where(ids < num_pairs, ids // TOPK, 0) * stride_asm
+        return as_ptr + rows * stride_asm
 
     @gluon.jit
     def moe_stage1_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr, sorted_ids_ptr,
@@ -113,73 +191,21 @@ if HAS_GLUON_HOPPER:
         g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # GATHER: each warp copies 16 whole rows (a warp group the 64 its own MMA reads), 16 bytes a cp.async
-        copy_layout: gl.constexpr = gl.BlockedLayout([BM // (4 * WARPS), 16], [4, 8], [WARPS, 1], [1, 0])
-        ids = gl.load(sorted_ids_ptr + off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, copy_layout)))
-        a_ok = ids < num_pairs
-        a_rows = gl.where(a_ok, ids // TOPK, 0) * stride_am
-        a_cols = gl.arange(0, BK, layout=gl.SliceLayout(0, copy_layout))
+        _init_ready(ready, STAGES, GATHER, WARPS)
+        a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
         for i in gl.static_range(STAGES):
-            if GATHER:  # the weights' expect-arrive and every thread's cp.async arrive
-                mbarrier.init(ready.index(i), count=1 + 32 * WARPS)
-            else:
-                mbarrier.init(ready.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
                    GATHER, a_ptr, a_rows, a_ok, a_cols, K)
 
-        rows = off_m + gl.arange(0, BM, layout=row_layout)
-        if GATHER:  # the activation scales by token
-            ids_r = gl.load(sorted_ids_ptr + rows)
-            a_s_ptrs = as_ptr + gl.where(ids_r < num_pairs, ids_r // TOPK, 0) * stride_asm
-        else:
-            a_s_ptrs = as_ptr + rows * stride_asm
+        a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, off_m + gl.arange(0, BM, layout=row_layout), num_pairs,
+                             stride_asm, GATHER, TOPK)
         wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
         wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
-        acc_g = gl.zeros([BM, BN], gl.float32, mma_layout)
-        acc_u = gl.zeros([BM, BN], gl.float32, mma_layout)
-        # Two MMA groups a K block (gate, up): waiting for at most two outstanding retires the previous block's pair
-        # while this block's pair runs. The partials alternate and take acc * 0 as their unread accumulators, as in
-        # the dense kernel, so no register copy touches an in-flight partial.
-        g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, 0, STAGES, GATHER)
-        a0 = gl.load(a_s_ptrs)
-        sg0 = a0 * gl.load(wg_s_ptr)
-        su0 = a0 * gl.load(wu_s_ptr)
-        for ki in range(1, k_tiles - 1, 2):
-            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki, STAGES, GATHER)
-            a1 = gl.load(a_s_ptrs + ki * stride_ask)
-            sg1 = a1 * gl.load(wg_s_ptr + ki * stride_wsk)
-            su1 = a1 * gl.load(wu_s_ptr + ki * stride_wsk)
-            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0, u0))  # block ki-1's pair
-            acc_g = acc_g + dg * sg0[:, None]
-            acc_u = acc_u + du * su0[:, None]
-            j = ki - 1 + STAGES  # into block ki-1's stage, free now
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j, off_m, gate_row, up_row, j < k_tiles, STAGES,
-                   GATHER, a_ptr, a_rows, a_ok, a_cols, K)
-            g0, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, ki + 1, STAGES, GATHER)
-            a0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask)
-            sg0 = a0 * gl.load(wg_s_ptr + (ki + 1) * stride_wsk)
-            su0 = a0 * gl.load(wu_s_ptr + (ki + 1) * stride_wsk)
-            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g1, u1))  # block ki's pair
-            acc_g = acc_g + dg * sg1[:, None]
-            acc_u = acc_u + du * su1[:, None]
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, j + 1, off_m, gate_row, up_row, j + 1 < k_tiles,
-                   STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
-        if k_tiles % 2 == 0:
-            g1, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, k_tiles - 1, STAGES, GATHER)
-            a1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask)
-            sg1 = a1 * gl.load(wg_s_ptr + (k_tiles - 1) * stride_wsk)
-            su1 = a1 * gl.load(wu_s_ptr + (k_tiles - 1) * stride_wsk)
-            dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0, u0))
-            acc_g = acc_g + dg * sg0[:, None]
-            acc_u = acc_u + du * su0[:, None]
-            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g1, u1))
-            acc_g = acc_g + dg * sg1[:, None]
-            acc_u = acc_u + du * su1[:, None]
-        else:
-            dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g0, u0))
-            acc_g = acc_g + dg * sg0[:, None]
-            acc_u = acc_u + du * su0[:, None]
+        acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, 0, k_tiles, off_m, gate_row,
+                                    up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
+                                    gl.zeros([BM, BN], gl.float32, mma_layout),
+                                    gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, GATHER, a_ptr, a_rows, a_ok,
+                                    a_cols, K)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
@@ -189,6 +215,82 @@ if HAS_GLUON_HOPPER:
         fence_async_shared()
         _tma_store(c_desc, [off_m, off_n], c_smem)
         tma.store_wait(pendings=0)
+
+    @gluon.jit(do_not_specialize=["programs"])
+    def moe_stage1_persistent_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr,
+                                     sorted_ids_ptr, N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse,
+                                     stride_wsn, stride_wsk, num_pairs, stride_am, programs, GROUP_M: gl.constexpr,
+                                     STAGES: gl.constexpr, WARPS: gl.constexpr, GATHER: gl.constexpr,
+                                     TOPK: gl.constexpr):
+        """`moe_stage1_kernel`'s result from `programs` programs that walk the sort's filled blocks' tiles (tile p,
+        p + programs, ... in the grouped order): the next tile's first STAGES K blocks load before this tile's
+        epilogue, whose TMA store leaves while the next tile's K loop runs. Same arguments, and `programs` (the
+        grid)."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN <= 128)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N_INTER, BN)
+        used_m = gl.load(num_post_ptr) // BM  # the blocks the sort filled (its padded count is a multiple of BM)
+        my_tiles = gl.cdiv(used_m * num_pid_n - pid, programs)
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        _init_ready(ready, STAGES, GATHER, WARPS)
+        pid_m, pid_n = _tile_coords(pid, used_m, num_pid_n, GROUP_M)
+        pid_m = gl.maximum(gl.minimum(pid_m, max_blocks - 1), 0)  # a program with no tile loads nothing (pred)
+        expert = gl.load(expert_ids_ptr + pid_m)
+        a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, pid_m * BM, num_pairs, stride_am, BM, BK, WARPS, TOPK)
+        for i in gl.static_range(STAGES):  # the first tile's first blocks
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, i, pid_m * BM,
+                   expert * 2 * N_INTER + pid_n * BN, expert * 2 * N_INTER + N_INTER + pid_n * BN,
+                   (i < k_tiles) & (my_tiles > 0), STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
+            expert = gl.load(expert_ids_ptr + pid_m)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            gate_row = expert * 2 * N_INTER + off_n
+            up_row = gate_row + N_INTER
+            a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
+            a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, off_m + gl.arange(0, BM, layout=row_layout), num_pairs,
+                                 stride_asm, GATHER, TOPK)
+            wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+            wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+            g0 = t * k_tiles  # this tile's first K step among the program's
+            acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0, k_tiles, off_m, gate_row,
+                                        up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
+                                        gl.zeros([BM, BN], gl.float32, mma_layout),
+                                        gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, GATHER, a_ptr, a_rows,
+                                        a_ok, a_cols, K)
+            # Every stage is free: the next tile's first blocks load now, under this tile's epilogue.
+            nm, nn = _tile_coords(pid + (t + 1) * programs, used_m, num_pid_n, GROUP_M)
+            nm = gl.maximum(gl.minimum(nm, max_blocks - 1), 0)
+            has_next = t + 1 < my_tiles
+            n_expert = gl.load(expert_ids_ptr + nm)
+            n_rows, n_ok, a_cols = _gather_rows(sorted_ids_ptr, nm * BM, num_pairs, stride_am, BM, BK, WARPS, TOPK)
+            for i in gl.static_range(STAGES):
+                _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + k_tiles + i, i, nm * BM,
+                       n_expert * 2 * N_INTER + nn * BN, n_expert * 2 * N_INTER + N_INTER + nn * BN,
+                       (i < k_tiles) & has_next, STAGES, GATHER, a_ptr, n_rows, n_ok, a_cols, K)
+            h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u  # silu(gate) * up
+            tma.store_wait(pendings=0)  # the previous tile's rows have left c_smem
+            c_smem.store(h.to(c_desc.dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
 
     @gluon.jit
     def _load_gu(a_desc, w_desc, a_smem, b_smem, ready, k, off_m, gate_row, up_row, pred, STAGES: gl.constexpr):

@@ -161,6 +161,9 @@ GLUON_MOE_COPY_ROWS = True
 # 0.92-0.97x; at 2048 tokens (m 128) 0.89 / 0.92x.
 GLUON_MOE_STAGE1 = True
 GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-30B-A3B 0.87x
+# The Gluon stage 1 persistent (a program an SM, the next tile's loads under this one's epilogue) in both rules: not
+# yet measured.
+GLUON_MOE_STAGE1_PERSISTENT = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -587,15 +590,15 @@ def _gluon_moe(mean: int) -> tuple[MoeConfig, MoeConfig]:
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
-    return MoeConfig(BLOCK_SIZE_N=64, **common), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT),
-                                                          **common)
+    return (MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common),
+            MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
 
 
 def _gluon_stage1(stage1: MoeConfig) -> MoeConfig:
     """A Triton plan's stage 1 on the Gluon kernel on the same blocks, gathering its own rows: 64-wide gate and up
     tiles, 16 rows a warp, 4 stages."""
     return replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=stage1.BLOCK_SIZE_M // 16,
-                   num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1)
+                   num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT))
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,
