@@ -142,11 +142,13 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
         return
     assert fmoe_tuner.E2E_GLUON_WIDE is False  # the one-MMA stage 1 measured slower (twenty-seventh session)
     assert fmoe_tuner.E2E_GLUON_PERSISTENT is True  # the rule's stage 2
-    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON, p[1].PERSISTENT) for p in pairs] == [(128, 1, 0), (128, 1, 1), (64, 1, 0)]
+    def kinds(plans):  # (block rows, stage 1's GLUON, stage 1 persistent, stage 2 persistent)
+        return [(p[0].BLOCK_SIZE_M, p[0].GLUON, p[0].PERSISTENT, p[1].PERSISTENT) for p in plans]
+
+    assert kinds(pairs) == [(128, 1, 0, 0), (128, 1, 0, 1), (128, 1, 1, 1), (64, 1, 0, 0)]
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", True)
     every = fmoe_tuner.gluon_variants(shape, hopper)
-    assert [(p[0].BLOCK_SIZE_M, p[0].GLUON, p[1].PERSISTENT) for p in every] == [
-        (128, 1, 0), (128, 2, 0), (128, 1, 1), (64, 1, 0)]
+    assert kinds(every) == [(128, 1, 0, 0), (128, 2, 0, 0), (128, 1, 0, 1), (128, 1, 1, 1), (64, 1, 0, 0)]
     for first, second in every:
         check_plan(first, second, "per_1x128")
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", False)

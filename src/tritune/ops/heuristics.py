@@ -161,8 +161,10 @@ GLUON_MOE_COPY_ROWS = True
 # 0.92-0.97x; at 2048 tokens (m 128) 0.89 / 0.92x.
 GLUON_MOE_STAGE1 = True
 GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-30B-A3B 0.87x
-# The Gluon stage 1 persistent (a program an SM, the next tile's loads under this one's epilogue) in both rules: not
-# yet measured.
+# The Gluon stage 1 persistent (a program an SM, the next tile's loads under this one's epilogue) in both rules. H100,
+# whole op (twenty-seventh session): 0.98-1.04x with the copied rows (E 64, DeepSeek-V2-Lite, Mixtral-8x7B at 4096 /
+# 8192 tokens), 1.06-1.13x with its own gather (E 128, Qwen3-30B-A3B): off; the tuner re-times the 128-row pair with
+# both stages persistent.
 GLUON_MOE_STAGE1_PERSISTENT = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768

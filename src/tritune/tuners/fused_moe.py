@@ -302,6 +302,9 @@ GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N
     # stage 2 persistent: only with E2E_GLUON_PERSISTENT
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1, **_GLUON_PLAN)),
+    # both persistent (the rule's stage 1 is not: 0.98-1.04x the whole op's time where I >= 1024)
+    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, PERSISTENT=1, **_GLUON_PLAN),
+     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1, **_GLUON_PLAN)),
     (MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=4, num_stages=4, **_GLUON_PLAN)),
 )
