@@ -430,18 +430,28 @@ def test_name_round_trip(kernel: str, cfg: MoeConfig, quant: str, activation: st
     assert name_block_m(name) == cfg.BLOCK_SIZE_M  # the CSV reader's check of block_m reads it too
 
 
-def test_shipped_names_parse_unchanged_with_the_levers_off() -> None:
+def test_shipped_names_parse_back_and_pass_the_checks() -> None:
+    """Every shipped tuned row's kernel names read back to the same name, each config passes `check_config`, and a
+    stage pair agrees on the plan-level options (`check_plan`); none adds with atomics (the op's default is
+    deterministic where the tuner's rows are)."""
     from pathlib import Path
 
     from tritune.store.fmoe_csv import read_tuned
 
-    names = [(row, name) for path in sorted((Path(fm.__file__).parent.parent / "configs").rglob("*fmoe*.csv"))
-             for row in read_tuned(path) for name in (row.kernelName1, row.kernelName2) if name.startswith("moe_")]
-    assert names
-    for row, name in names:
-        kind, cfg = MoeConfig.parse_name(name)
-        assert cfg.name(kind, row.shape.q_type, row.shape.act_type) == name
-        assert (cfg.SORTED_INTER, cfg.TOPK_ATOMIC) == (0, 0)
+    rows = [row for path in sorted((Path(fm.__file__).parent.parent / "configs").rglob("*fmoe*.csv"))
+            for row in read_tuned(path)]
+    assert rows
+    for row in rows:
+        quant, act = row.shape.q_type, row.shape.act_type
+        names = [name for name in (row.kernelName1, row.kernelName2) if name.startswith("moe_")]
+        parsed = [MoeConfig.parse_name(name) for name in names]
+        assert parsed, row
+        for (kind, cfg), name in zip(parsed, names, strict=True):
+            assert cfg.name(kind, quant, act) == name
+            fm.check_config(cfg, kind, quant)
+            assert not cfg.TOPK_ATOMIC, name
+        if len(parsed) == 2:
+            fm.check_plan(parsed[0][1], parsed[1][1], quant)
 
 
 def test_name_rejects_unknown_kernel() -> None:
