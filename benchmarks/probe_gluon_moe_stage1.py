@@ -9,9 +9,9 @@ by kernel (warm L2).
         [--variants 128:64:4:8:8] [--out F]
 
 A variant is BM:BN:STAGES:WARPS:GROUP_M[:MODE[:P]]; BN is the gate's (and the up's) width, so a tile holds 2·BN columns
-of w1; MODE 1 runs `moe_stage1_wide_kernel` (one 2·BN-wide MMA a K block) instead of two BN-wide MMAs; MODE 2 the
-two-MMA kernel copying each pair's token row itself (GATHER, cp.async) instead of reading gathered rows through TMA;
-P 1 the persistent kernel (`moe_stage1_persistent_kernel`, a program a SM) with MODE 0 or 2.
+of w1; MODE 2 has the kernel copy each pair's token row itself (GATHER, cp.async) instead of reading gathered rows
+through TMA (MODE 1 was a one-MMA kernel, removed after it measured slower); P 1 runs the persistent kernel
+(`moe_stage1_persistent_kernel`, a program a SM).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_persistent_kernel, moe_stage1_wide_kernel
+    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_persistent_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from probe_gluon_moe_stage2 import checked_timing, expert_rows, op_kernels, sorted_operand  # noqa: E402
@@ -40,8 +40,9 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     from tritune.kernels.quant import quantize_blocks
 
     bm, bn, stages, warps, group, mode, persistent = (int(x) for x in (variant + ":0:0").split(":")[:7])
-    kernel = moe_stage1_wide_kernel if mode == 1 else moe_stage1_persistent_kernel if persistent else \
-        moe_stage1_kernel
+    if mode not in (0, 2):
+        raise SystemExit(f"probe_gluon_moe_stage1: variant {variant!r}: MODE is 0 (copied rows) or 2 (own gather)")
+    kernel = moe_stage1_persistent_kernel if persistent else moe_stage1_kernel
     sort, _, _ = sorted_operand(ti, bm, experts, 128, 0)
     topk = ti.shape[1]
     gen = torch.Generator(device="cuda").manual_seed(tokens + 2)
@@ -60,13 +61,12 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     head = (descriptor(a_op, [bm, 128]), descriptor(q1.reshape(experts * 2 * inter, d), [bn, 128]),
             descriptor(inter_out, [bm, bn]), s_op, s1, sort.expert_ids, sort.num_tokens_post_padded)
     values = (inter, d, max_blocks, s_op.stride(0), s_op.stride(1), s1.stride(0), s1.stride(1), s1.stride(2))
-    args, extra = head + values, {}
-    if mode != 1:  # moe_stage1_kernel: A's token rows and the sorted pairs (read with GATHER), their count, the stride
-        args = head + (t8, sort.sorted_token_ids) + values + (ti.numel(), t8.stride(0))
-        extra = {"GATHER": gather, "TOPK": topk}
-        if persistent:
-            grid = (min(torch.cuda.get_device_properties(0).multi_processor_count, grid[0]),)
-            args += (grid[0],)
+    # A's token rows and the sorted pairs (read with GATHER), their count, A's row stride
+    args = head + (t8, sort.sorted_token_ids) + values + (ti.numel(), t8.stride(0))
+    extra = {"GATHER": gather, "TOPK": topk}
+    if persistent:
+        grid = (min(torch.cuda.get_device_properties(0).multi_processor_count, grid[0]),)
+        args += (grid[0],)
 
     def fn():
         kernel[grid](*args, GROUP_M=group, STAGES=stages, WARPS=warps, num_warps=warps, **extra)

@@ -1,9 +1,10 @@
 """The fused MoE's Gluon per_1x128 stages without a GPU: what a GLUON config must hold (one-line refusals naming the
 field), its kernel name (GL1 only when on, parsed back), the op's fallback to the Triton plan where Gluon cannot
 run, the tuner's Gluon pairs, and the kernels compiled for sm_90 as the tuner's compile pool builds them
-(`fused_moe_compile.compile_only`; stage 1 in both forms, GLUON 1 and 2), their MMAs kept in flight
-(`wgmma.wait_group` 2 for stage 1's gate and up pair, 1 for one MMA a K block), not serialized by ptxas (C7514 /
-C7512) and not spilling. The kernels run on a Hopper GPU in tests/test_gluon_moe_gpu.py."""
+(`fused_moe_compile.compile_only`; stage 1 on the copied rows and gathering its own, one tile a program and
+persistent), their MMAs kept in flight (`wgmma.wait_group` 2 for stage 1's gate and up pair, 1 for stage 2's one MMA
+a K block), not serialized by ptxas (C7514 / C7512) and not spilling. The kernels run on a Hopper GPU in
+tests/test_gluon_moe_gpu.py."""
 
 from __future__ import annotations
 
@@ -25,10 +26,8 @@ S2 = MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, GL
 def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(S1, "stage1", "per_1x128")
     check_config(S2, "stage2", "per_1x128")
-    check_config(dataclasses.replace(S1, GLUON=2), "stage1", "per_1x128")  # one MMA over the gate and up rows
     check_config(dataclasses.replace(S2, PERSISTENT=1), "stage2", "per_1x128")  # the persistent Gluon stage 2
     check_config(dataclasses.replace(S1, PERSISTENT=1), "stage1", "per_1x128")  # and stage 1
-    assert dataclasses.replace(S1, GLUON=2).name("stage1", "per_1x128").endswith("_GL2")
     name = S1.name("stage1", "per_1x128")
     assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
     assert "GL" not in dataclasses.replace(S1, GLUON=0).name("stage1", "per_1x128")  # old names read back unchanged
@@ -40,15 +39,11 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage1", "per_1x128", {"BLOCK_SIZE_K": 64}, "GLUON takes BLOCK_SIZE_K 128"),
     ("stage2", "per_1x128", {"BLOCK_SIZE_N": 256}, "BLOCK_SIZE_N 64 or 128"),
     ("stage2", "per_1x128", {"num_warps": 4}, "BLOCK_SIZE_M 16 x num_warps"),  # 128 rows on 4 warps
-    ("stage1", "per_1x128", {"GLUON": 2, "GATHER_A": 0}, "GLUON 2 stage 1's rows too"),
     ("stage2", "per_1x128", {"SORTED_INTER": 1}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
-    ("stage1", "per_1x128", {"GLUON": 2, "PERSISTENT": 1}, "stage 1 too on the Gluon kernel, GLUON 1"),
     ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
-    ("stage2", "per_1x128", {"GLUON": 3}, "GLUON must be 0, 1 or 2"),
-    ("stage2", "per_1x128", {"GLUON": 2}, "GLUON 2 .* is stage 1's"),
-    ("stage1", "per_1x128", {"GLUON": 2, "BLOCK_SIZE_N": 128}, "with BLOCK_SIZE_N 64"),
+    ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),  # 2 was a one-MMA stage 1, removed
 ])
 def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -95,8 +90,6 @@ dims = MoeDims(tokens=4096, topk=6, experts=64, model_dim=2048, inter_dim=1408, 
 for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, **plan)),
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **plan)),
-                    ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4,
-                                         **{**plan, "GLUON": 2})),
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1,
                                          **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4,
@@ -116,11 +109,11 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
 @pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
 def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     report = compile_report(_CHILD)
-    assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage1 128x64 GL2",
-                           "stage2 128x128 GL1 PS1", "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather",
-                           "stage1 128x64 GL1 PS1", "stage1 64x64 GL1 PS1 gather"}
+    assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage2 128x128 GL1 PS1",
+                           "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
+                           "stage1 64x64 GL1 PS1 gather"}
     for name, r in report.items():
-        two_groups = name.startswith("stage1") and "GL1" in name  # gate and up, one MMA each a K block
+        two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
         assert_asynchronous(name, r)
 
@@ -140,25 +133,19 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
     if not HAS_GLUON_HOPPER:
         assert pairs == []
         return
-    assert fmoe_tuner.E2E_GLUON_WIDE is False  # the one-MMA stage 1 measured slower (twenty-seventh session)
     assert fmoe_tuner.E2E_GLUON_PERSISTENT is True  # the rule's stage 2
+
     def kinds(plans):  # (block rows, stage 1's GLUON, stage 1 persistent, stage 2 persistent)
         return [(p[0].BLOCK_SIZE_M, p[0].GLUON, p[0].PERSISTENT, p[1].PERSISTENT) for p in plans]
 
     assert kinds(pairs) == [(128, 1, 0, 0), (128, 1, 0, 1), (128, 1, 1, 1), (64, 1, 0, 0)]
-    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", True)
-    every = fmoe_tuner.gluon_variants(shape, hopper)
-    assert kinds(every) == [(128, 1, 0, 0), (128, 2, 0, 0), (128, 1, 0, 1), (128, 1, 1, 1), (64, 1, 0, 0)]
-    for first, second in every:
+    for first, second in pairs:
         check_plan(first, second, "per_1x128")
-    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WIDE", False)
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", False)
     assert [(p[0].BLOCK_SIZE_M, p[1].PERSISTENT) for p in fmoe_tuner.gluon_variants(shape, hopper)] == [
         (128, 0), (64, 0)]
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", True)
     assert all(p[1].GLUON == 1 for p in pairs)
-    for first, second in pairs:
-        check_plan(first, second, "per_1x128")
     fast = fmoe_tuner.Choice((dataclasses.replace(S1, GLUON=0, GATHER_A=0),
                               dataclasses.replace(S2, GLUON=0, GATHER_A=0)), 700.0, 0.0, 300.0, 0.0)
     chosen = fmoe_tuner.with_gluon_variants([fast], shape, hopper)

@@ -175,9 +175,6 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
                 num_stages=cfg.num_stages, grid=(1,))
     if stage1:
         out = descriptor(MockTensor(dims.dtype, [rows, n]), [bm, bn])
-        if cfg.GLUON == 2:
-            return gluon_moe.moe_stage1_wide_kernel.warmup(a, w, out, f32, f32, i32, i32, n, k, num_pid_m, groups, 1,
-                                                          *strides, **meta)
         if not cfg.GATHER_A:  # the kernel copies each pair's token row: A's descriptor is over the tokens' rows
             a = descriptor(MockTensor(FP8, [dims.numel // dims.topk, k]), [bm, SCALE_BLOCK])
         args = (a, w, out, f32, f32, i32, i32, FP8, i32, n, k, num_pid_m, groups, 1, *strides, dims.numel, k)

@@ -65,8 +65,7 @@ class MoeConfig:
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
     PERSISTENT: int = 0  # stage 2 (Gluon: stage 1 too), loads through TMA: 1 = a persistent program walks tiles
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
-    # per_1x128 stage kernels on Hopper, A through TMA: 1 = the Gluon kernel (kernels/gluon_moe.py); 2 (stage 1) = its
-    # one-MMA variant (gate and up in one B tile: moe_stage1_wide_kernel)
+    # per_1x128 stage kernels on Hopper: 1 = the Gluon kernel (kernels/gluon_moe.py)
     GLUON: int = 0
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
@@ -178,7 +177,7 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: WARP_SPEC (0 or 1) is for stage 2 with every load through "
                          "TMA: USE_TMA 1 and SORTED_INTER 2")
     if config.PERSISTENT not in (0, 1) or (config.PERSISTENT and (
-            (kernel != "stage2" and not (kernel == "stage1" and config.GLUON == 1)) or not config.USE_TMA
+            (kernel != "stage2" and not (kernel == "stage1" and config.GLUON)) or not config.USE_TMA
             or config.SORTED_INTER != 2 or config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC
             or quant not in PERSISTENT_QUANTS)):
         raise ValueError(f"{config.name(kernel, quant)}: PERSISTENT (0 or 1) is for stage 2 (stage 1 too on the "
@@ -190,9 +189,9 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
-    if config.GLUON not in (0, 1, 2) or (config.GLUON and gluon_problem(config, kernel, quant)):
+    if config.GLUON not in (0, 1) or (config.GLUON and gluon_problem(config, kernel, quant)):
         raise ValueError(f"{config.name(kernel, quant)}: " + (gluon_problem(config, kernel, quant)
-                                                               or "GLUON must be 0, 1 or 2"))
+                                                               or "GLUON must be 0 or 1"))
     if config.SWAP_AB and kernel == "1stage":
         _check_1stage_swap(config, quant)
     if config.SWAP_AB and quant == MXFP4 and config.BLOCK_SIZE_N > 16 * config.num_warps:
@@ -224,25 +223,20 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
 def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     """Why `config` cannot run on the Gluon stage kernels (kernels/gluon_moe.py), None when it can: a stage kernel of
     per_1x128 with the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2; stage 1's rows through
-    TMA from the GATHER_A copy, or copied by the kernel itself without it; GLUON 2 only the former), BLOCK_SIZE_K 128,
-    BLOCK_SIZE_N 64 or 128 (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the
-    Triton kernels' other options (KSPLIT 1; no SWAP_AB, WARP_SPEC, SCALE_TMA, TOPK_ATOMIC). GLUON 2 is stage 1 as
-    one MMA over the gate and up rows; PERSISTENT with GLUON 1 is either stage's persistent Gluon kernel."""
+    TMA from the GATHER_A copy, or copied by the kernel itself without it), BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128
+    (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the Triton kernels' other
+    options (KSPLIT 1; no SWAP_AB, WARP_SPEC, SCALE_TMA, TOPK_ATOMIC). PERSISTENT is either stage's persistent Gluon
+    kernel."""
     if kernel == "1stage" or quant != "per_1x128":
         return f"GLUON is for the per_1x128 stage kernels, not {kernel} with {quant}"
-    if config.GLUON == 2 and (kernel != "stage1" or config.BLOCK_SIZE_N != 64):
-        return "GLUON 2 (one MMA over the gate and up rows) is stage 1's, with BLOCK_SIZE_N 64"
     if config.BLOCK_SIZE_K != SCALE_BLOCK or config.BLOCK_SIZE_N not in (64, 128) or config.num_warps not in (4, 8) \
             or config.BLOCK_SIZE_M != 16 * config.num_warps:
         return ("GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, 128 "
                 "on 8)")
-    if not config.USE_TMA or config.SORTED_INTER != 2 or (config.GLUON == 2 and not config.GATHER_A):
-        return ("GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2), GLUON 2 stage "
-                "1's rows too (GATHER_A 1)")
-    if config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC or config.SCALE_TMA or config.TOPK_ATOMIC \
-            or (config.PERSISTENT and config.GLUON != 1):
-        return ("GLUON is its own kernel: KSPLIT 1, no SWAP_AB, WARP_SPEC, SCALE_TMA or TOPK_ATOMIC (PERSISTENT: "
-                "the persistent Gluon kernels, GLUON 1)")
+    if not config.USE_TMA or config.SORTED_INTER != 2:
+        return "GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2)"
+    if config.KSPLIT != 1 or config.SWAP_AB or config.WARP_SPEC or config.SCALE_TMA or config.TOPK_ATOMIC:
+        return "GLUON is its own kernel: KSPLIT 1, no SWAP_AB, WARP_SPEC, SCALE_TMA or TOPK_ATOMIC"
     return None
 
 

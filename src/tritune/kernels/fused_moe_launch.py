@@ -416,18 +416,16 @@ class MoeLaunch:
         if kernel == "stage1":
             out_desc = self._descriptor(target, (self.inter_rows, n), pieces.items[target[1]][0], [bm, bn], example,
                                         "GLUON (the intermediate through TMA)", gluon=True)
-            values = [("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)]
-            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2)] + values + tail
-            fn = gluon_moe.moe_stage1_wide_kernel
-            if cfg.GLUON == 1:  # A's rows by pointer too (read only with GATHER), the sorted pairs, their count
-                counts = [("v", numel), ("v", k)]
-                fn = gluon_moe.moe_stage1_kernel
-                if cfg.PERSISTENT:  # a program a SM walks the filled blocks' tiles
-                    grid = (min(programs_per_wave(w_t.device), grid[0]),)
-                    counts.append(("v", grid[0]))
-                    fn = gluon_moe.moe_stage1_persistent_kernel
-                recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2), a, ("p", 0)] + values + \
-                    counts + tail + [("v", gather), ("v", topk)]
+            # A's rows by pointer too (read only with GATHER), the sorted pairs, their count, A's row stride
+            counts = [("v", numel), ("v", k)]
+            fn = gluon_moe.moe_stage1_kernel
+            if cfg.PERSISTENT:  # a program a SM walks the filled blocks' tiles
+                grid = (min(programs_per_wave(w_t.device), grid[0]),)
+                counts.append(("v", grid[0]))
+                fn = gluon_moe.moe_stage1_persistent_kernel
+            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2), a, ("p", 0)] + [
+                ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + counts + tail + [("v", gather),
+                                                                                             ("v", topk)]
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel

@@ -7,12 +7,10 @@ twenty-fifth and twenty-sixth sessions) against the op's Triton stage kernels: s
 tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
 
 - Stage 1 (`moe_stage1_kernel`): A is the activation rows gathered into the sort's order (the op's GATHER_A copy),
-  read through TMA like w1's gate and up tiles (two MMA groups a K block); silu(gate) · up leaves through TMA into the
-  intermediate in the sort's order (SORTED_INTER 2).
-- `moe_stage1_wide_kernel` (MoeConfig.GLUON 2): stage 1 with one MMA a K block over a B tile holding the gate and
-  the up rows. Measured on the H100 (twenty-seventh session): 1.02-1.04x the two-MMA kernel's time at E 64 and
-  DeepSeek-V2-Lite, 4096-8192 tokens, 1.00x at E 128; in no rule, and in the tuner's end-to-end pairs only with
-  `tuners.fused_moe.E2E_GLUON_WIDE` (off).
+  read through TMA like w1's gate and up tiles, or (GATHER) each pair's token row copied by the kernel itself with
+  cp.async; two MMA groups a K block (gate, up); silu(gate) · up leaves through TMA into the intermediate in the
+  sort's order (SORTED_INTER 2). One 128-wide MMA over the gate and up rows instead (a kernel of the twenty-sixth
+  session) measured 1.00-1.04x its time and was removed.
 - `moe_stage1_persistent_kernel` (GLUON 1 with PERSISTENT 1 on stage 1): the same from a program a SM; measured no
   faster (0.98-1.04x the whole op with the copied rows, 1.06-1.13x gathering its own): in the tuner's pairs only.
 - `moe_stage2_persistent_kernel` (GLUON 1 with PERSISTENT 1): stage 2 from a program a SM walking the filled
@@ -43,9 +41,8 @@ if HAS_GLUON_HOPPER:
 
     from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords, _tma_load, _tma_store
 
-    # The CTA-wide barrier: `thread_barrier` in Triton 3.6, `barrier` from 3.7; cp.async into shared memory:
-    # `async_copy_global_to_shared` in 3.6, `async_load` later (the old name raises there)
-    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6, `async_load` later (the old name
+    # raises there)
     _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
@@ -294,115 +291,6 @@ if HAS_GLUON_HOPPER:
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
-
-    @gluon.jit
-    def _load_gu(a_desc, w_desc, a_smem, b_smem, ready, k, off_m, gate_row, up_row, pred, STAGES: gl.constexpr):
-        """K block k of A's rows, and w1's gate rows then up rows into the two halves of one B tile."""
-        s = k % STAGES
-        BH: gl.constexpr = w_desc.block_type.shape[0]
-        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
-        _tma_load(w_desc, [gate_row, k * 128], ready.index(s), b_smem.index(s).slice(0, BH), pred=pred)
-        _tma_load(w_desc, [up_row, k * 128], ready.index(s), b_smem.index(s).slice(BH, BH), pred=pred)
-
-
-    @gluon.jit
-    def _issue1(a_smem, b_smem, ready, regs, k, STAGES: gl.constexpr):
-        """Block k's one MMA over the gate and up halves, from zero (into `regs`' registers, unread)."""
-        s = k % STAGES
-        mbarrier.wait(ready.index(s), phase=(k // STAGES) & 1)
-        return warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
-
-
-    @gluon.jit
-    def _colscale(a_s_ptrs, wg_ptr, wu_ptr, k, stride_ask, stride_wsk, gate_cols):
-        """Block k's rescale of each row for the gate half and for the up half: (a_s · wg, a_s · wu), [BM] each."""
-        a = gl.load(a_s_ptrs + k * stride_ask)
-        return a * gl.load(wg_ptr + k * stride_wsk), a * gl.load(wu_ptr + k * stride_wsk)
-
-
-    @gluon.jit
-    def _halves(gate_cols, s_gate, s_up):
-        """A [BM, 2·BH] tile's rescale: each row's gate scale on the gate half's columns, its up scale on the rest."""
-        return gl.where(gate_cols[None, :], s_gate[:, None], s_up[:, None])
-
-    @gluon.jit
-    def moe_stage1_wide_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, N_INTER, K,
-                               max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
-                               GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-        """`moe_stage1_kernel`'s result with one 2·BH-wide MMA a K block instead of two BH-wide ones: the gate rows and
-        the up rows land in the two halves of one B tile, each half rescaled by its own weight scale (a per-row select
-        between the two products), and the halves are taken apart in shared memory for silu(gate) · up. Same arguments;
-        w_desc's block is [BH, 128]. Measured 1.00-1.04x the two-MMA kernel's time (H100, twenty-seventh session)."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BH: gl.constexpr = w_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        gl.static_assert(BK == 128)
-        gl.static_assert(BH <= 64)
-        pid_m, pid_n = _tile_coords(gl.program_id(0), max_blocks, gl.cdiv(N_INTER, BH), GROUP_M)
-        if pid_m * BM >= gl.load(num_post_ptr):
-            return
-        expert = gl.load(expert_ids_ptr + pid_m)
-        off_m = pid_m * BM
-        off_n = pid_n * BH
-        gate_row = expert * 2 * N_INTER + off_n
-        up_row = gate_row + N_INTER
-        k_tiles = gl.cdiv(K, BK)
-
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                              instr_shape=[16, 2 * BH, 32])
-        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 2 * BH, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            _load_gu(a_desc, w_desc, a_smem, b_smem, ready, i, off_m, gate_row, up_row, i < k_tiles, STAGES)
-
-        rows = off_m + gl.arange(0, BM, layout=row_layout)
-        gate_cols = gl.arange(0, 2 * BH, layout=col_layout) < BH
-        a_s_ptrs = as_ptr + rows * stride_asm
-        wg_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        wu_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
-        acc = gl.zeros([BM, 2 * BH], gl.float32, mma_layout)
-        p0 = _issue1(a_smem, b_smem, ready, acc, 0, STAGES)
-        sg0, su0 = _colscale(a_s_ptrs, wg_ptr, wu_ptr, 0, stride_ask, stride_wsk, gate_cols)
-        for ki in range(1, k_tiles - 1, 2):
-            p1 = _issue1(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
-            sg1, su1 = _colscale(a_s_ptrs, wg_ptr, wu_ptr, ki, stride_ask, stride_wsk, gate_cols)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * _halves(gate_cols, sg0, su0)
-            j = ki - 1 + STAGES
-            _load_gu(a_desc, w_desc, a_smem, b_smem, ready, j, off_m, gate_row, up_row, j < k_tiles, STAGES)
-            p0 = _issue1(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
-            sg0, su0 = _colscale(a_s_ptrs, wg_ptr, wu_ptr, ki + 1, stride_ask, stride_wsk, gate_cols)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * _halves(gate_cols, sg1, su1)
-            _load_gu(a_desc, w_desc, a_smem, b_smem, ready, j + 1, off_m, gate_row, up_row, j + 1 < k_tiles, STAGES)
-        if k_tiles % 2 == 0:
-            p1 = _issue1(a_smem, b_smem, ready, acc * 0.0, k_tiles - 1, STAGES)
-            sg1, su1 = _colscale(a_s_ptrs, wg_ptr, wu_ptr, k_tiles - 1, stride_ask, stride_wsk, gate_cols)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * _halves(gate_cols, sg0, su0)
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * _halves(gate_cols, sg1, su1)
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * _halves(gate_cols, sg0, su0)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-
-        # gate | up side by side in one accumulator: through shared memory to take the halves apart
-        scratch_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        scratch = gl.allocate_shared_memory(gl.float32, [BM, 2 * BH], scratch_layout)
-        scratch.store(acc)
-        _cta_barrier()
-        half_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BH // 4), BH // 4], [WARPS, 1], [1, 0])
-        g = scratch.slice(0, BH, dim=1).load(half_layout)
-        u = scratch.slice(BH, BH, dim=1).load(half_layout)
-        h = g / (1.0 + gl.exp(-g)) * u
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BH], c_desc.layout)
-        c_smem.store(h.to(c_desc.dtype))
-        fence_async_shared()
-        _tma_store(c_desc, [off_m, off_n], c_smem)
-        tma.store_wait(pendings=0)
 
     @gluon.jit
     def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,

@@ -288,16 +288,11 @@ def with_lever_variant(choices: list[Choice], shape: FmoeShape, device: DeviceIn
 # alone, the 64-row stage kernels 0.85-0.96x the op's at E 64 I 1536 and 1024-8192 tokens.
 E2E_GLUON_VARIANTS = True
 # The persistent Gluon stage 2 (GLUON 1 with PERSISTENT 1; the rule's since the twenty-seventh session: 0.97-1.00x
-# the whole op's time) joins them. The one-MMA stage 1 (GLUON 2) does not: alone 1.02-1.04x the two-MMA stage 1's
-# time at E 64 and DeepSeek-V2-Lite, 4096-8192 tokens, 1.00x at E 128.
-E2E_GLUON_WIDE = False
+# the whole op's time) joins them, alone and with the persistent stage 1 (0.98-1.04x: a row may still gain).
 E2E_GLUON_PERSISTENT = True
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
-     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
-    # stage 1 as one MMA over the gate and up rows (GLUON 2): only with E2E_GLUON_WIDE
-    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **{**_GLUON_PLAN, "GLUON": 2}),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, **_GLUON_PLAN)),
     # stage 2 persistent: only with E2E_GLUON_PERSISTENT
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
@@ -320,7 +315,7 @@ def gluon_variants(shape: FmoeShape, device: DeviceInfo) -> list[Plan]:
             and not shape.doweight_stage1 and shape.model_dim % 128 == 0 and shape.inter_dim % 128 == 0):
         return []
     return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0
-            and (E2E_GLUON_WIDE or pair[0].GLUON != 2) and (E2E_GLUON_PERSISTENT or not pair[1].PERSISTENT)]
+            and (E2E_GLUON_PERSISTENT or not pair[1].PERSISTENT)]
 
 
 def with_gluon_variants(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
