@@ -28,6 +28,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(S2, "stage2", "per_1x128")
     check_config(dataclasses.replace(S2, PERSISTENT=1), "stage2", "per_1x128")  # the persistent Gluon stage 2
     check_config(dataclasses.replace(S1, PERSISTENT=1), "stage1", "per_1x128")  # and stage 1
+    check_config(dataclasses.replace(S1, QUANT_OUT=1), "stage1", "per_1x128")  # stage 1 writing fp8 itself
+    name = dataclasses.replace(S1, QUANT_OUT=1).name("stage1", "per_1x128")
+    assert name.endswith("_GL1_QO1") and MoeConfig.parse_name(name)[1].QUANT_OUT == 1
     name = S1.name("stage1", "per_1x128")
     assert name.endswith("_SI2_GA1_GL1") and MoeConfig.parse_name(name) == ("stage1", S1)
     assert "GL" not in dataclasses.replace(S1, GLUON=0).name("stage1", "per_1x128")  # old names read back unchanged
@@ -44,13 +47,19 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),  # 2 was a one-MMA stage 1, removed
+    ("stage2", "per_1x128", {"QUANT_OUT": 1}, "QUANT_OUT .* is the Gluon stage 1's"),
+    ("stage1", "per_1x128", {"QUANT_OUT": 1, "BLOCK_SIZE_N": 128}, "QUANT_OUT .* BLOCK_SIZE_N 64"),
+    ("stage1", "per_1x128", {"QUANT_OUT": 1, "PERSISTENT": 1}, "QUANT_OUT .* one tile a program"),
+    ("stage1", "per_1x128", {"QUANT_OUT": 1, "GLUON": 0}, r"QUANT_OUT .*\(GLUON 1"),
+    ("stage1", "per_1x128", {"QUANT_OUT": 2}, "QUANT_OUT \\(0 or 1\\)"),
 ])
 def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_config(dataclasses.replace(S2 if kernel == "stage2" else S1, **changes), kernel, quant)
 
 
-def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch) -> None:
+@pytest.mark.parametrize("quant_out", [0, 1], ids=["bf16-intermediate", "stage-1-quantizes"])
+def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch, quant_out: int) -> None:
     """A choice naming GLUON (a file tuned on Hopper, or the rule's there) on the interpreter or another GPU: the op
     binds the rule table's plan without Gluon and gives the reference's result."""
     from tritune.kernels import fused_moe_launch
@@ -74,8 +83,8 @@ def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch) -> None:
     weights = torch.softmax(torch.randn(9, 2, generator=gen), dim=1)
     ops = [t.to(device) for t in (q1, q2, weights, ids, s1, s2)]
     got = fused_moe(hidden, ops[0], ops[1], ops[2], ops[3], quant="per_1x128", w1_scale=ops[4], w2_scale=ops[5],
-                    choice=MoeChoice(False, S1, S2, "test"))
-    assert len(bound) == 1 and not bound[0][0].GLUON and not bound[0][1].GLUON
+                    choice=MoeChoice(False, dataclasses.replace(S1, QUANT_OUT=quant_out), S2, "test"))
+    assert len(bound) == 1 and not bound[0][0].GLUON and not bound[0][1].GLUON and not bound[0][0].QUANT_OUT
     ref = fused_moe_reference(hidden, ops[0], ops[1], ops[2], ops[3], quant="per_1x128", w1_scale=ops[4],
                               w2_scale=ops[5])
     assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 2e-2
@@ -99,9 +108,13 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, PERSISTENT=1,
                                          **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, PERSISTENT=1,
+                                         **{**plan, "GATHER_A": 0})),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, QUANT_OUT=1,
+                                         **plan)),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, QUANT_OUT=1,
                                          **{**plan, "GATHER_A": 0}))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
-    name += "" if cfg.GATHER_A or kernel == "stage2" else " gather"
+    name += ("" if cfg.GATHER_A or kernel == "stage2" else " gather") + (" QO1" if cfg.QUANT_OUT else "")
     report[name] = ptxas_report(compile_only(kernel, dims, cfg).asm["ptx"])
 """
 
@@ -111,7 +124,7 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     report = compile_report(_CHILD)
     assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage2 128x128 GL1 PS1",
                            "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
-                           "stage1 64x64 GL1 PS1 gather"}
+                           "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1"}
     for name, r in report.items():
         two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
@@ -141,6 +154,12 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
     assert kinds(pairs) == [(128, 1, 0, 0), (128, 1, 0, 1), (128, 1, 1, 1), (64, 1, 0, 0)]
     for first, second in pairs:
         check_plan(first, second, "per_1x128")
+    assert fmoe_tuner.E2E_GLUON_QUANT_OUT is False  # not yet run on a GPU
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_QUANT_OUT", True)
+    with_quant = fmoe_tuner.gluon_variants(shape, hopper)
+    assert with_quant[:-1] == pairs and with_quant[-1][0].QUANT_OUT == 1
+    check_plan(*with_quant[-1], "per_1x128")
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_QUANT_OUT", False)
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", False)
     assert [(p[0].BLOCK_SIZE_M, p[1].PERSISTENT) for p in fmoe_tuner.gluon_variants(shape, hopper)] == [
         (128, 0), (64, 0)]

@@ -1,8 +1,9 @@
 """The fused MoE's per_1x128 stages on the Gluon kernels (kernels/gluon_moe.py), through the op on a Hopper GPU:
 against the fp32 reference on odd shapes (experts with no tokens, one expert taking every token, token counts no
 block divides, D and I crossing 128-wide scale blocks), bit-equal as a CUDA-graph replay, the rule table's own
-choice, and the Triton plan where the Gluon one cannot run. Gluon has no interpreter: on anything but a Hopper GPU
-with Triton's Gluon API these skip with that reason (the CPU suite compiles the kernels: tests/test_gluon_moe.py)."""
+choice, the Triton plan where the Gluon one cannot run, and stage 1 quantizing its own output bit-equal to the
+op's quantization launch. Gluon has no interpreter: on anything but a Hopper GPU with Triton's Gluon API these skip
+with that reason (the CPU suite compiles the kernels: tests/test_gluon_moe.py)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,26 @@ def test_one_expert_taking_every_token_and_empty_experts(own_gather: bool) -> No
     if own_gather:  # and stage 1 persistent: one program walks the five blocks' tiles
         pair = (dataclasses.replace(pair[0], PERSISTENT=1), pair[1])
     _check(_run(x, MoeChoice(False, *pair, "test")), x)
+
+
+@pytest.mark.parametrize("own_gather", [False, True], ids=["gluon-pair", "gluon-stage-1-then-triton"])
+@pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
+    (300, 384, 256, 8, 2),  # two scale groups a row
+    (77, 640, 384, 16, 3),  # three; some experts get no tokens
+])
+def test_stage_1_quantizing_its_output_matches_the_quantization_launch(own_gather, tokens, d, inter, experts,
+                                                                      topk) -> None:
+    """QUANT_OUT: stage 1 writes the fp8 intermediate and its 1x128 scales itself (two 64-wide tiles a program, no
+    quantization launch): the op's output bit-equal to the same plan with the launch, and the reference's."""
+    x = _moe(tokens, d, inter, experts, topk, seed=7)
+    if own_gather:  # the rule's plan below I 1024: stage 1 gathering its own rows, the persistent Triton stage 2
+        s1, s2 = _own_rows(S1_64, dataclasses.replace(S2_PERSISTENT, BLOCK_SIZE_M=64, num_warps=4))
+    else:
+        s1, s2 = S1_128, dataclasses.replace(S2_128, PERSISTENT=1)
+    plain = _run(x, MoeChoice(False, s1, s2, "test"))
+    fused = _run(x, MoeChoice(False, dataclasses.replace(s1, QUANT_OUT=1), s2, "test"))
+    assert torch.equal(fused, plain)
+    _check(fused, x)
 
 
 def test_the_rule_takes_it_and_a_graph_replays_it_bit_equal() -> None:

@@ -9,6 +9,7 @@ from tritune.device import current_device
 from tritune.kernels import gemm as gk
 from tritune.kernels.fused_moe import MoeConfig, check_config, check_plan
 from tritune.kernels.gluon_gemm import smem_bytes as gluon_gemm_smem_bytes
+from tritune.ops import heuristics
 from tritune.ops.heuristics import gemm_heuristic, moe_heuristic
 from tritune.store.fmoe_rows import FmoeShape
 from tritune.tuners.fused_moe_tunable import MoeProblem, one_stage_constraints, stage_constraints
@@ -243,6 +244,16 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
     assert gluon_problem(s1, "stage1", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
     assert moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].GLUON  # from m = 64
+    assert not s1.QUANT_OUT  # stage 1 quantizing its own output: behind GLUON_MOE_QUANT_OUT until measured
+    old = heuristics.GLUON_MOE_QUANT_OUT
+    heuristics.GLUON_MOE_QUANT_OUT = True
+    try:
+        for tokens, dims in ((4096, (4096, 384, 128, 8)), (4096, (2048, 1408, 64, 6))):
+            _, q1, q2 = moe_heuristic(tokens, *dims, "per_1x128", gluon=True)
+            assert q1.QUANT_OUT == 1 and not q2.QUANT_OUT, dims
+            check_plan(q1, q2, "per_1x128")
+    finally:
+        heuristics.GLUON_MOE_QUANT_OUT = old
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
                              (512, (4096, 384, 128, 8), {}),  # m = 32
                              (4096, (4096, 384, 128, 8), {"capability": (8, 0)}),

@@ -179,6 +179,10 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
             a = descriptor(MockTensor(FP8, [dims.numel // dims.topk, k]), [bm, SCALE_BLOCK])
         args = (a, w, out, f32, f32, i32, i32, FP8, i32, n, k, num_pid_m, groups, 1, *strides, dims.numel, k)
         meta |= dict(GATHER=not cfg.GATHER_A, TOPK=dims.topk)
+        if cfg.QUANT_OUT:  # the intermediate in fp8 and its scales, [rows, I/128]
+            out = descriptor(MockTensor(FP8, [rows, n]), [bm, bn])
+            return gluon_moe.moe_stage1_q_kernel.warmup(
+                a, w, out, f32, f32, i32, i32, FP8, i32, f32, *args[9:], triton.cdiv(n, SCALE_BLOCK), **meta)
         if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
             return gluon_moe.moe_stage1_persistent_kernel.warmup(
                 *args, sm_count_for(torch.device("cuda")) or 132, **meta)

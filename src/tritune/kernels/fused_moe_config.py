@@ -27,7 +27,7 @@ SCALE_BLOCK = 128
 # kernel name carries them only when on, so every name written before they existed reads back unchanged.
 PLAN_FIELDS = ("SORTED_INTER", "TOPK_ATOMIC", "GATHER_A")
 # Fields a kernel name shows only when on (so every name written before they existed reads back unchanged).
-OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT", "SCALE_TMA", "GLUON")
+OPTIONAL_FIELDS = (*PLAN_FIELDS, "SWAP_AB", "WARP_SPEC", "PERSISTENT", "SCALE_TMA", "GLUON", "QUANT_OUT")
 
 
 def act_group(quant: str) -> int:
@@ -67,11 +67,13 @@ class MoeConfig:
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
     # per_1x128 stage kernels on Hopper: 1 = the Gluon kernel (kernels/gluon_moe.py)
     GLUON: int = 0
+    # the Gluon stage 1: 1 = it writes the intermediate quantized (fp8, a scale per 128 columns), no quantization launch
+    QUANT_OUT: int = 0
 
     _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
               "num_warps": "W", "num_stages": "S", "KSPLIT": "KS", "BLOCK_SIZE_D": "BD", "USE_TMA": "TMA",
               "SORTED_INTER": "SI", "TOPK_ATOMIC": "TA", "SWAP_AB": "SW", "WARP_SPEC": "WS", "GATHER_A": "GA",
-              "PERSISTENT": "PS", "SCALE_TMA": "ST", "GLUON": "GL"}
+              "PERSISTENT": "PS", "SCALE_TMA": "ST", "GLUON": "GL", "QUANT_OUT": "QO"}
 
     @staticmethod
     def from_params(params: dict) -> MoeConfig:
@@ -189,6 +191,10 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
         raise ValueError(f"{config.name(kernel, quant)}: SCALE_TMA (0 or 1) is for the swapped {MXFP4} GEMM with its "
                          f"weights through TMA (SWAP_AB 1, USE_TMA 1), BLOCK_SIZE_K {RECORD_K} and BLOCK_SIZE_N a "
                          f"multiple of {RECORD_ROWS} (the scale records' tile, kernels/mxfp4_records.py)")
+    if config.QUANT_OUT not in (0, 1) or (config.QUANT_OUT and (
+            kernel != "stage1" or not config.GLUON or config.BLOCK_SIZE_N != 64 or config.PERSISTENT)):
+        raise ValueError(f"{config.name(kernel, quant)}: QUANT_OUT (0 or 1) is the Gluon stage 1's (GLUON 1, "
+                         "BLOCK_SIZE_N 64, one tile a program): it quantizes the intermediate in its epilogue")
     if config.GLUON not in (0, 1) or (config.GLUON and gluon_problem(config, kernel, quant)):
         raise ValueError(f"{config.name(kernel, quant)}: " + (gluon_problem(config, kernel, quant)
                                                                or "GLUON must be 0 or 1"))

@@ -55,6 +55,7 @@ from tritune.kernels.moe_align import AlignLaunch, RideAlong, gemm_blocks, sorte
 from tritune.kernels.mxfp4_records import records_box
 from tritune.kernels.mxfp4_swizzle import check_prepared_device, split_weights, tile_box, tile_view, tile_view_shape
 from tritune.kernels.pdl import plan_pdl
+from tritune.kernels.quant import FP8 as _FP8
 from tritune.kernels.quant import QuantLaunch
 from tritune.knobs import interpreting
 
@@ -330,13 +331,13 @@ class MoeLaunch:
               cfg: MoeConfig, stride_om: int, stride_ok: int, a_row_div: int, gated: bool, act: int,
               mul_weight: bool, quant: str, example: dict, pieces: _Pieces, scale_strides: tuple,
               out_sorted: bool = False, a_sorted: int = 0, atomic_topk: int = 0, a_rows: int | None = None,
-              out_k32: bool = False, swizzled: bool = False) -> None:
+              out_k32: bool = False, swizzled: bool = False, quant_out: tuple | None = None) -> None:
         check_compiles_here(cfg, kernel, quant, triton.__version__, interpreting())
         if cfg.GLUON:
             self._gemm_gluon(kernel=kernel, a=a, a_scale=a_scale, w=w, w_scale=w_scale, target=target,
                              stride_asm=stride_asm, n=n, k=k, numel=numel, cfg=cfg, example=example, pieces=pieces,
                              a_rows=a_rows, gated=gated, act=act, mul_weight=mul_weight, atomic_topk=atomic_topk,
-                             quant_on_load=quant_on_load, stride_om=stride_om, topk=a_row_div)
+                             quant_on_load=quant_on_load, stride_om=stride_om, topk=a_row_div, quant_out=quant_out)
             return
         if swizzled:
             check_swizzled(cfg, quant, kernel, n, gated)
@@ -378,10 +379,11 @@ class MoeLaunch:
     def _gemm_gluon(self, *, kernel: str, a: tuple, a_scale: tuple, w: str, w_scale: tuple, target: tuple,
                     stride_asm: int, n: int, k: int, numel: int, cfg: MoeConfig, example: dict, pieces: _Pieces,
                     a_rows: int | None, gated: bool, act: int, mul_weight: bool, atomic_topk: int,
-                    quant_on_load: bool, stride_om: int, topk: int) -> None:
+                    quant_on_load: bool, stride_om: int, topk: int, quant_out: tuple | None = None) -> None:
         """A per_1x128 stage on the Gluon kernels (kernels/gluon_moe.py; `check_config` holds the config to them):
         w and (stage 1) the intermediate through TMA, A too (stage 2; stage 1 with GATHER_A) or stage 1 copying each
-        pair's token row itself (cp.async; `a_rows` None); ValueError where they cannot run this call."""
+        pair's token row itself (cp.async; `a_rows` None); stage 1 with QUANT_OUT writes `target` in fp8 and the
+        scales `quant_out` = (their piece, groups a row). ValueError where they cannot run this call."""
         from tritune.kernels import gluon_moe
 
         name = cfg.name(kernel, "per_1x128")
@@ -418,14 +420,22 @@ class MoeLaunch:
                                         "GLUON (the intermediate through TMA)", gluon=True)
             # A's rows by pointer too (read only with GATHER), the sorted pairs, their count, A's row stride
             counts = [("v", numel), ("v", k)]
+            pointers = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2), a, ("p", 0)]
             fn = gluon_moe.moe_stage1_kernel
             if cfg.PERSISTENT:  # a program a SM walks the filled blocks' tiles
                 grid = (min(programs_per_wave(w_t.device), grid[0]),)
                 counts.append(("v", grid[0]))
                 fn = gluon_moe.moe_stage1_persistent_kernel
-            recipe = [a_desc, w_desc, out_desc, a_scale, w_scale, ("p", 1), ("p", 2), a, ("p", 0)] + [
-                ("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + counts + tail + [("v", gather),
-                                                                                             ("v", topk)]
+            if cfg.QUANT_OUT:  # a program a 128-column scale group, its scales beside the fp8 rows
+                if quant_out is None or n % (2 * bn):
+                    raise ValueError(f"{name}: QUANT_OUT needs the plan's fp8 intermediate and I (here {n}) a "
+                                     f"multiple of {2 * bn}")
+                grid = (blocks * (n // (2 * bn)),)
+                pointers.append(quant_out[0])
+                counts.append(("v", quant_out[1]))
+                fn = gluon_moe.moe_stage1_q_kernel
+            recipe = pointers + [("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + counts + tail + [
+                ("v", gather), ("v", topk)]
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel
@@ -480,12 +490,19 @@ class MoeLaunch:
                                    triton.next_power_of_2(groups), GATHER_ROWS, block_c)], example, pieces, 4, 1)
             a1, s1 = ("p", ga), ("p", gs) if quantized else dummy
         rows = self.inter_rows  # numel, or the sort's padded length with SORTED_INTER
-        inter = self.inter_piece = pieces.add(hidden.dtype, rows * inter_dim)
+        quant_out = None
+        if cfg1.QUANT_OUT:  # stage 1 writes the fp8 intermediate and its 1x128 scales: no quantization launch
+            groups2 = triton.cdiv(inter_dim, SCALE_BLOCK)
+            inter = self.inter_piece = pieces.add(_FP8, rows * inter_dim)
+            quant_out = (("p", pieces.add(_F32, rows * groups2)), groups2)
+        else:
+            inter = self.inter_piece = pieces.add(hidden.dtype, rows * inter_dim)
         n_w1 = inter_dim * (2 if self.gated else 1)
         split1 = cfg1.KSPLIT > 1
         target1 = pieces.add(_F32, cfg1.KSPLIT * rows * n_w1) if split1 else inter
         ws1 = ("t", "w1_scale") if quant != "none" else dummy
-        fused = self.fused_quant  # stage 1 records the intermediate's amax, stage 2 quantizes as it loads
+        # stage 1 records the intermediate's amax, stage 2 quantizes as it loads (not where stage 1 quantizes itself)
+        fused = self.fused_quant and quant_out is None
         amax = ("p", self.align.zero_piece) if fused else dummy
         amax_out = (2 if quant == "per_1x128" else 1) if fused else 0
         self._gemm(kernel="stage1", a=a1, a_scale=s1, w="w1", w_scale=ws1, target=("p", target1),
@@ -496,7 +513,7 @@ class MoeLaunch:
                    act=_ACT_ID[activation], mul_weight=doweight_stage1, quant=quant, example=example, pieces=pieces,
                    scale_strides=self._w_strides[0], out_sorted=bool(self.sorted_inter),
                    a_sorted=2 if cfg1.GATHER_A else 0, a_rows=gathered_rows,
-                   out_k32=k32_input(cfg2, quant, self.swizzled[1]), swizzled=self.swizzled[0])
+                   out_k32=k32_input(cfg2, quant, self.swizzled[1]), swizzled=self.swizzled[0], quant_out=quant_out)
         if split1:
             block = min(triton.next_power_of_2(inter_dim), 1024)
             self._bind(_stage1_finish_kernel, (rows, triton.cdiv(inter_dim, block)),
@@ -505,7 +522,9 @@ class MoeLaunch:
                            doweight_stage1, block, bool(self.sorted_inter), self.pdl)], example, pieces, 4, 1,
                        self.pdl)
         a2, s2, stride_asm2 = ("p", inter), dummy, 0
-        if fused:
+        if quant_out is not None:
+            s2, stride_asm2 = quant_out
+        elif fused:
             s2, stride_asm2 = amax, self.amax_groups if quant == "per_1x128" else 0
         elif quantized:  # sorted: every row of the padded length, those past the padded count unwritten and unread
             self.quant2 = QuantLaunch(hidden.dtype, rows, inter_dim, inter_dim, group)

@@ -11,6 +11,9 @@ tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
   cp.async; two MMA groups a K block (gate, up); silu(gate) · up leaves through TMA into the intermediate in the
   sort's order (SORTED_INTER 2). One 128-wide MMA over the gate and up rows instead (a kernel of the twenty-sixth
   session) measured 1.00-1.04x its time and was removed.
+- `moe_stage1_q_kernel` (stage 1 with QUANT_OUT 1): the same for the 128 columns of one scale group (two 64-wide
+  tiles in turn), quantized in the epilogue to fp8 with a scale a row, in place of the op's quantization launch
+  (bit-equal to it: the bf16-rounded values, the same scale and clamp). Compiled for sm_90; not yet run on a GPU.
 - `moe_stage1_persistent_kernel` (GLUON 1 with PERSISTENT 1 on stage 1): the same from a program a SM; measured no
   faster (0.98-1.04x the whole op with the copied rows, 1.06-1.13x gathering its own): in the tuner's pairs only.
 - `moe_stage2_persistent_kernel` (GLUON 1 with PERSISTENT 1): stage 2 from a program a SM walking the filled
@@ -213,6 +216,88 @@ if HAS_GLUON_HOPPER:
         c_smem.store(h.to(c_desc.dtype))
         fence_async_shared()
         _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _silu_mul(acc_g, acc_u):
+        """silu(gate) · up, rounded to bf16 as the intermediate holds it (so quantizing it here matches the op's
+        quantization launch bit for bit)."""
+        return (acc_g / (1.0 + gl.exp(-acc_g)) * acc_u).to(gl.bfloat16).to(gl.float32)
+
+    @gluon.jit
+    def moe_stage1_q_kernel(a_desc, w_desc, q_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr,
+                            sorted_ids_ptr, qs_ptr, N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse,
+                            stride_wsn, stride_wsk, num_pairs, stride_am, stride_qs, GROUP_M: gl.constexpr,
+                            STAGES: gl.constexpr, WARPS: gl.constexpr, GATHER: gl.constexpr, TOPK: gl.constexpr):
+        """`moe_stage1_kernel`'s silu(gate) · up quantized in its epilogue (QUANT_OUT): a program takes the 128
+        columns of one scale group as two 64-wide tiles one after the other (the second's first K blocks loading
+        under the first's epilogue, the first's rows waiting in shared memory), then writes them in fp8 through TMA
+        (q_desc: [rows, I]) with one fp32 scale a row (qs_ptr: [rows, I/128], row stride stride_qs): what the op's
+        quantization launch writes from the bf16 intermediate, which it replaces. w_desc's block is [64, 128].
+        Grid: (max_blocks · I/128,); programs past the sort's blocks return."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN == 64)
+        pid_m, pid_q = _tile_coords(gl.program_id(0), max_blocks, gl.cdiv(N_INTER, 2 * BN), GROUP_M)
+        if pid_m * BM >= gl.load(num_post_ptr):
+            return
+        expert = gl.load(expert_ids_ptr + pid_m)
+        off_m = pid_m * BM
+        off_n = pid_q * 2 * BN
+        gate_row = expert * 2 * N_INTER + off_n
+        up_row = gate_row + N_INTER
+        k_tiles = gl.cdiv(K, BK)
+
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        h_smem = gl.allocate_shared_memory(gl.float32, [BM, BN], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        _init_ready(ready, STAGES, GATHER, WARPS)
+        a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
+        for i in gl.static_range(STAGES):
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
+                   GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+
+        rows = off_m + gl.arange(0, BM, layout=row_layout)
+        a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, rows, num_pairs, stride_asm, GATHER, TOPK)
+        # both 64-wide tiles lie in one 128-row block of w1's gate rows and one of its up rows: one scale each
+        wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
+        wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+        acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, 0, k_tiles, off_m, gate_row,
+                                    up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
+                                    gl.zeros([BM, BN], gl.float32, mma_layout),
+                                    gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, GATHER, a_ptr, a_rows, a_ok,
+                                    a_cols, K)
+        for i in gl.static_range(STAGES):  # the second tile's first blocks, under the first one's epilogue
+            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k_tiles + i, i, off_m, gate_row + BN, up_row + BN,
+                   i < k_tiles, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+        h = _silu_mul(acc_g, acc_u)
+        amax = gl.max(gl.abs(h), axis=1)
+        h_smem.store(h)
+        acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k_tiles, k_tiles, off_m,
+                                    gate_row + BN, up_row + BN, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
+                                    gl.zeros([BM, BN], gl.float32, mma_layout),
+                                    gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, GATHER, a_ptr, a_rows, a_ok,
+                                    a_cols, K)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+
+        h2 = _silu_mul(acc_g, acc_u)
+        scale = gl.maximum(gl.maximum(amax, gl.max(gl.abs(h2), axis=1)), 1e-10) / 448.0  # as quant.quant_tile
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BM, BN], q_desc.layout)
+        q_smem.index(1).store(gl.minimum(gl.maximum(h2 / scale[:, None], -448.0), 448.0).to(q_desc.dtype))
+        h = h_smem.load(mma_layout)
+        q_smem.index(0).store(gl.minimum(gl.maximum(h / scale[:, None], -448.0), 448.0).to(q_desc.dtype))
+        fence_async_shared()
+        _tma_store(q_desc, [off_m, off_n], q_smem.index(0))
+        _tma_store(q_desc, [off_m, off_n + BN], q_smem.index(1))
+        gl.store(qs_ptr + rows * stride_qs + pid_q, scale)
         tma.store_wait(pendings=0)
 
     @gluon.jit(do_not_specialize=["programs"])

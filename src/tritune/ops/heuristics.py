@@ -166,6 +166,9 @@ GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-3
 # 8192 tokens), 1.06-1.13x with its own gather (E 128, Qwen3-30B-A3B): off; the tuner re-times the 128-row pair with
 # both stages persistent.
 GLUON_MOE_STAGE1_PERSISTENT = False
+# The Gluon stage 1 writing the intermediate in fp8 itself (QUANT_OUT; a program two 64-wide tiles of one scale
+# group), no quantization launch, in both rules: written for the twenty-eighth session's GPU, not yet measured.
+GLUON_MOE_QUANT_OUT = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -592,15 +595,21 @@ def _gluon_moe(mean: int) -> tuple[MoeConfig, MoeConfig]:
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
-    return (MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common),
-            MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
+    stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
+    return (_quant_out(stage1), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
+
+
+def _quant_out(stage1: MoeConfig) -> MoeConfig:
+    """The Gluon stage 1 quantizing its own output where `GLUON_MOE_QUANT_OUT` says so (one tile a program only)."""
+    return replace(stage1, QUANT_OUT=int(GLUON_MOE_QUANT_OUT and not stage1.PERSISTENT))
 
 
 def _gluon_stage1(stage1: MoeConfig) -> MoeConfig:
     """A Triton plan's stage 1 on the Gluon kernel on the same blocks, gathering its own rows: 64-wide gate and up
     tiles, 16 rows a warp, 4 stages."""
-    return replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=stage1.BLOCK_SIZE_M // 16,
-                   num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT))
+    return _quant_out(replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=stage1.BLOCK_SIZE_M // 16,
+                              num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1,
+                              PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT)))
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,
