@@ -16,11 +16,11 @@ tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
   (bit-equal to it: the bf16-rounded values, the same scale and clamp). Compiled for sm_90; not yet run on a GPU.
 - `moe_stage1_persistent_kernel` (GLUON 1 with PERSISTENT 1 on stage 1): the same from a program a SM; measured no
   faster (0.98-1.04x the whole op with the copied rows, 1.06-1.13x gathering its own): in the tuner's pairs only.
+- Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
+  (token, slot) pair with its routing weight, for the op's top-k sum.
 - `moe_stage2_persistent_kernel` (GLUON 1 with PERSISTENT 1): stage 2 from a program a SM walking the filled
   blocks' tiles, the next tile's loads under this one's epilogue; the rule's stage 2 (0.95-0.99x the one-tile kernel
   alone, 0.97-1.00x the whole op's time).
-- Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
-  (token, slot) pair with its routing weight, for the op's top-k sum.
 
 Both: BLOCK_K 128, BLOCK_N at most 128 (one weight scale a tile and K block), BLOCK_M 16 rows a warp; programs past
 the sort's blocks return. Hopper only (TMA, wgmma); no interpreter.
