@@ -91,6 +91,10 @@ def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch, quant_out: 
 
 
 _CHILD = r"""
+import dataclasses
+
+import torch
+
 from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_compile import MoeDims, compile_only
 
@@ -116,6 +120,10 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
     name += ("" if cfg.GATHER_A or kernel == "stage2" else " gather") + (" QO1" if cfg.QUANT_OUT else "")
     report[name] = ptxas_report(compile_only(kernel, dims, cfg).asm["ptx"])
+# fp16 activations: the quantizing stage 1 rounds to fp16 first, as the intermediate would hold it
+report["stage1 128x64 GL1 QO1 fp16"] = ptxas_report(compile_only(
+    "stage1", dataclasses.replace(dims, dtype=torch.float16),
+    MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, QUANT_OUT=1, **plan)).asm["ptx"])
 """
 
 
@@ -124,7 +132,8 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     report = compile_report(_CHILD)
     assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage2 128x128 GL1 PS1",
                            "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
-                           "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1"}
+                           "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1",
+                           "stage1 128x64 GL1 QO1 fp16"}
     for name, r in report.items():
         two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])

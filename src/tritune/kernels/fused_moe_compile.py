@@ -182,7 +182,8 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
         if cfg.QUANT_OUT:  # the intermediate in fp8 and its scales, [rows, I/128]
             out = descriptor(MockTensor(FP8, [rows, n]), [bm, bn])
             return gluon_moe.moe_stage1_q_kernel.warmup(
-                a, w, out, f32, f32, i32, i32, FP8, i32, f32, *args[9:], triton.cdiv(n, SCALE_BLOCK), **meta)
+                a, w, out, f32, f32, i32, i32, FP8, i32, f32, *args[9:], triton.cdiv(n, SCALE_BLOCK),
+                FP16=dims.dtype == torch.float16, **meta)
         if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
             return gluon_moe.moe_stage1_persistent_kernel.warmup(
                 *args, sm_count_for(torch.device("cuda")) or 132, **meta)

@@ -436,6 +436,8 @@ class MoeLaunch:
                 fn = gluon_moe.moe_stage1_q_kernel
             recipe = pointers + [("v", v) for v in (n, k, blocks, stride_asm, 1, *strides)] + counts + tail + [
                 ("v", gather), ("v", topk)]
+            if cfg.QUANT_OUT:  # the 16-bit type the intermediate would have had, for its rounding
+                recipe.append(("v", example["hidden"].dtype == torch.float16))
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel

@@ -219,21 +219,26 @@ if HAS_GLUON_HOPPER:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _silu_mul(acc_g, acc_u):
-        """silu(gate) · up, rounded to bf16 as the intermediate holds it (so quantizing it here matches the op's
-        quantization launch bit for bit)."""
-        return (acc_g / (1.0 + gl.exp(-acc_g)) * acc_u).to(gl.bfloat16).to(gl.float32)
+    def _silu_mul(acc_g, acc_u, FP16: gl.constexpr):
+        """silu(gate) · up, rounded to the 16-bit type the intermediate would hold (bf16, or fp16 for fp16
+        activations), so that quantizing it here matches the op's quantization launch bit for bit."""
+        h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u
+        if FP16:
+            return h.to(gl.float16).to(gl.float32)
+        return h.to(gl.bfloat16).to(gl.float32)
 
     @gluon.jit
     def moe_stage1_q_kernel(a_desc, w_desc, q_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr,
                             sorted_ids_ptr, qs_ptr, N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse,
                             stride_wsn, stride_wsk, num_pairs, stride_am, stride_qs, GROUP_M: gl.constexpr,
-                            STAGES: gl.constexpr, WARPS: gl.constexpr, GATHER: gl.constexpr, TOPK: gl.constexpr):
+                            STAGES: gl.constexpr, WARPS: gl.constexpr, GATHER: gl.constexpr, TOPK: gl.constexpr,
+                            FP16: gl.constexpr):
         """`moe_stage1_kernel`'s silu(gate) · up quantized in its epilogue (QUANT_OUT): a program takes the 128
         columns of one scale group as two 64-wide tiles one after the other (the second's first K blocks loading
         under the first's epilogue, the first's rows waiting in shared memory), then writes them in fp8 through TMA
         (q_desc: [rows, I]) with one fp32 scale a row (qs_ptr: [rows, I/128], row stride stride_qs): what the op's
-        quantization launch writes from the bf16 intermediate, which it replaces. w_desc's block is [64, 128].
+        quantization launch writes from the 16-bit intermediate (fp16 where FP16, else bf16), which it replaces.
+        w_desc's block is [64, 128].
         Grid: (max_blocks · I/128,); programs past the sort's blocks return."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -277,7 +282,7 @@ if HAS_GLUON_HOPPER:
         for i in gl.static_range(STAGES):  # the second tile's first blocks, under the first one's epilogue
             _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k_tiles + i, i, off_m, gate_row + BN, up_row + BN,
                    i < k_tiles, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
-        h = _silu_mul(acc_g, acc_u)
+        h = _silu_mul(acc_g, acc_u, FP16)
         amax = gl.max(gl.abs(h), axis=1)
         h_smem.store(h)
         acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, k_tiles, k_tiles, off_m,
@@ -288,7 +293,7 @@ if HAS_GLUON_HOPPER:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
-        h2 = _silu_mul(acc_g, acc_u)
+        h2 = _silu_mul(acc_g, acc_u, FP16)
         scale = gl.maximum(gl.maximum(amax, gl.max(gl.abs(h2), axis=1)), 1e-10) / 448.0  # as quant.quant_tile
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BM, BN], q_desc.layout)
         q_smem.index(1).store(gl.minimum(gl.maximum(h2 / scale[:, None], -448.0), 448.0).to(q_desc.dtype))
