@@ -209,6 +209,10 @@ def test_gluon_moe_stages_model_faster_and_pay_their_gather():
     assert 0.6 < est["gluon"] / est["triton"] < 0.9, est
     _, _, helpers, copy_us = cm._moe_gemm_launch(gluon.stage1, "stage1", shape, cm.H100)
     assert helpers == 1 and copy_us > 2 * shape.pairs * 4096 / cm.H100.hbm
+    quantizing = cm.estimate_moe(cm.MoePlan(False, dataclasses.replace(gluon.stage1, QUANT_OUT=1), gluon.stage2),
+                                 shape)
+    assert quantizing.launches == cm.estimate_moe(cm.MoePlan(False, gluon.stage1, gluon.stage2), shape).launches - 1
+    assert quantizing.gpu_us < est["gluon"]  # no quantization launch
     own_gather = dataclasses.replace(gluon.stage1, GATHER_A=0)  # cp.async by pointer: no copy, the gather discount
     own_us, _, own_helpers, _ = cm._moe_gemm_launch(own_gather, "stage1", shape, cm.H100)
     assert own_helpers == 0 and own_us > cm._moe_gemm_launch(gluon.stage1, "stage1", shape, cm.H100)[0]

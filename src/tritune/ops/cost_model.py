@@ -464,7 +464,8 @@ def estimate_moe(plan: MoePlan, shape: MoeShape, hw: Hardware = H100) -> Estimat
         g2, _, n2, a2 = _moe_gemm_launch(plan.stage2, "stage2", shape, hw)
         gpu += g1 + a1 + g2 + a2
         launches += 2 + n1 + n2
-        if shape.quant != "none":  # the intermediate is quantized before stage 2
+        if shape.quant != "none" and not _param(plan.stage1, "QUANT_OUT", 0):
+            # the intermediate is quantized before stage 2 (QUANT_OUT: by stage 1 itself, no launch)
             gpu += _aux_us(hw, shape.pairs * shape.inter_dim * (shape.act_elt + 1))
             launches += 1
     return Estimate(gpu, launches, launches * hw.host_launch_us, bound)
