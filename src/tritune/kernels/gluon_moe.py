@@ -161,6 +161,30 @@ if HAS_GLUON_HOPPER:
         return as_ptr + rows * stride_asm
 
     @gluon.jit
+    def _stage1_buffers(a_desc, w_desc, STAGES: gl.constexpr, GATHER: gl.constexpr, WARPS: gl.constexpr):
+        """Stage 1's STAGES-deep A, gate and up tiles and their ready barriers (initialized)."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        _init_ready(ready, STAGES, GATHER, WARPS)
+        return a_smem, g_smem, u_smem, ready
+
+    @gluon.jit
+    def _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn):
+        """The weight-scale pointers (K block 0) of expert `expert`'s gate rows and up rows from column off_n."""
+        base = ws_ptr + expert * stride_wse
+        return base + (off_n // 128) * stride_wsn, base + ((N_INTER + off_n) // 128) * stride_wsn
+
+    @gluon.jit
+    def _silu(acc_g, acc_u):
+        """silu(gate) · up."""
+        return acc_g / (1.0 + gl.exp(-acc_g)) * acc_u
+
+    @gluon.jit
     def moe_stage1_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr, sorted_ids_ptr,
                           N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, num_pairs,
                           stride_am, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
@@ -189,11 +213,7 @@ if HAS_GLUON_HOPPER:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        _init_ready(ready, STAGES, GATHER, WARPS)
+        a_smem, g_smem, u_smem, ready = _stage1_buffers(a_desc, w_desc, STAGES, GATHER, WARPS)
         a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
         for i in gl.static_range(STAGES):
             _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
@@ -201,8 +221,7 @@ if HAS_GLUON_HOPPER:
 
         a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, off_m + gl.arange(0, BM, layout=row_layout), num_pairs,
                              stride_asm, GATHER, TOPK)
-        wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+        wg_s_ptr, wu_s_ptr = _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn)
         acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, 0, k_tiles, off_m, gate_row,
                                     up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
                                     gl.zeros([BM, BN], gl.float32, mma_layout),
@@ -211,7 +230,7 @@ if HAS_GLUON_HOPPER:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
-        h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u  # silu(gate) * up
+        h = _silu(acc_g, acc_u)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
         c_smem.store(h.to(c_desc.dtype))
         fence_async_shared()
@@ -222,7 +241,7 @@ if HAS_GLUON_HOPPER:
     def _silu_mul(acc_g, acc_u, FP16: gl.constexpr):
         """silu(gate) · up, rounded to the 16-bit type the intermediate would hold (bf16, or fp16 for fp16
         activations), so that quantizing it here matches the op's quantization launch bit for bit."""
-        h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u
+        h = _silu(acc_g, acc_u)
         if FP16:
             return h.to(gl.float16).to(gl.float32)
         return h.to(gl.bfloat16).to(gl.float32)
@@ -258,12 +277,8 @@ if HAS_GLUON_HOPPER:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        a_smem, g_smem, u_smem, ready = _stage1_buffers(a_desc, w_desc, STAGES, GATHER, WARPS)
         h_smem = gl.allocate_shared_memory(gl.float32, [BM, BN], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        _init_ready(ready, STAGES, GATHER, WARPS)
         a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
         for i in gl.static_range(STAGES):
             _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, i, i, off_m, gate_row, up_row, i < k_tiles, STAGES,
@@ -272,8 +287,7 @@ if HAS_GLUON_HOPPER:
         rows = off_m + gl.arange(0, BM, layout=row_layout)
         a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, rows, num_pairs, stride_asm, GATHER, TOPK)
         # both 64-wide tiles lie in one 128-row block of w1's gate rows and one of its up rows: one scale each
-        wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+        wg_s_ptr, wu_s_ptr = _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn)
         acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, 0, k_tiles, off_m, gate_row,
                                     up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
                                     gl.zeros([BM, BN], gl.float32, mma_layout),
@@ -330,12 +344,8 @@ if HAS_GLUON_HOPPER:
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        a_smem, g_smem, u_smem, ready = _stage1_buffers(a_desc, w_desc, STAGES, GATHER, WARPS)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        _init_ready(ready, STAGES, GATHER, WARPS)
         pid_m, pid_n = _tile_coords(pid, used_m, num_pid_n, GROUP_M)
         pid_m = gl.maximum(gl.minimum(pid_m, max_blocks - 1), 0)  # a program with no tile loads nothing (pred)
         expert = gl.load(expert_ids_ptr + pid_m)
@@ -355,8 +365,7 @@ if HAS_GLUON_HOPPER:
             a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, off_m, num_pairs, stride_am, BM, BK, WARPS, TOPK)
             a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, off_m + gl.arange(0, BM, layout=row_layout), num_pairs,
                                  stride_asm, GATHER, TOPK)
-            wg_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-            wu_s_ptr = ws_ptr + expert * stride_wse + ((N_INTER + off_n) // 128) * stride_wsn
+            wg_s_ptr, wu_s_ptr = _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn)
             g0 = t * k_tiles  # this tile's first K step among the program's
             acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0, k_tiles, off_m, gate_row,
                                         up_row, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk,
@@ -373,7 +382,7 @@ if HAS_GLUON_HOPPER:
                 _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + k_tiles + i, i, nm * BM,
                        n_expert * 2 * N_INTER + nn * BN, n_expert * 2 * N_INTER + N_INTER + nn * BN,
                        (i < k_tiles) & has_next, STAGES, GATHER, a_ptr, n_rows, n_ok, a_cols, K)
-            h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u  # silu(gate) * up
+            h = _silu(acc_g, acc_u)
             tma.store_wait(pendings=0)  # the previous tile's rows have left c_smem
             c_smem.store(h.to(c_desc.dtype))
             fence_async_shared()
@@ -381,6 +390,42 @@ if HAS_GLUON_HOPPER:
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
+
+    @gluon.jit
+    def _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr, stride_ask,
+                     stride_wsk, acc, STAGES: gl.constexpr):
+        """One stage-2 tile's K loop from the program's step g0 (its first STAGES blocks already loading; later ones
+        loaded into stages as they free up): Σ partial · a_s · w_s added to the zero `acc`, one MMA a K block, block
+        k-1 rescaled while block k's runs (the schedule of gluon_blockscale's kernel)."""
+        p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
+        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
+        for ki in range(1, k_tiles - 1, 2):
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
+            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            j = ki - 1 + STAGES
+            _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j, j, off_m, w_row, j < k_tiles, STAGES)
+            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
+            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
+            _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
+        if k_tiles % 2 == 0:
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
+            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+        else:
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+        return acc
+
+    @gluon.jit
+    def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om):
+        """Each real row of the tile times its routing weight, to its (token, slot) pair's row of out."""
+        pairs = gl.load(sorted_ids_ptr + rows)
+        ok = pairs < numel
+        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
+        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
 
     @gluon.jit
     def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
@@ -417,35 +462,12 @@ if HAS_GLUON_HOPPER:
         rows = off_m + gl.arange(0, BM, layout=row_layout)
         a_s_ptrs = as_ptr + rows * stride_asm
         w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        acc = gl.zeros([BM, BN], gl.float32, mma_layout)
-        p0 = _issue(a_smem, b_smem, ready, acc, 0, STAGES)
-        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
-        for ki in range(1, k_tiles - 1, 2):
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, ki, STAGES)
-            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            j = ki - 1 + STAGES
-            _load(a_desc, w_desc, a_smem, b_smem, ready, j, j, off_m, w_row, j < k_tiles, STAGES)
-            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, ki + 1, STAGES)
-            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
-            _load(a_desc, w_desc, a_smem, b_smem, ready, j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
-        if k_tiles % 2 == 0:
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, k_tiles - 1, STAGES)
-            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+        acc = _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, 0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr,
+                           stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
-
-        pairs = gl.load(sorted_ids_ptr + rows)
-        ok = pairs < numel
-        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
-        cols = off_n + gl.arange(0, BN, layout=col_layout)
-        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+        _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
+                      numel, N, stride_om)
 
     @gluon.jit(do_not_specialize=["programs"])
     def moe_stage2_persistent_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
@@ -490,27 +512,8 @@ if HAS_GLUON_HOPPER:
             rows = off_m + gl.arange(0, BM, layout=row_layout)
             a_s_ptrs = as_ptr + rows * stride_asm
             w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-            acc = gl.zeros([BM, BN], gl.float32, mma_layout)
-            p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
-            s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
-            for ki in range(1, k_tiles - 1, 2):
-                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
-                s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-                j = ki - 1 + STAGES
-                _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j, j, off_m, w_row, j < k_tiles, STAGES)
-                p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
-                s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
-                _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, w_row, j + 1 < k_tiles,
-                      STAGES)
-            if k_tiles % 2 == 0:
-                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
-                s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-            else:
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+            acc = _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr,
+                               stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
             # Every stage is free: the next tile's first blocks load now, under this tile's epilogue.
             nm, nn = _tile_coords(pid + (t + 1) * programs, used_m, num_pid_n, GROUP_M)
             has_next = t + 1 < my_tiles
@@ -518,11 +521,7 @@ if HAS_GLUON_HOPPER:
             for i in gl.static_range(STAGES):
                 _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + k_tiles + i, i, nm * BM, n_expert * N + nn * BN,
                       (i < k_tiles) & has_next, STAGES)
-            pairs = gl.load(sorted_ids_ptr + rows)
-            ok = pairs < numel
-            out = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
-            cols = off_n + gl.arange(0, BN, layout=col_layout)
-            ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-            gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+            _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
+                          numel, N, stride_om)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
