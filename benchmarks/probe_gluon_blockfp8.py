@@ -8,7 +8,8 @@ the fp32 product of the values and scales it was given (relative L2 error), then
         [--shapes 1536,7168:24576,7168:1536,1536] [--ms 256,1024,2048,4096,8192] \
         [--variants 128:128:4:8:8,128:128:5:8:8] [--vendor-dir peers_vllm]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent grid (as many programs as fit at once).
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent grid (as many programs as fit at once), or
+ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] for the warp-specialised kernel (`kernels/gluon_gemm_ws.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_blockfp8_vllm import nearest_config, vendor_file  # noqa: E402
 from bench_gemm_gen2 import bf16_operands, fp8_operands  # noqa: E402
-from probe_util import checked_time  # noqa: E402
+from probe_util import checked_time, parse_ws_variant  # noqa: E402
 
 SHAPES = ((1536, 7168), (24576, 7168), (1536, 1536))
 MS = (256, 1024, 2048, 4096, 8192)
@@ -46,6 +47,7 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
     import triton
 
     from tritune.kernels.gluon_blockscale import gluon_blockscale_gemm
+    from tritune.kernels.gluon_gemm_ws import ws_gemm
     from tritune.ops import gemm_a8w8_blockscale
     from tritune.tuning.bench import time_kernel
 
@@ -70,6 +72,11 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
 
             row["vllm"] = checked_time(vllm, f8.ref_blocks, timer)
     for v in variants:
+        ws = parse_ws_variant(v)
+        if ws is not None:
+            row[f"gluon {v}"] = checked_time(lambda ws=ws: ws_gemm(a8, b8, a_scale=sa8, b_scale=sb8, block_scaled=True,
+                                                                   **ws), f8.ref_blocks, timer)
+            continue
         bm, bn, stages, warps, group, persistent = (int(x) for x in (v + ":0").split(":")[:6])
         fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=persistent: gluon_blockscale_gemm(
             a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g, persistent=bool(p)))
@@ -125,8 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     ms = [int(x) for x in args.ms.split(",")]
     variants = args.variants.split(",")
     for v in variants:
-        if len(v.split(":")) not in (5, 6) or not all(x.isdigit() for x in v.split(":")):
-            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P]")
+        try:
+            ws = parse_ws_variant(v)
+        except ValueError as err:
+            ap.error(f"--variants: {err}")
+        if ws is None and (len(v.split(":")) not in (5, 6) or not all(x.isdigit() for x in v.split(":"))):
+            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P] or ws:BM:BN:STAGES:GROUP_M")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     peer = vllm_kernel(args.vendor_dir)
     rows = []

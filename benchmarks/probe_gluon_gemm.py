@@ -9,7 +9,9 @@ L2 flushed, median).
 
 A variant is BM:BN:STAGES:WARPS:GROUP_M[:P[:E]]: P 1 runs one tile a program (else persistent, a program a SM); E 0
 loads the next tile's first blocks only after this tile's last MMA (E 1, the default: while its last MMAs run). The
-last line of each point names the best variant; the tail of the output is a table and geomeans.
+variant ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] runs the warp-specialised kernel
+(`kernels/gluon_gemm_ws.py`: a loader warp group feeding the consumer's warps). The last line of each point names
+the best variant; the tail of the output is a table and geomeans.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_gemm_gen2 import MS, SHAPES, bf16_operands, geomean  # noqa: E402
-from probe_util import checked_time  # noqa: E402
+from probe_util import checked_time, parse_ws_variant  # noqa: E402
 
 VARIANTS = ("128:128:4:8:8", "128:128:5:4:8", "128:192:4:8:8", "64:192:5:4:8", "128:256:3:8:8", "64:256:4:4:8",
             "64:128:6:4:8", "64:96:6:4:8", "256:128:3:8:8")
 WRONG = 2e-2
 
 
-def parse_variant(v: str) -> tuple[int, ...]:
+def parse_variant(v: str) -> tuple[int, ...] | dict:
+    ws = parse_ws_variant(v)
+    if ws is not None:
+        return ws
     parts = v.split(":")
     if len(parts) not in (5, 6, 7) or not all(x.isdigit() for x in parts):
         raise ValueError(f"variant {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P[:E]]")
@@ -42,6 +47,7 @@ def run_point(kernel: str, n: int, k: int, m: int, variants: list[str], iters: i
     import triton
 
     from tritune.kernels.gluon_gemm import gluon_gemm
+    from tritune.kernels.gluon_gemm_ws import ws_gemm
     from tritune.kernels.quant import quantize_rows
     from tritune.ops import gemm, gemm_a8w8
     from tritune.ops.gemm import select_config
@@ -69,6 +75,10 @@ def run_point(kernel: str, n: int, k: int, m: int, variants: list[str], iters: i
         a, b, scales = qa, qb, {"a_scale": sa, "b_scale": sb}
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     for v in variants:
+        ws = parse_ws_variant(v)
+        if ws is not None:
+            row[f"gluon {v}"] = checked_time(lambda ws=ws: ws_gemm(a, b, **ws, **scales), ref, timer)
+            continue
         bm, bn, stages, warps, group, one_a_tile, early = parse_variant(v)
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         programs = tiles if one_a_tile else min(tiles, sms)

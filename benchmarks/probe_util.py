@@ -20,3 +20,16 @@ def checked_time(fn: Callable[[], torch.Tensor], ref: torch.Tensor, timer: Calla
         return round(timer(fn), 1), round(err, 5)
     except Exception as exc:  # noqa: BLE001 - a config the compiler or the GPU refuses is a result
         return f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def parse_ws_variant(v: str) -> dict | None:
+    """`ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]]`, a variant of the warp-specialised GEMM
+    (`kernels/gluon_gemm_ws.py`; WARPS the consumer's, 8 unless given), as `ws_gemm`'s keyword arguments; None for a
+    variant of another form. ValueError for a malformed one."""
+    if not v.startswith("ws:"):
+        return None
+    parts = v[3:].split(":")
+    if not 4 <= len(parts) <= 6 or not all(x.isdigit() for x in parts):
+        raise ValueError(f"variant {v!r} is not ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]]")
+    x = [int(p) for p in parts] + [8, 40][len(parts) - 4:]
+    return {"block_m": x[0], "block_n": x[1], "stages": x[2], "group_m": x[3], "num_warps": x[4], "loader_regs": x[5]}

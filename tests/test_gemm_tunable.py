@@ -24,7 +24,7 @@ def _config(**changes) -> Config:
     """A config that passes every rule for BIG (below), with `changes` applied; every DEFAULT_SPACE parameter set."""
     params = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
                   NUM_KSPLIT=1, cache_modifier="", PERSISTENT_TMA=False, SCALE_PIPELINE=False, TAIL_SPLIT=False,
-                  GLUON=False)
+                  GLUON=False, WARP_SPECIALIZE=False)
     params.update(changes)
     assert set(params) == set(DEFAULT_SPACE)
     return Config.of(**params)
@@ -47,6 +47,8 @@ GLUON_RULE = ("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
 ONE_RULE_EACH = [
+    ("WARP_SPECIALIZE: the Gluon block-scaled kernel's, persistent", BLOCKSCALE,
+     _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # Triton's warp specialisation: no
     ("shared memory > device limit", BIG,
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=4)),  # (128+256)*128*2 B*4 stages = 384 KiB
     ("accumulator registers per thread > 128", BIG,
@@ -125,6 +127,9 @@ def test_gluon_configs_kept_on_hopper_with_gluon_only() -> None:
     for problem, config in (
             (BLOCKSCALE, _config(BLOCK_SIZE_K=128, GLUON=True)),
             (BLOCKSCALE, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_K=128, num_warps=4, num_stages=5, GLUON=True)),
+            # its warp-specialised form: a loader warp group feeding the MMA warps, persistent
+            (BLOCKSCALE, _config(BLOCK_SIZE_K=128, num_stages=6, PERSISTENT_TMA=True, GLUON=True,
+                                 WARP_SPECIALIZE=True)),
             # the bf16 / a8w8 kernel: 192 wide (two MMAs), and a power of two
             (A8W8, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_N=192, BLOCK_SIZE_K=128, num_warps=4, num_stages=4,
                            PERSISTENT_TMA=True, GLUON=True)),

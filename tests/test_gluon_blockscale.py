@@ -12,6 +12,7 @@ from sm90_ptx import assert_asynchronous, compile_report
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 _CHILD = r"""
+import re
 import torch
 from triton.runtime.jit import MockTensor
 from tritune.kernels import gemm as gk, gluon_blockscale as gb
@@ -26,13 +27,39 @@ for bm, warps, stages in ((128, 8, 4), (64, 4, 5)):
                                          K // 128, 1, K // 128, 1, 132, 8, stages, warps, num_warps=warps,
                                          num_stages=stages, grid=(1,))
     report[f"{bm}x128 w{warps} s{stages}"] = ptxas_report(kernel.asm["ptx"])
+cfg = gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
+gk.compile_only("a8w8_blockscale", M, N, K, cfg)  # the warp-specialised kernel, as the compile pool builds it
+from tritune.kernels import gluon_gemm_ws as ws
+kernel = ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, 128, 128), torch.float32, torch.float32, M, N, K,
+                                  K // 128, 1, K // 128, 1, 132, *ws.blockscale_constexprs(cfg), num_warps=8,
+                                  num_stages=5, maxnreg=ws.ws_maxnreg(8), grid=(1,))
+ptx = kernel.asm["ptx"]
+report["ws 128x128 w8 s5"] = ptxas_report(ptx, maxnreg=re.findall(r"\.maxnreg\s+(\d+)", ptx),
+                                          setmaxnreg=re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx),
+                                          warps=kernel.metadata.num_warps)
 """
 
 
-@pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
-def test_two_k_blocks_in_flight_and_not_serialized() -> None:
-    report = compile_report(_CHILD)
-    assert set(report) == {"128x128 w8 s4", "64x128 w4 s5"}
+@pytest.fixture(scope="module")
+def report() -> dict:
+    if not HAS_GLUON_HOPPER:
+        pytest.skip("this Triton has no Gluon Hopper API (Triton >= 3.5)")
+    return compile_report(_CHILD)  # one child compiles every kernel of this module
+
+
+def test_two_k_blocks_in_flight_and_not_serialized(report: dict) -> None:
+    assert set(report) == {"128x128 w8 s4", "64x128 w4 s5", "ws 128x128 w8 s5"}
     for name, r in report.items():
         assert "1" in r["waits"] and r["waits"][-1] == "0", (name, r["waits"])  # k-1 retired while k runs; then all
         assert_asynchronous(name, r)
+
+
+def test_the_loader_warp_group_hands_its_registers_to_the_mma_warps(report: dict) -> None:
+    """The warp-specialised kernel: 8 MMA warps and a loader warp group, 12 warps launched at 168 registers a thread
+    (all of the SM's 65536); the loader drops to 40 so the MMA warps can rise to 232 (setmaxnreg, a warp group at a
+    time)."""
+    r = report["ws 128x128 w8 s5"]
+    assert r["warps"] == 12 and r["maxnreg"] == ["168"]
+    counts = {int(n) for _, n in r["setmaxnreg"]}
+    assert {40, 232} <= counts and max(counts) <= 248, r["setmaxnreg"]
+    assert 232 * 8 * 32 + 40 * 4 * 32 <= 65536

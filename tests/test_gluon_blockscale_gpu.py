@@ -12,6 +12,7 @@ import torch
 
 from tritune.kernels import gemm as gk
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER, gluon_blockscale_gemm
+from tritune.kernels.gluon_gemm_ws import ws_gemm
 from tritune.kernels.quant import quantize_blocks
 from tritune.tuning.bench import capture_graph
 
@@ -23,7 +24,10 @@ CONFIGS = [gk.GemmConfig(128, 128, 128, 8, 8, 4, GLUON=True), gk.GemmConfig(64, 
            gk.GemmConfig(128, 64, 128, 1, 8, 3, GLUON=True), gk.GemmConfig(64, 64, 128, 8, 4, 2, GLUON=True),
            # persistent: programs walk several tiles, the next tile's loads in flight during this one's epilogue
            gk.GemmConfig(128, 128, 128, 8, 8, 4, PERSISTENT_TMA=True, GLUON=True),
-           gk.GemmConfig(64, 128, 128, 8, 4, 4, PERSISTENT_TMA=True, GLUON=True)]
+           gk.GemmConfig(64, 128, 128, 8, 4, 4, PERSISTENT_TMA=True, GLUON=True),
+           # warp-specialised (kernels/gluon_gemm_ws): a loader warp group feeding the MMA warps
+           gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
+           gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
 
 
 def _operands(M: int, N: int, K: int, seed: int = 0) -> dict:
@@ -42,7 +46,7 @@ def _check(out: torch.Tensor, ops: dict) -> None:
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}s{c.num_stages}"
-                                               f"{'p' if c.PERSISTENT_TMA else ''}")
+                                               f"{'p' if c.PERSISTENT_TMA else ''}{'ws' if c.WARP_SPECIALIZE else ''}")
 @pytest.mark.parametrize(("M", "N", "K"), [
     (300, 520, 1040),  # M, N not multiples of a tile; K ends in a 16-wide block (TMA zero-fills the rest)
     (1, 136, 256),  # one row; N crosses a 128-wide weight-scale block by 8; two K blocks (even count)
@@ -54,9 +58,14 @@ def test_matches_the_reference(cfg: gk.GemmConfig, M: int, N: int, K: int) -> No
     ops = _operands(M, N, K)
     out = gk.gemm("a8w8_blockscale", ops["a"], ops["b"], cfg, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
     _check(out, ops)
-    again = gluon_blockscale_gemm(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
-                                  block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps,
-                                  group_m=cfg.GROUP_SIZE_M, persistent=cfg.PERSISTENT_TMA)
+    if cfg.WARP_SPECIALIZE:
+        again = ws_gemm(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_scaled=True,
+                        block_m=cfg.BLOCK_SIZE_M, block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages,
+                        group_m=cfg.GROUP_SIZE_M, num_warps=cfg.num_warps)
+    else:
+        again = gluon_blockscale_gemm(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
+                                      block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps,
+                                      group_m=cfg.GROUP_SIZE_M, persistent=cfg.PERSISTENT_TMA)
     assert torch.equal(out, again)  # the bound launch and Triton's own launcher run the same binary
 
 

@@ -74,6 +74,22 @@ def test_matches_the_reference(kernel: str, dtype: torch.dtype, cfg: gk.GemmConf
     assert torch.equal(out, again)  # the bound launch and Triton's own launcher run the same binary
 
 
+@pytest.mark.parametrize(("kernel", "dtype", "block_m", "block_n", "warps"), [
+    ("bf16", torch.bfloat16, 128, 128, 4), ("bf16", torch.float16, 128, 256, 8),
+    ("a8w8", torch.float8_e4m3fn, 128, 256, 8), ("a8w8", torch.float8_e4m3fn, 64, 128, 4)])
+@pytest.mark.parametrize(("M", "N", "K"), [(300, 520, 1040), (1, 200, 256), (4096, 1536, 1536)])
+def test_the_warp_specialised_form_matches_the_reference(kernel: str, dtype: torch.dtype, block_m: int, block_n: int,
+                                                          warps: int, M: int, N: int, K: int) -> None:
+    """kernels/gluon_gemm_ws.py's dense forms (the probe's; the op runs its block-scaled one): a loader warp group
+    feeding the MMA warps through the ring, the stage freed after each wgmma retires."""
+    from tritune.kernels.gluon_gemm_ws import ws_gemm
+
+    ops = _operands(kernel, dtype, M, N, K)
+    out = ws_gemm(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_m=block_m,
+                  block_n=block_n, stages=3, num_warps=warps)
+    _check(kernel, out, ops)
+
+
 def test_the_op_picks_it_for_fp8_and_a_graph_replays_it_bit_equal() -> None:
     from tritune.ops import gemm_a8w8
     from tritune.ops.gemm import select_config

@@ -21,7 +21,7 @@ from tritune.tuners.gemm_tunable import DEFAULT_SPACE, GemmProblem, GemmTunable
 
 _ENTRY = "from tritune.aot.entries import gemm_entry  # noqa: F401\n"
 _FIXED = {"NUM_KSPLIT": (1,), "PERSISTENT_TMA": (False,), "SCALE_PIPELINE": (False,), "TAIL_SPLIT": (False,),
-          "GLUON": (False,)}
+          "GLUON": (False,), "WARP_SPECIALIZE": (False,)}
 _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
           "num_warps": "W", "num_stages": "S", "CACHE_CG": "CG"}
 

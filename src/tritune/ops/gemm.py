@@ -115,7 +115,7 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
     if config is None:
         config, _ = select_config(kernel, M, N, K, a.device, out.dtype)
     if config.GLUON and not gk.gluon_available(a.device):  # a file tuned on Hopper, read where Gluon cannot run
-        config = _off_gluon(config, {})
+        config = _off_gluon(config, {"WARP_SPECIALIZE": False})  # Triton's own may be absent where Gluon is
     if (config.PERSISTENT_TMA or config.GLUON) and not gk.tma_compatible(a, b, out):
         config = _off_gluon(config, {"PERSISTENT_TMA": False, "WARP_SPECIALIZE": False, "EPILOGUE_SUBTILE": False})
     if len(_PLANS) >= _PLANS_MAX:

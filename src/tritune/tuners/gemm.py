@@ -32,7 +32,7 @@ from tritune.tuning.tuner import TuneSettings, tune
 INTERPRETER_SPACE: dict[str, tuple] = {
     "BLOCK_SIZE_M": (16, 32), "BLOCK_SIZE_N": (32,), "BLOCK_SIZE_K": (32,), "GROUP_SIZE_M": (1,),
     "num_warps": (4,), "num_stages": (2,), "NUM_KSPLIT": (1, 2), "cache_modifier": ("",), "PERSISTENT_TMA": (False,),
-    "SCALE_PIPELINE": (False,), "TAIL_SPLIT": (False,), "GLUON": (False,),
+    "SCALE_PIPELINE": (False,), "TAIL_SPLIT": (False,), "GLUON": (False,), "WARP_SPECIALIZE": (False,),
 }
 
 

@@ -46,6 +46,9 @@ DEFAULT_SPACE: dict[str, tuple] = {
     # bf16 / a8w8: persistent, 96- and 192-wide tiles (H100: fp8 0.83-0.97x the Triton op's time at M 256-4096 where
     # the rule picks it; bf16 0.91-0.96x at 4 of 24 held-out points, 1.01-1.05x at others).
     "GLUON": (False, True),
+    # Block-scaled Gluon, persistent: a loader warp group feeding the MMA warps (kernels/gluon_gemm_ws; H100,
+    # twenty-eighth session: 128x128 0.833 -> 0.908x `_scaled_mm` in geomean from M 1024)
+    "WARP_SPECIALIZE": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
     **DEFAULT_SPACE,
@@ -62,7 +65,7 @@ SPACE_RULES: dict[str, Param] = {
     "BLOCK_SIZE_K": Param(16, pow2=True),
     "GROUP_SIZE_M": Param(1), "num_warps": Param(1, pow2=True), "num_stages": Param(1), "NUM_KSPLIT": Param(1),
     "cache_modifier": Param(choices=("", ".cg")), "PERSISTENT_TMA": BOOL, "SCALE_PIPELINE": BOOL, "TAIL_SPLIT": BOOL,
-    "GLUON": BOOL,
+    "GLUON": BOOL, "WARP_SPECIALIZE": BOOL,
 }
 
 
@@ -135,6 +138,8 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     return (
         Constraint("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, its tiles, no Triton-kernel "
                    "option (bf16 / a8w8: PERSISTENT_TMA on)", gluon_ok),
+        Constraint("WARP_SPECIALIZE: the Gluon block-scaled kernel's, persistent",
+                   lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON"))),
         Constraint("BLOCK_SIZE_N not a power of two: the Gluon kernel's only",
                    lambda c: pow2(c["BLOCK_SIZE_N"]) or bool(c.get("GLUON"))),
         Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),

@@ -1,0 +1,262 @@
+"""Warp-specialised GEMM in Gluon for Hopper: a loader warp group streams every K block through TMA while the MMA
+warps only wait, multiply, rescale and store.
+
+Why. The persistent Gluon and Triton GEMMs issue the next tile's loads from the warps that run the MMAs and the
+epilogue: a refill waits behind the wgmma wait and the rescale, and the whole ring waits behind the epilogue. cuBLAS's
+Hopper kernels split the roles (RESULTS.md, twenty-fifth session: its nvjet kernels are warp specialised). Here a
+worker partition (one warp group, 40 registers a thread; one of its threads issues) walks the program's tiles and
+puts each K block into a ring of shared-memory stages, waiting only for a stage's `empty` barrier; the default
+partition (the kernel's num_warps, 4 or 8) waits on a stage's `ready` barrier (the TMA's bytes), issues its wgmma,
+and once `warpgroup_mma_wait` has retired the previous step's MMA frees that step's stage (one arrival, after Triton's
+barrier over the partition's warps). The loader thus runs up to STAGES blocks ahead across tile boundaries, under
+the epilogue too. Registers: the kernel launches at `ws_maxnreg` a thread so that all warps fit the SM's 65536; the
+loader gives its share back (setmaxnreg) to the MMA warps (232 on 8 warps).
+
+Two forms share the loader: dense (bf16/fp16, or fp8 scaled per token and per channel in the epilogue) and block
+scaled (fp8, 1x128 activation scales, 128x128 weight scales, the rescale of block k-1 while block k's MMA runs, as in
+`gluon_blockscale`). The op runs the block-scaled form (GemmConfig GLUON + WARP_SPECIALIZE + PERSISTENT_TMA).
+
+Measured (H100, twenty-eighth session, RESULTS.md): block-scaled 128x128 on 8 warps, 5 stages: 0.833 → 0.908x
+`_scaled_mm`'s time in geomean on issue 15's three (N, K) from M 1024; 0.78-0.98x the one-kernel Gluon tile's time
+at 14 of 15 points from M 256 (1.01x at the 15th); the dense forms about even with the one-kernel Gluon GEMM (bf16 0.90-1.01x cuBLAS, H200).
+Two MMA warp groups in ping-pong (each its own partition, taking alternate tiles, so that one's epilogue runs under
+the other's MMAs) compiled but died on the GPU with an unspecified launch failure (Triton 3.6; a single MMA
+partition with the same loader runs correctly), so the MMAs stay in the default partition.
+
+Hopper only (TMA, wgmma, setmaxnreg).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER, descriptor
+
+WS_LOADER_WARPS = 4  # the loader's partition: one warp issues, but register counts are set a warp group at a time
+WS_LOADER_REGS = 40  # the loader's registers a thread (addresses and counters); the MMA warps get the rest
+
+if HAS_GLUON_HOPPER:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+    from tritune.kernels.gluon_blockscale import _tile_coords, _tma_load
+    from tritune.kernels.gluon_gemm import _epilogue
+
+    @gluon.jit
+    def _ws_loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, GROUP_M: gl.constexpr):
+        """Every K block of the program's tiles, in order, into the ring: step g into stage g % STAGES once the
+        consumer of step g - STAGES has freed it."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
+            for ki in range(k_tiles):
+                g = t * k_tiles + ki
+                s = g % STAGES
+                # a fresh barrier counts as having completed the phase before its first: round 0 passes at once
+                mbarrier.wait(empty.index(s), phase=((g // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                _tma_load(a_desc, [pid_m * BM, ki * BK], ready.index(s), a_smem.index(s))
+                _tma_load(b_desc, [pid_n * BN, ki * BK], ready.index(s), b_smem.index(s))
+
+    @gluon.jit
+    def _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K, programs,
+                  GROUP_M: gl.constexpr, SCALED: gl.constexpr):
+        """The consumer: each of the program's tiles' K blocks MMA'd from the ring (one wgmma in flight; the previous
+        step's stage freed as this one's is issued), then stored (SCALED: times as[m] · bs[n])."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        INSTR_K: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN, INSTR_K])
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
+            g0 = t * k_tiles
+            acc = gl.zeros([BM, BN], gl.float32, layout)
+            for ki in range(k_tiles):
+                g = g0 + ki
+                s = g % STAGES
+                mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
+                acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)  # step g - 1 retired
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+            tma.store_wait(pendings=0)  # the previous tile's C has left c_smem
+            _epilogue(acc, c_desc, c_smem, pid_m * BM, pid_n * BN, as_ptr, bs_ptr, M, N, SCALED)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _ws_issue(a_smem, b_smem, ready, regs, g):
+        """Step g's MMA from zero into `regs`' registers once its stage has landed; returns the in-flight partial."""
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        s = g % STAGES
+        mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
+        return warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _ws_scale(a_s_ptrs, m_ok, b_s_ptr, k, stride_ask, stride_bsk):
+        """Block k's rescale of each tile row: its 1x128 activation scale times the tile's 128x128 weight scale."""
+        return gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0) * gl.load(b_s_ptr + k * stride_bsk)
+
+    @gluon.jit
+    def _ws_blockscale(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
+                       programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr):
+        """The consumer, block-scaled: each K block's MMA into a fresh partial, block k-1's partial
+        rescaled into the sum while block k's runs (two partials alternate, as in `blockscale_kernel`), block
+        k-1's stage freed once its partial is read."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, layout)
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        BK: gl.constexpr = a_desc.block_type.shape[1]  # 128: one activation scale a row and K block
+        k_tiles = gl.cdiv(K, BK)
+        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            g0 = t * k_tiles
+            offs_m = off_m + gl.arange(0, BM, layout=row_layout)
+            m_ok = offs_m < M
+            a_s_ptrs = as_ptr + offs_m * stride_asm
+            b_s_ptr = bs_ptr + (off_n // BK) * stride_bsn  # BN ≤ 128: one weight scale a tile
+            acc = gl.zeros([BM, BN], gl.float32, layout)
+            p0 = _ws_issue(a_smem, b_smem, ready, acc, g0)
+            s0 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
+            for ki in range(1, k_tiles - 1, 2):
+                p1 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki)
+                s1 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
+                mbarrier.arrive(empty.index((g0 + ki - 1) % STAGES))
+                p0 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1)
+                s0 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
+                mbarrier.arrive(empty.index((g0 + ki) % STAGES))
+            if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
+                p1 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1)
+                s1 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
+                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+                mbarrier.arrive(empty.index((g0 + k_tiles - 2) % STAGES))
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+            else:
+                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+            tma.store_wait(pendings=0)
+            _epilogue(acc, c_desc, c_smem, off_m, off_n, as_ptr, bs_ptr, M, N, False)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _ws_consumer(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
+                     programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
+                     MODE: gl.constexpr):
+        """The consumer: MODE 0 dense, 1 dense scaled per token and channel, 2 block-scaled."""
+        if MODE == 2:
+            _ws_blockscale(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
+                           programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M)
+        else:
+            _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
+                      programs, GROUP_M, MODE == 1)
+
+    # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
+    @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
+    def ws_gemm_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask, stride_bsn,
+                       stride_bsk, programs, MODE: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                       LOADER_REGS: gl.constexpr):
+        """C [M, N] = A [M, K] · B [N, K]ᵀ: MODE 0 bf16/fp16; 1 fp8 times as[m] · bs[n]; 2 fp8 block-scaled (as
+        [M, ⌈K/128⌉] with strides stride_asm/ask, bs [⌈N/128⌉, ⌈K/128⌉] with stride_bsn/bsk). A and B through TMA
+        in [BM, BK] / [BN, BK] blocks, C out in [BM, BN]. Program p takes output tiles p, p + programs, ... in the
+        grouped order. The consumer runs on the kernel's num_warps (4 or 8), the loader on a warp group of its own
+        with LOADER_REGS registers a thread; launch with maxnreg (`ws_maxnreg`) so that all fit the SM.
+        Grid: (programs,)."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_ws_consumer, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
+                            programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, MODE)),
+            (_ws_loader, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, GROUP_M)),
+        ], [4], [LOADER_REGS])  # a whole warp group (WS_LOADER_WARPS): setmaxnreg acts on warp groups
+
+
+def blockscale_constexprs(cfg) -> tuple:
+    """`ws_gemm_kernel`'s compile-time arguments for the block-scaled GemmConfig `cfg` (MODE, GROUP_M, STAGES,
+    LOADER_REGS), shared by the op's bound launch and compile_only."""
+    return 2, cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
+
+
+def ws_descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
+    """`ws_gemm_kernel`'s descriptors: A [M, K] and B [N, K] in 128-byte K blocks, C [M, N] in output tiles."""
+    bk = 128 // a.dtype.itemsize
+    return descriptor(a, [block_m, bk]), descriptor(b, [block_n, bk]), descriptor(out, [block_m, block_n])
+
+
+def ws_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int = 2) -> int:
+    """Shared memory of one program: the A and B stages (128-byte K blocks) and the C tile."""
+    return stages * (block_m + block_n) * 128 + block_m * block_n * out_bytes
+
+
+def ws_maxnreg(num_warps: int) -> int:
+    """The registers a thread the kernel launches with: the consumer's num_warps and the loader's warp group share
+    the SM's 65536 (a multiple of 8, as setmaxnreg wants; at most 248)."""
+    return min(248, 65536 // (32 * (num_warps + WS_LOADER_WARPS)) // 8 * 8)
+
+
+def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
+            b_scale: torch.Tensor | None = None, block_scaled: bool = False, block_m: int = 128,
+            block_n: int = 128, stages: int = 4, group_m: int = 8, num_warps: int = 8,
+            loader_regs: int = WS_LOADER_REGS, programs: int | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """[M, N] = A [M, K] · B [N, K]ᵀ: bf16/fp16 operands; fp8 with a_scale [M] and b_scale [N] fp32; or
+    (block_scaled) fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉]. Launched through Triton's own
+    launcher (the probes' path)."""
+    if not HAS_GLUON_HOPPER:
+        raise RuntimeError(f"ws_gemm needs Triton's Gluon Hopper API (Triton >= 3.5); this is Triton "
+                           f"{triton.__version__}")
+    M, K = a.shape
+    N = b.shape[0]
+    scaled = a_scale is not None
+    if block_scaled and not scaled:
+        raise ValueError("ws_gemm: block_scaled needs a_scale and b_scale")
+    if out is None:
+        out = torch.empty(M, N, device=a.device, dtype=torch.bfloat16 if scaled else a.dtype)
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    if programs is None:
+        programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    s_a = a_scale if scaled else a
+    s_b = b_scale if scaled else a
+    strides = (a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1)) if block_scaled else (
+        0, 0, 0, 0)
+    ws_gemm_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, M, N, K, *strides, programs,
+                                MODE=2 if block_scaled else int(scaled), GROUP_M=group_m, STAGES=stages,
+                                LOADER_REGS=loader_regs, num_warps=num_warps, maxnreg=ws_maxnreg(num_warps))
+    return out
