@@ -47,8 +47,9 @@ GLUON_RULE = ("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
 ONE_RULE_EACH = [
-    ("WARP_SPECIALIZE: the Gluon block-scaled kernel's, persistent", BLOCKSCALE,
-     _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # Triton's warp specialisation: no
+    ("WARP_SPECIALIZE: block-scaled and persistent, Gluon's or (Triton >= 3.5, K >= WS_MIN_K) Triton's without "
+     "SCALE_PIPELINE", BLOCKSCALE,
+     _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # Triton's, but K 4096 < 7168
     ("shared memory > device limit", BIG,
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=4)),  # (128+256)*128*2 B*4 stages = 384 KiB
     ("accumulator registers per thread > 128", BIG,

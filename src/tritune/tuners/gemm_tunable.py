@@ -15,9 +15,11 @@ from tritune.kernels import gemm as gk
 from tritune.kernels.gemm import TAGS
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.quant import quantize_blocks, quantize_rows
+from tritune.kernels.triton_release import HAS_WARP_SPECIALIZE
 from tritune.knobs import interpreting
 from tritune.ops.gemm import gemm as op_gemm
 from tritune.ops.gemm import gemm_a8w8, gemm_a8w8_blockscale, heuristic_config
+from tritune.ops.heuristics import WS_MIN_K
 from tritune.tuning.space import BOOL, Constraint, Param, SearchSpace
 from tritune.tuning.tunable import Tolerance
 from tritune.tuning.types import Config
@@ -46,8 +48,9 @@ DEFAULT_SPACE: dict[str, tuple] = {
     # bf16 / a8w8: persistent, 96- and 192-wide tiles (H100: fp8 0.83-0.97x the Triton op's time at M 256-4096 where
     # the rule picks it; bf16 0.91-0.96x at 4 of 24 held-out points, 1.01-1.05x at others).
     "GLUON": (False, True),
-    # Block-scaled Gluon, persistent: a loader warp group feeding the MMA warps (kernels/gluon_gemm_ws; H100,
-    # twenty-eighth session: 128x128 0.833 -> 0.908x `_scaled_mm` in geomean from M 1024)
+    # Block-scaled, persistent: Gluon's loader warp group feeding the MMA warps (kernels/gluon_gemm_ws; H100,
+    # twenty-eighth session: 128x128 0.833 -> 0.908x `_scaled_mm` in geomean from M 1024), or Triton's own from
+    # K 7168 (the rule's: 0.88-0.97x the time there)
     "WARP_SPECIALIZE": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
@@ -138,8 +141,12 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
     return (
         Constraint("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, its tiles, no Triton-kernel "
                    "option (bf16 / a8w8: PERSISTENT_TMA on)", gluon_ok),
-        Constraint("WARP_SPECIALIZE: the Gluon block-scaled kernel's, persistent",
-                   lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON"))),
+        # Gluon's loader warp group (gluon_problem checks its tile), or Triton's own (3.5+) where the rule takes it
+        Constraint("WARP_SPECIALIZE: block-scaled and persistent, Gluon's or (Triton >= 3.5, K >= WS_MIN_K) "
+                   "Triton's without SCALE_PIPELINE",
+                   lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON")) or (
+                       p.kernel == "a8w8_blockscale" and c["PERSISTENT_TMA"] and not c["SCALE_PIPELINE"]
+                       and HAS_WARP_SPECIALIZE and p.K >= WS_MIN_K)),
         Constraint("BLOCK_SIZE_N not a power of two: the Gluon kernel's only",
                    lambda c: pow2(c["BLOCK_SIZE_N"]) or bool(c.get("GLUON"))),
         Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),
