@@ -11,7 +11,8 @@ by kernel (warm L2).
 A variant is BM:BN:STAGES:WARPS:GROUP_M[:MODE[:P]]; BN is the gate's (and the up's) width, so a tile holds 2·BN columns
 of w1; MODE 2 has the kernel copy each pair's token row itself (GATHER, cp.async) instead of reading gathered rows
 through TMA (MODE 1 was a one-MMA kernel, removed after it measured slower); P 1 runs the persistent kernel
-(`moe_stage1_persistent_kernel`, a program a SM).
+(`moe_stage1_persistent_kernel`, a program a SM), P 2 its warp-specialised form (`moe_stage1_ws_kernel`: a loader
+warp group feeds the MMA warps; copied rows only).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_persistent_kernel
+    from tritune.kernels.gluon_gemm_ws import ws_maxnreg
+    from tritune.kernels.gluon_moe import moe_stage1_kernel, moe_stage1_persistent_kernel, moe_stage1_ws_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from probe_gluon_moe_stage2 import checked_timing, expert_rows, op_kernels, sorted_operand  # noqa: E402
@@ -42,7 +44,9 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     bm, bn, stages, warps, group, mode, persistent = (int(x) for x in (variant + ":0:0").split(":")[:7])
     if mode not in (0, 2):
         raise SystemExit(f"probe_gluon_moe_stage1: variant {variant!r}: MODE is 0 (copied rows) or 2 (own gather)")
-    kernel = moe_stage1_persistent_kernel if persistent else moe_stage1_kernel
+    if persistent == 2 and mode:
+        raise SystemExit(f"probe_gluon_moe_stage1: variant {variant!r}: P 2 (warp-specialised) reads copied rows only")
+    kernel = (moe_stage1_kernel, moe_stage1_persistent_kernel, moe_stage1_ws_kernel)[persistent]
     sort, _, _ = sorted_operand(ti, bm, experts, 128, 0)
     topk = ti.shape[1]
     gen = torch.Generator(device="cuda").manual_seed(tokens + 2)
@@ -64,6 +68,8 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     # A's token rows and the sorted pairs (read with GATHER), their count, A's row stride
     args = head + (t8, sort.sorted_token_ids) + values + (ti.numel(), t8.stride(0))
     extra = {"GATHER": gather, "TOPK": topk}
+    if persistent == 2:
+        extra["maxnreg"] = ws_maxnreg(warps)
     if persistent:
         grid = (min(torch.cuda.get_device_properties(0).multi_processor_count, grid[0]),)
         args += (grid[0],)

@@ -29,6 +29,10 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(dataclasses.replace(S2, PERSISTENT=1), "stage2", "per_1x128")  # the persistent Gluon stage 2
     check_config(dataclasses.replace(S1, PERSISTENT=1), "stage1", "per_1x128")  # and stage 1
     check_config(dataclasses.replace(S1, QUANT_OUT=1), "stage1", "per_1x128")  # stage 1 writing fp8 itself
+    ws = dataclasses.replace(S1, PERSISTENT=1, WARP_SPEC=1, num_stages=6)  # and fed by a loader warp group
+    check_config(ws, "stage1", "per_1x128")
+    name = ws.name("stage1", "per_1x128")
+    assert name.endswith("_S6_KS1_TMA1_SI2_WS1_GA1_PS1_GL1") and MoeConfig.parse_name(name) == ("stage1", ws)
     name = dataclasses.replace(S1, QUANT_OUT=1).name("stage1", "per_1x128")
     assert name.endswith("_GL1_QO1") and MoeConfig.parse_name(name)[1].QUANT_OUT == 1
     name = S1.name("stage1", "per_1x128")
@@ -52,6 +56,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "PERSISTENT": 1}, "QUANT_OUT .* one tile a program"),
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "GLUON": 0}, r"QUANT_OUT .*\(GLUON 1"),
     ("stage1", "per_1x128", {"QUANT_OUT": 2}, "QUANT_OUT \\(0 or 1\\)"),
+    ("stage1", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is stage 1's, persistent"),  # one tile a program
+    ("stage1", "per_1x128", {"WARP_SPEC": 1, "PERSISTENT": 1, "GATHER_A": 0}, "on the copied rows"),
+    ("stage2", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is stage 1's"),  # Triton's own is stage 2's
 ])
 def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -116,8 +123,11 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, QUANT_OUT=1,
                                          **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, QUANT_OUT=1,
-                                         **{**plan, "GATHER_A": 0}))):
+                                         **{**plan, "GATHER_A": 0})),
+                    ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=6, PERSISTENT=1,
+                                         WARP_SPEC=1, **plan))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
+    name += " WS1" if cfg.WARP_SPEC else ""
     name += ("" if cfg.GATHER_A or kernel == "stage2" else " gather") + (" QO1" if cfg.QUANT_OUT else "")
     report[name] = ptxas_report(compile_only(kernel, dims, cfg).asm["ptx"])
 # fp16 activations: the quantizing stage 1 rounds to fp16 first, as the intermediate would hold it
@@ -133,7 +143,7 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage2 128x128 GL1 PS1",
                            "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
                            "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1",
-                           "stage1 128x64 GL1 QO1 fp16"}
+                           "stage1 128x64 GL1 QO1 fp16", "stage1 128x64 GL1 PS1 WS1"}
     for name, r in report.items():
         two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
@@ -169,6 +179,12 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
     assert with_quant[:-1] == pairs and with_quant[-1][0].QUANT_OUT == 1
     check_plan(*with_quant[-1], "per_1x128")
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_QUANT_OUT", False)
+    assert fmoe_tuner.E2E_GLUON_WS is False  # measured in the twenty-eighth session before it goes on
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS", True)
+    with_ws = fmoe_tuner.gluon_variants(shape, hopper)
+    assert with_ws[:-1] == pairs and with_ws[-1][0].WARP_SPEC == 1 and with_ws[-1][0].PERSISTENT == 1
+    check_plan(*with_ws[-1], "per_1x128")
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS", False)
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_PERSISTENT", False)
     assert [(p[0].BLOCK_SIZE_M, p[1].PERSISTENT) for p in fmoe_tuner.gluon_variants(shape, hopper)] == [
         (128, 0), (64, 0)]

@@ -256,6 +256,15 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
             check_plan(q1, q2, "per_1x128")
     finally:
         heuristics.GLUON_MOE_QUANT_OUT = old
+    old = heuristics.GLUON_MOE_WS
+    heuristics.GLUON_MOE_WS = True  # the pair's stage 1 fed by a loader warp group: persistent, a deeper ring
+    try:
+        _, w1, w2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)
+        assert (w1.PERSISTENT, w1.WARP_SPEC, w1.num_stages, w1.QUANT_OUT) == (1, 1, heuristics.GLUON_MOE_WS_STAGES, 0)
+        check_plan(w1, w2, "per_1x128")
+        assert not moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # own gather there
+    finally:
+        heuristics.GLUON_MOE_WS = old
     for tokens, dims, kw in ((1024, (2048, 1408, 64, 6), {}),  # m = 96
                              (512, (4096, 384, 128, 8), {}),  # m = 32
                              (4096, (4096, 384, 128, 8), {"capability": (8, 0)}),

@@ -385,6 +385,7 @@ class MoeLaunch:
         pair's token row itself (cp.async; `a_rows` None); stage 1 with QUANT_OUT writes `target` in fp8 and the
         scales `quant_out` = (their piece, groups a row). ValueError where they cannot run this call."""
         from tritune.kernels import gluon_moe
+        from tritune.kernels.gluon_gemm_ws import ws_maxnreg
 
         name = cfg.name(kernel, "per_1x128")
         w_t, ws_t = example[w], example[w_scale[1]]
@@ -401,6 +402,7 @@ class MoeLaunch:
             raise ValueError(f"{name}: GLUON takes per_1x128 weight scales [E, N/128, K/128], contiguous along K")
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
         first = len(self.tma)
+        maxnreg = None  # ptxas' own, but for the warp-specialised stage 1
         gather = kernel == "stage1" and a_rows is None  # the rows in token order, [tokens, K]
         tokens = numel // topk
         if gather and tokens * k >= 2**31:
@@ -426,6 +428,8 @@ class MoeLaunch:
                 grid = (min(programs_per_wave(w_t.device), grid[0]),)
                 counts.append(("v", grid[0]))
                 fn = gluon_moe.moe_stage1_persistent_kernel
+                if cfg.WARP_SPEC:  # its loads from a loader warp group, whose registers the MMA warps take
+                    fn, maxnreg = gluon_moe.moe_stage1_ws_kernel, ws_maxnreg(cfg.num_warps)
             if cfg.QUANT_OUT:  # a program a 128-column scale group, its scales beside the fp8 rows
                 if quant_out is None or n % (2 * bn):
                     raise ValueError(f"{name}: QUANT_OUT needs the plan's fp8 intermediate and I (here {n}) a "
@@ -448,7 +452,7 @@ class MoeLaunch:
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
                       ("p", 2)] + [("v", v) for v in values] + tail
         # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.
-        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False)
+        self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False, maxnreg)
         self._cache_descriptors(first, w_t)
 
     def _cache_descriptors(self, first: int, w_t: torch.Tensor) -> None:

@@ -18,7 +18,8 @@ scaled (fp8, 1x128 activation scales, 128x128 weight scales, the rescale of bloc
 
 Measured (H100, twenty-eighth session, RESULTS.md): block-scaled 128x128 on 8 warps, 5 stages: 0.833 → 0.908x
 `_scaled_mm`'s time in geomean on issue 15's three (N, K) from M 1024; 0.78-0.98x the one-kernel Gluon tile's time
-at 14 of 15 points from M 256 (1.01x at the 15th); the dense forms about even with the one-kernel Gluon GEMM (bf16 0.90-1.01x cuBLAS, H200).
+at 14 of 15 points from M 256 (1.01x at the 15th). The dense forms ran about even with the one-kernel Gluon GEMM
+(H200: bf16 0.90-1.01x cuBLAS), so the op keeps the one-kernel form there.
 Two MMA warp groups in ping-pong (each its own partition, taking alternate tiles, so that one's epilogue runs under
 the other's MMAs) compiled but died on the GPU with an unspecified launch failure (Triton 3.6; a single MMA
 partition with the same loader runs correctly), so the MMAs stay in the default partition.

@@ -104,12 +104,13 @@ if HAS_GLUON_HOPPER:
     @gluon.jit
     def _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0, k_tiles, off_m, gate_row, up_row, a_s_ptrs,
                      wg_s_ptr, wu_s_ptr, stride_ask, stride_wsk, acc_g, acc_u, STAGES: gl.constexpr,
-                     GATHER: gl.constexpr, a_ptr, a_rows, a_ok, a_cols, K):
+                     GATHER: gl.constexpr, a_ptr, a_rows, a_ok, a_cols, K, empty=None, WS: gl.constexpr = False):
         """One stage-1 tile's K loop from the program's step g0 (its first STAGES blocks already loading; later ones
         loaded into stages as they free up): (Σ gate partials · scale, Σ up partials · scale), added to the zero
         `acc_g`, `acc_u`. Two MMA groups a K block (gate, up): waiting for at most two outstanding retires the
         previous block's pair while this block's pair runs. The partials alternate and take acc * 0 as their unread
-        accumulators, as in the dense kernel, so no register copy touches an in-flight partial."""
+        accumulators, as in the dense kernel, so no register copy touches an in-flight partial. WS: a loader
+        partition fills the stages; a retired block's stage is handed back through its `empty` barrier instead."""
         g0_, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g, acc_u, g0, STAGES, GATHER)
         a0 = gl.load(a_s_ptrs)
         sg0 = a0 * gl.load(wg_s_ptr)
@@ -123,8 +124,11 @@ if HAS_GLUON_HOPPER:
             acc_g = acc_g + dg * sg0[:, None]
             acc_u = acc_u + du * su0[:, None]
             j = ki - 1 + STAGES  # into block ki-1's stage, free now
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j, j, off_m, gate_row, up_row, j < k_tiles,
-                   STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+            if WS:
+                mbarrier.arrive(empty.index((g0 + ki - 1) % STAGES))
+            else:
+                _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j, j, off_m, gate_row, up_row, j < k_tiles,
+                       STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
             g0_, u0 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, g0 + ki + 1, STAGES, GATHER)
             a0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask)
             sg0 = a0 * gl.load(wg_s_ptr + (ki + 1) * stride_wsk)
@@ -132,8 +136,11 @@ if HAS_GLUON_HOPPER:
             dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g1_, u1))  # block ki's pair
             acc_g = acc_g + dg * sg1[:, None]
             acc_u = acc_u + du * su1[:, None]
-            _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j + 1, j + 1, off_m, gate_row, up_row,
-                   j + 1 < k_tiles, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
+            if WS:
+                mbarrier.arrive(empty.index((g0 + ki) % STAGES))
+            else:
+                _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g0 + j + 1, j + 1, off_m, gate_row, up_row,
+                       j + 1 < k_tiles, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K)
         if k_tiles % 2 == 0:
             g1_, u1 = _issue2(a_smem, g_smem, u_smem, ready, acc_g * 0.0, acc_u * 0.0, g0 + k_tiles - 1, STAGES,
                               GATHER)
@@ -143,6 +150,8 @@ if HAS_GLUON_HOPPER:
             dg, du = warpgroup_mma_wait(num_outstanding=2, deps=(g0_, u0))
             acc_g = acc_g + dg * sg0[:, None]
             acc_u = acc_u + du * su0[:, None]
+            if WS:
+                mbarrier.arrive(empty.index((g0 + k_tiles - 2) % STAGES))
             dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g1_, u1))
             acc_g = acc_g + dg * sg1[:, None]
             acc_u = acc_u + du * su1[:, None]
@@ -150,6 +159,8 @@ if HAS_GLUON_HOPPER:
             dg, du = warpgroup_mma_wait(num_outstanding=0, deps=(g0_, u0))
             acc_g = acc_g + dg * sg0[:, None]
             acc_u = acc_u + du * su0[:, None]
+        if WS:
+            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
         return acc_g, acc_u
 
     @gluon.jit
@@ -390,6 +401,101 @@ if HAS_GLUON_HOPPER:
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
+
+    @gluon.jit
+    def _ws_stage1_loader(a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N_INTER,
+                          K, programs, GROUP_M: gl.constexpr):
+        """The loader partition of `moe_stage1_ws_kernel`: every K block of the program's tiles (A's copied rows,
+        w1's gate and up rows) into the ring, step g into stage g % STAGES once its consumer has freed it."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N_INTER, BN)
+        used_m = gl.load(num_post_ptr) // BM
+        k_tiles = gl.cdiv(K, BK)
+        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+            pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
+            gate_row = gl.load(expert_ids_ptr + pid_m) * 2 * N_INTER + pid_n * BN
+            for ki in range(k_tiles):
+                g = t * k_tiles + ki
+                # a fresh barrier counts as having completed the phase before its first: round 0 passes at once
+                mbarrier.wait(empty.index(g % STAGES), phase=((g // STAGES) & 1) ^ 1)
+                _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g, ki, pid_m * BM, gate_row, gate_row + N_INTER,
+                       True, STAGES, False, 0, 0, 0, 0, K)
+
+    @gluon.jit
+    def _ws_stage1_mma(a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
+                       expert_ids_ptr, num_post_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse, stride_wsn,
+                       stride_wsk, programs, GROUP_M: gl.constexpr):
+        """The MMA partition of `moe_stage1_ws_kernel` (the kernel's warps): each tile's K loop from the ring, its
+        stages handed back as their MMAs retire, then silu(gate) · up out through TMA."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N_INTER, BN)
+        used_m = gl.load(num_post_ptr) // BM
+        k_tiles = gl.cdiv(K, BK)
+        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+            pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
+            expert = gl.load(expert_ids_ptr + pid_m)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            gate_row = expert * 2 * N_INTER + off_n
+            a_s_ptrs = as_ptr + (off_m + gl.arange(0, BM, layout=row_layout)) * stride_asm
+            wg_s_ptr, wu_s_ptr = _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn)
+            acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, t * k_tiles, k_tiles, off_m,
+                                        gate_row, gate_row + N_INTER, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask,
+                                        stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout),
+                                        gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, False, 0, 0, 0, 0, K,
+                                        empty, True)
+            h = _silu(acc_g, acc_u)
+            tma.store_wait(pendings=0)  # the previous tile's rows have left c_smem
+            c_smem.store(h.to(c_desc.dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
+
+    # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
+    @gluon.jit(do_not_specialize=["N_INTER", "K", "max_blocks", "stride_asm", "stride_ask", "stride_wse",
+                                  "stride_wsn", "stride_wsk", "num_pairs", "stride_am", "programs"])
+    def moe_stage1_ws_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr,
+                             sorted_ids_ptr, N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
+                             stride_wsk, num_pairs, stride_am, programs, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                             WARPS: gl.constexpr, GATHER: gl.constexpr, TOPK: gl.constexpr,
+                             LOADER_REGS: gl.constexpr = 40):
+        """`moe_stage1_persistent_kernel`'s result (same arguments; the copied rows only, GATHER False) with the
+        loads in a partition of their own (kernels/gluon_gemm_ws.py's scheme): a loader warp group streams every K
+        block of the program's tiles into the ring through TMA, across tile boundaries and under the epilogue, while
+        the kernel's WARPS warps only wait, multiply, rescale and store. Launch with maxnreg `ws_maxnreg(WARPS)`."""
+        gl.static_assert(not GATHER)
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN <= 128)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_ws_stage1_mma, (a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
+                              expert_ids_ptr, num_post_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse,
+                              stride_wsn, stride_wsk, programs, GROUP_M)),
+            (_ws_stage1_loader, (a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr,
+                                 N_INTER, K, programs, GROUP_M)),
+        ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups
 
     @gluon.jit
     def _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr, stride_ask,

@@ -170,6 +170,11 @@ GLUON_MOE_STAGE1_PERSISTENT = False
 # The Gluon stage 1 writing the intermediate in fp8 itself (QUANT_OUT; a program two 64-wide tiles of one scale
 # group), no quantization launch, in both rules: written for the twenty-eighth session's GPU, not yet measured.
 GLUON_MOE_QUANT_OUT = False
+# The Gluon stage 1 of the pair (copied rows) persistent with its loads from a loader warp group (WARP_SPEC;
+# kernels/gluon_moe.moe_stage1_ws_kernel, the scheme of gluon_gemm_ws) and `GLUON_MOE_WS_STAGES` stages: written in
+# the twenty-eighth session, measured there (RESULTS.md).
+GLUON_MOE_WS = False
+GLUON_MOE_WS_STAGES = 6
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -599,6 +604,8 @@ def _gluon_moe(mean: int) -> tuple[MoeConfig, MoeConfig]:
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
+    if GLUON_MOE_WS and GLUON_MOE_COPY_ROWS:  # a loader warp group feeds the MMA warps, through a deeper ring
+        stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1, num_stages=GLUON_MOE_WS_STAGES)
     return (_quant_out(stage1), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
 
 

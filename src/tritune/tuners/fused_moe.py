@@ -292,6 +292,9 @@ E2E_GLUON_VARIANTS = True
 E2E_GLUON_PERSISTENT = True
 # The rule's 128-row pair with stage 1 quantizing its own output (QUANT_OUT): not yet run on a GPU, so off.
 E2E_GLUON_QUANT_OUT = False
+# The 128-row pair with stage 1 fed by a loader warp group (WARP_SPEC, persistent, 6 stages): written in the
+# twenty-eighth session; on once measured there (RESULTS.md).
+E2E_GLUON_WS = False
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
@@ -307,6 +310,10 @@ GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N
     # stage 1 quantizing its own output: only with E2E_GLUON_QUANT_OUT
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, QUANT_OUT=1, **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1, **_GLUON_PLAN)),
+    # stage 1 fed by a loader warp group: only with E2E_GLUON_WS
+    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=6, PERSISTENT=1, WARP_SPEC=1,
+               **_GLUON_PLAN),
+     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1, **_GLUON_PLAN)),
 )
 
 
@@ -320,7 +327,8 @@ def gluon_variants(shape: FmoeShape, device: DeviceInfo) -> list[Plan]:
             and not shape.doweight_stage1 and shape.model_dim % 128 == 0 and shape.inter_dim % 128 == 0):
         return []
     return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0
-            and (E2E_GLUON_PERSISTENT or not pair[1].PERSISTENT) and (E2E_GLUON_QUANT_OUT or not pair[0].QUANT_OUT)]
+            and (E2E_GLUON_PERSISTENT or not pair[1].PERSISTENT) and (E2E_GLUON_QUANT_OUT or not pair[0].QUANT_OUT)
+            and (E2E_GLUON_WS or not pair[0].WARP_SPEC)]
 
 
 def with_gluon_variants(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:
