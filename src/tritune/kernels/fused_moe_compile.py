@@ -185,10 +185,11 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
                 a, w, out, f32, f32, i32, i32, FP8, i32, f32, *args[9:], triton.cdiv(n, SCALE_BLOCK),
                 FP16=dims.dtype == torch.float16, **meta)
         if cfg.PERSISTENT and cfg.WARP_SPEC:  # its loader warp group's registers go to the MMA warps
-            from tritune.kernels.gluon_gemm_ws import ws_maxnreg
+            from tritune.kernels.gluon_gemm_ws import WS_LOADER_REGS, ws_maxnreg
 
             return gluon_moe.moe_stage1_ws_kernel.warmup(
-                *args, sm_count_for(torch.device("cuda")) or 132, maxnreg=ws_maxnreg(cfg.num_warps), **meta)
+                *args, sm_count_for(torch.device("cuda")) or 132, LOADER_REGS=WS_LOADER_REGS,
+                maxnreg=ws_maxnreg(cfg.num_warps), **meta)
         if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
             return gluon_moe.moe_stage1_persistent_kernel.warmup(
                 *args, sm_count_for(torch.device("cuda")) or 132, **meta)

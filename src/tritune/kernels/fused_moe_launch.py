@@ -385,7 +385,7 @@ class MoeLaunch:
         pair's token row itself (cp.async; `a_rows` None); stage 1 with QUANT_OUT writes `target` in fp8 and the
         scales `quant_out` = (their piece, groups a row). ValueError where they cannot run this call."""
         from tritune.kernels import gluon_moe
-        from tritune.kernels.gluon_gemm_ws import ws_maxnreg
+        from tritune.kernels.gluon_gemm_ws import WS_LOADER_REGS, ws_maxnreg
 
         name = cfg.name(kernel, "per_1x128")
         w_t, ws_t = example[w], example[w_scale[1]]
@@ -442,6 +442,8 @@ class MoeLaunch:
                 ("v", gather), ("v", topk)]
             if cfg.QUANT_OUT:  # the 16-bit type the intermediate would have had, for its rounding
                 recipe.append(("v", example["hidden"].dtype == torch.float16))
+            if maxnreg is not None:  # the launcher takes every parameter, the loader's register count too
+                recipe.append(("v", WS_LOADER_REGS))
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel
