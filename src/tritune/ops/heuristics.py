@@ -168,12 +168,16 @@ GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-3
 # both stages persistent.
 GLUON_MOE_STAGE1_PERSISTENT = False
 # The Gluon stage 1 writing the intermediate in fp8 itself (QUANT_OUT; a program two 64-wide tiles of one scale
-# group), no quantization launch, in both rules: written for the twenty-eighth session's GPU, not yet measured.
+# group), no quantization launch, in both rules. H100, twenty-eighth session, whole op: 0.96-1.05x at 4096 / 8192
+# tokens on five shapes (E 64 8192: the kernel 817 µs against 764 + the launch's 89), so off; the pair's stage 1 is
+# persistent now (GLUON_MOE_WS), which it is not.
 GLUON_MOE_QUANT_OUT = False
 # The Gluon stage 1 of the pair (copied rows) persistent with its loads from a loader warp group (WARP_SPEC;
-# kernels/gluon_moe.moe_stage1_ws_kernel, the scheme of gluon_gemm_ws) and `GLUON_MOE_WS_STAGES` stages: written in
-# the twenty-eighth session, measured there (RESULTS.md).
-GLUON_MOE_WS = False
+# kernels/gluon_moe.moe_stage1_ws_kernel, the scheme of gluon_gemm_ws) and `GLUON_MOE_WS_STAGES` stages. H100,
+# twenty-eighth session: stage 1 alone 376 / 708 µs against the one-tile kernel's 434 / 778 at E 64 top-6 I 1536
+# 4096 / 8192 tokens (4 stages: 393 / 721), Mixtral-8x7B 8192 tokens 4311 against 4449; the whole op, L2 flushed,
+# 0.91-0.93 / 0.96-0.98x at E 64 4096 / 8192 tokens, DeepSeek-V2-Lite 0.95 / 0.97x.
+GLUON_MOE_WS = True
 GLUON_MOE_WS_STAGES = 6
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
@@ -554,7 +558,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and gated \
         and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
     if gluon_ok and m >= GLUON_MOE_MIN_M and inter_dim >= GLUON_MOE_MIN_K:
-        return (False, *_gluon_moe(mean))
+        return (False, *_gluon_moe(mean, max_shared))
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
     if bm == 16:
@@ -596,16 +600,20 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     return False, stage1, stage2
 
 
-def _gluon_moe(mean: int) -> tuple[MoeConfig, MoeConfig]:
+def _gluon_moe(mean: int, max_shared: int) -> tuple[MoeConfig, MoeConfig]:
     """The per_1x128 stage pair on the Gluon kernels, 128-row blocks on 8 warps: stage 1 on rows gathered for TMA
-    with 64-wide gate and up tiles, stage 2 with 128-wide tiles; grouped when an expert's `mean` pairs fill more
-    than one block."""
+    with 64-wide gate and up tiles (`GLUON_MOE_WS`: fed by a loader warp group through as many of
+    `GLUON_MOE_WS_STAGES` stages as fit `max_shared`), stage 2 with 128-wide tiles; grouped when an expert's `mean`
+    pairs fill more than one block."""
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
     if GLUON_MOE_WS and GLUON_MOE_COPY_ROWS:  # a loader warp group feeds the MMA warps, through a deeper ring
-        stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1, num_stages=GLUON_MOE_WS_STAGES)
+        stages = GLUON_MOE_WS_STAGES  # A's, the gate's and the up's 128-deep blocks a stage; C's tile beside
+        while stages > 4 and stages * (128 + 2 * 64) * SCALE_BLOCK + 128 * 64 * 2 + 1024 > max_shared:
+            stages -= 1
+        stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1, num_stages=stages)
     return (_quant_out(stage1), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
 
 

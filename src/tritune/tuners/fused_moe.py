@@ -290,11 +290,12 @@ E2E_GLUON_VARIANTS = True
 # The persistent Gluon stage 2 (GLUON 1 with PERSISTENT 1; the rule's since the twenty-seventh session: 0.97-1.00x
 # the whole op's time) joins them, alone and with the persistent stage 1 (0.98-1.04x: a row may still gain).
 E2E_GLUON_PERSISTENT = True
-# The rule's 128-row pair with stage 1 quantizing its own output (QUANT_OUT): not yet run on a GPU, so off.
+# The rule's 128-row pair with stage 1 quantizing its own output (QUANT_OUT): 0.96-1.05x the op's time (H100,
+# twenty-eighth session), so off.
 E2E_GLUON_QUANT_OUT = False
-# The 128-row pair with stage 1 fed by a loader warp group (WARP_SPEC, persistent, 6 stages): written in the
-# twenty-eighth session; on once measured there (RESULTS.md).
-E2E_GLUON_WS = False
+# The 128-row pair with stage 1 fed by a loader warp group (WARP_SPEC, persistent, 6 stages; the rule's since the
+# twenty-eighth session: 0.91-0.98x the whole op's time at E 64 and DeepSeek-V2-Lite, 4096-8192 tokens).
+E2E_GLUON_WS = True
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
