@@ -52,8 +52,13 @@ if HAS_GLUON_HOPPER:
 
     @gluon.jit
     def _scale(a_s_ptrs, m_ok, b_s_ptr, k, stride_ask, stride_bsk):
-        """Block k's rescale of each tile row: its 1x128 activation scale times the tile's 128x128 weight scale."""
-        return gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0) * gl.load(b_s_ptr + k * stride_bsk)
+        """Block k's rescale of each tile row: its 1x128 activation scale (0 past M where `m_ok` is given; None: every
+        row is real, as the MoE's padded blocks are) times the tile's 128x128 weight scale."""
+        if m_ok is None:
+            a_s = gl.load(a_s_ptrs + k * stride_ask)
+        else:
+            a_s = gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0)
+        return a_s * gl.load(b_s_ptr + k * stride_bsk)
 
     @gluon.jit
     def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
@@ -71,6 +76,51 @@ if HAS_GLUON_HOPPER:
         mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
         _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
         _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s), pred=pred)
+
+    @gluon.jit
+    def _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, b_row, a_s_ptrs, m_ok, b_s_ptr,
+                         stride_ask, stride_bsk, acc, STAGES: gl.constexpr, empty=None, WS: gl.constexpr = False):
+        """One tile's K loop from the program's step g0 (its first STAGES blocks already loading): Σ_k partial_k ·
+        a_s[:, k] · b_s[k] added to the zero `acc`, one MMA a K block, block k-1 rescaled while block k's runs; a
+        retired block's stage refilled with block k-1+STAGES of this tile (B's rows from `b_row`), or (WS) handed back
+        to a loader partition through its `empty` barrier. The block-scaled GEMMs' (one-kernel and warp-specialised)
+        and the fused MoE's stage 2 loop.
+
+        Two partials alternate (the loop body is two K blocks). Each MMA is handed acc * 0 as its (unread, use_acc
+        False) accumulator: that orders the rescale before the issue, so the partial's registers are free and reused,
+        and no copy touches a partial while its MMA is in flight. ptxas serializes every wgmma of a kernel where one
+        does (C7514); a branch or more live registers in the loop can bring that back, so the loop only refills this
+        tile's own blocks."""
+        p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
+        s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
+        for ki in range(1, k_tiles - 1, 2):
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
+            s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
+            j = ki - 1 + STAGES  # into block ki-1's stage, free now
+            if WS:
+                mbarrier.arrive(empty.index((g0 + ki - 1) % STAGES))
+            else:
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j, j, off_m, b_row, j < k_tiles, STAGES)
+            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
+            s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
+            if WS:
+                mbarrier.arrive(empty.index((g0 + ki) % STAGES))
+            else:
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, b_row, j + 1 < k_tiles, STAGES)
+        if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
+            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
+            s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
+            if WS:
+                mbarrier.arrive(empty.index((g0 + k_tiles - 2) % STAGES))
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
+        else:
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+        if WS:
+            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+        return acc
 
     @gluon.jit(do_not_specialize=["M", "programs"])
     def blockscale_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
@@ -115,31 +165,8 @@ if HAS_GLUON_HOPPER:
             m_ok = offs_m < M
             a_s_ptrs = as_ptr + offs_m * stride_asm
             b_s_ptr = bs_ptr + (off_n // 128) * stride_bsn
-            acc = gl.zeros([BM, BN], gl.float32, mma_layout)
-            # Two partials alternate (the loop body is two K blocks). Each MMA is handed acc * 0 as its (unread,
-            # use_acc False) accumulator: that orders the rescale before the issue, so the partial's registers are
-            # free and reused, and no copy touches a partial while its MMA is in flight. ptxas serializes every
-            # wgmma of a kernel where one does (C7514); a branch or more live registers in the loop can bring that
-            # back, so the loop only refills this tile's own blocks.
-            p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
-            s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
-            for ki in range(1, k_tiles - 1, 2):
-                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
-                s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
-                j = ki - 1 + STAGES  # into block ki-1's stage, free now
-                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j, j, off_m, off_n, j < k_tiles, STAGES)
-                p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
-                s0 = _scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
-                _load(a_desc, b_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, off_n, j + 1 < k_tiles, STAGES)
-            if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
-                p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
-                s1 = _scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-            else:
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
+            acc = _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, off_n, a_s_ptrs, m_ok,
+                                   b_s_ptr, stride_ask, stride_bsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
             # Every stage is free: the program's next tile, if any, starts loading now, under this tile's epilogue.
             pid_m, pid_n = _tile_coords(pid + (t + 1) * programs, num_pid_m, num_pid_n, GROUP_M)
             for i in gl.static_range(STAGES):

@@ -42,7 +42,7 @@ if HAS_GLUON_HOPPER:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from tritune.kernels.gluon_blockscale import _tile_coords, _tma_load
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _tile_coords, _tma_load
     from tritune.kernels.gluon_gemm import _epilogue
 
     @gluon.jit
@@ -104,24 +104,10 @@ if HAS_GLUON_HOPPER:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _ws_issue(a_smem, b_smem, ready, regs, g):
-        """Step g's MMA from zero into `regs`' registers once its stage has landed; returns the in-flight partial."""
-        STAGES: gl.constexpr = a_smem.type.shape[0]
-        s = g % STAGES
-        mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
-        return warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
-
-    @gluon.jit
-    def _ws_scale(a_s_ptrs, m_ok, b_s_ptr, k, stride_ask, stride_bsk):
-        """Block k's rescale of each tile row: its 1x128 activation scale times the tile's 128x128 weight scale."""
-        return gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0) * gl.load(b_s_ptr + k * stride_bsk)
-
-    @gluon.jit
     def _ws_blockscale(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
                        programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr):
-        """The consumer, block-scaled: each K block's MMA into a fresh partial, block k-1's partial
-        rescaled into the sum while block k's runs (two partials alternate, as in `blockscale_kernel`), block
-        k-1's stage freed once its partial is read."""
+        """The consumer, block-scaled: `blockscale_kernel`'s K loop (`_blockscale_tile`), each retired block's stage
+        handed back to the loader."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         STAGES: gl.constexpr = a_smem.type.shape[0]
@@ -138,32 +124,13 @@ if HAS_GLUON_HOPPER:
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BM
             off_n = pid_n * BN
-            g0 = t * k_tiles
             offs_m = off_m + gl.arange(0, BM, layout=row_layout)
             m_ok = offs_m < M
             a_s_ptrs = as_ptr + offs_m * stride_asm
             b_s_ptr = bs_ptr + (off_n // BK) * stride_bsn  # BN ≤ 128: one weight scale a tile
-            acc = gl.zeros([BM, BN], gl.float32, layout)
-            p0 = _ws_issue(a_smem, b_smem, ready, acc, g0)
-            s0 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, 0, stride_ask, stride_bsk)
-            for ki in range(1, k_tiles - 1, 2):
-                p1 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki)
-                s1 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, ki, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]  # block ki-1
-                mbarrier.arrive(empty.index((g0 + ki - 1) % STAGES))
-                p0 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1)
-                s0 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, ki + 1, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]  # block ki
-                mbarrier.arrive(empty.index((g0 + ki) % STAGES))
-            if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
-                p1 = _ws_issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1)
-                s1 = _ws_scale(a_s_ptrs, m_ok, b_s_ptr, k_tiles - 1, stride_ask, stride_bsk)
-                acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-                mbarrier.arrive(empty.index((g0 + k_tiles - 2) % STAGES))
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-            else:
-                acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
-            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+            acc = _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, t * k_tiles, k_tiles, off_m, off_n,
+                                   a_s_ptrs, m_ok, b_s_ptr, stride_ask, stride_bsk,
+                                   gl.zeros([BM, BN], gl.float32, layout), STAGES, empty, True)
             tma.store_wait(pendings=0)
             _epilogue(acc, c_desc, c_smem, off_m, off_n, as_ptr, bs_ptr, M, N, False)
         tma.store_wait(pendings=0)

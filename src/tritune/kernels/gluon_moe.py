@@ -42,7 +42,7 @@ if HAS_GLUON_HOPPER:
         warpgroup_mma_wait,
     )
 
-    from tritune.kernels.gluon_blockscale import _issue, _load, _tile_coords, _tma_load, _tma_store
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _load, _tile_coords, _tma_load, _tma_store
 
     # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6, `async_load` later (the old name
     # raises there)
@@ -498,33 +498,6 @@ if HAS_GLUON_HOPPER:
         ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups
 
     @gluon.jit
-    def _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr, stride_ask,
-                     stride_wsk, acc, STAGES: gl.constexpr):
-        """One stage-2 tile's K loop from the program's step g0 (its first STAGES blocks already loading; later ones
-        loaded into stages as they free up): Σ partial · a_s · w_s added to the zero `acc`, one MMA a K block, block
-        k-1 rescaled while block k's runs (the schedule of gluon_blockscale's kernel)."""
-        p0 = _issue(a_smem, b_smem, ready, acc, g0, STAGES)
-        s0 = gl.load(a_s_ptrs) * gl.load(w_s_ptr)
-        for ki in range(1, k_tiles - 1, 2):
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki, STAGES)
-            s1 = gl.load(a_s_ptrs + ki * stride_ask) * gl.load(w_s_ptr + ki * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            j = ki - 1 + STAGES
-            _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j, j, off_m, w_row, j < k_tiles, STAGES)
-            p0 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + ki + 1, STAGES)
-            s0 = gl.load(a_s_ptrs + (ki + 1) * stride_ask) * gl.load(w_s_ptr + (ki + 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p1,)) * s1[:, None]
-            _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + j + 1, j + 1, off_m, w_row, j + 1 < k_tiles, STAGES)
-        if k_tiles % 2 == 0:
-            p1 = _issue(a_smem, b_smem, ready, acc * 0.0, g0 + k_tiles - 1, STAGES)
-            s1 = gl.load(a_s_ptrs + (k_tiles - 1) * stride_ask) * gl.load(w_s_ptr + (k_tiles - 1) * stride_wsk)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(p0,)) * s0[:, None]
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p1,)) * s1[:, None]
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(p0,)) * s0[:, None]
-        return acc
-
-    @gluon.jit
     def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om):
         """Each real row of the tile times its routing weight, to its (token, slot) pair's row of out."""
         pairs = gl.load(sorted_ids_ptr + rows)
@@ -568,8 +541,8 @@ if HAS_GLUON_HOPPER:
         rows = off_m + gl.arange(0, BM, layout=row_layout)
         a_s_ptrs = as_ptr + rows * stride_asm
         w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-        acc = _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, 0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr,
-                           stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
+        acc = _blockscale_tile(a_desc, w_desc, a_smem, b_smem, ready, 0, k_tiles, off_m, w_row, a_s_ptrs, None,
+                               w_s_ptr, stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
         _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
@@ -618,8 +591,9 @@ if HAS_GLUON_HOPPER:
             rows = off_m + gl.arange(0, BM, layout=row_layout)
             a_s_ptrs = as_ptr + rows * stride_asm
             w_s_ptr = ws_ptr + expert * stride_wse + (off_n // 128) * stride_wsn
-            acc = _stage2_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, w_s_ptr,
-                               stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES)
+            acc = _blockscale_tile(a_desc, w_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, w_row, a_s_ptrs, None,
+                                   w_s_ptr, stride_ask, stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout),
+                                   STAGES)
             # Every stage is free: the next tile's first blocks load now, under this tile's epilogue.
             nm, nn = _tile_coords(pid + (t + 1) * programs, used_m, num_pid_n, GROUP_M)
             has_next = t + 1 < my_tiles
