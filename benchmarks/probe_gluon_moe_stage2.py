@@ -7,7 +7,8 @@ op's profile convention).
     PYTHONPATH=src python benchmarks/probe_gluon_moe_stage2.py --dims 2048,1536,64,6 --tokens 1024,4096 \
         [--variants 128:128:4:8:8,64:128:4:4:8] [--out F]
 
-A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent kernel (a program a SM). The op's stage 2 is
+A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent kernel (a program a SM), P 2 its
+warp-specialised form (`moe_stage2_ws_kernel`: a loader warp group feeds the MMA warps). The op's stage 2 is
 timed through `profile_moe_kernels.device_events` on the whole op (its stage-2 kernel's mean µs). """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import triton
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 
 if HAS_GLUON_HOPPER:
-    from tritune.kernels.gluon_moe import moe_stage2_kernel, moe_stage2_persistent_kernel
+    from tritune.kernels.gluon_gemm_ws import ws_maxnreg
+    from tritune.kernels.gluon_moe import moe_stage2_kernel, moe_stage2_persistent_kernel, moe_stage2_ws_kernel
 
 
 def op_kernels(d: int, inter: int, experts: int, tw, ti, q2, s2) -> list:
@@ -85,7 +87,10 @@ def run_variant(variant: str, d: int, inter: int, experts: int, topk: int, token
             a_s.stride(0), a_s.stride(1), s2.stride(0), s2.stride(1), s2.stride(2), out.stride(0))
 
     def fn():
-        if persistent:
+        if persistent == 2:
+            moe_stage2_ws_kernel[(programs,)](*args, programs, GROUP_M=group, STAGES=stages, WARPS=warps,
+                                              num_warps=warps, maxnreg=ws_maxnreg(warps))
+        elif persistent:
             moe_stage2_persistent_kernel[(programs,)](*args, programs, GROUP_M=group, STAGES=stages, WARPS=warps,
                                                       num_warps=warps)
         else:

@@ -31,6 +31,7 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(dataclasses.replace(S1, QUANT_OUT=1), "stage1", "per_1x128")  # stage 1 writing fp8 itself
     ws = dataclasses.replace(S1, PERSISTENT=1, WARP_SPEC=1, num_stages=6)  # and fed by a loader warp group
     check_config(ws, "stage1", "per_1x128")
+    check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1), "stage2", "per_1x128")  # stage 2 too
     name = ws.name("stage1", "per_1x128")
     assert name.endswith("_S6_KS1_TMA1_SI2_WS1_GA1_PS1_GL1") and MoeConfig.parse_name(name) == ("stage1", ws)
     name = dataclasses.replace(S1, QUANT_OUT=1).name("stage1", "per_1x128")
@@ -56,9 +57,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "PERSISTENT": 1}, "QUANT_OUT .* one tile a program"),
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "GLUON": 0}, r"QUANT_OUT .*\(GLUON 1"),
     ("stage1", "per_1x128", {"QUANT_OUT": 2}, "QUANT_OUT \\(0 or 1\\)"),
-    ("stage1", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is stage 1's, persistent"),  # one tile a program
+    ("stage1", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is persistent"),  # one tile a program
     ("stage1", "per_1x128", {"WARP_SPEC": 1, "PERSISTENT": 1, "GATHER_A": 0}, "on the copied rows"),
-    ("stage2", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is stage 1's"),  # Triton's own is stage 2's
+    ("stage2", "per_1x128", {"WARP_SPEC": 1}, "WARP_SPEC .* is persistent"),  # one tile a program
 ])
 def test_what_a_gluon_config_must_hold(kernel: str, quant: str, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -125,6 +126,8 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=4, QUANT_OUT=1,
                                          **{**plan, "GATHER_A": 0})),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=6, PERSISTENT=1,
+                                         WARP_SPEC=1, **plan)),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1,
                                          WARP_SPEC=1, **plan))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
     name += " WS1" if cfg.WARP_SPEC else ""
@@ -143,7 +146,7 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
     assert set(report) == {"stage1 128x64 GL1", "stage1 64x64 GL1", "stage2 128x128 GL1", "stage2 128x128 GL1 PS1",
                            "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
                            "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1",
-                           "stage1 128x64 GL1 QO1 fp16", "stage1 128x64 GL1 PS1 WS1"}
+                           "stage1 128x64 GL1 QO1 fp16", "stage1 128x64 GL1 PS1 WS1", "stage2 128x128 GL1 PS1 WS1"}
     for name, r in report.items():
         two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
@@ -181,6 +184,12 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
     check_plan(*with_quant[-2], "per_1x128")
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_QUANT_OUT", False)
     assert fmoe_tuner.E2E_GLUON_WS is True  # the rule's stage 1 since the twenty-eighth session
+    assert fmoe_tuner.E2E_GLUON_WS2 is False  # stage 2 warp-specialised too: not yet run on a GPU
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS2", True)
+    both = fmoe_tuner.gluon_variants(shape, hopper)
+    assert both[:-1] == pairs and (both[-1][0].WARP_SPEC, both[-1][1].WARP_SPEC) == (1, 1)
+    check_plan(*both[-1], "per_1x128")
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS2", False)
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS", False)
     assert fmoe_tuner.gluon_variants(shape, hopper) == pairs[:-1]
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS", True)

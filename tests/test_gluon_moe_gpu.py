@@ -70,10 +70,13 @@ def _check(got: torch.Tensor, x: dict) -> None:
                                         _own_rows(dataclasses.replace(S1_64, PERSISTENT=1),
                                                   dataclasses.replace(S2_PERSISTENT, BLOCK_SIZE_M=64, num_warps=4)),
                                         (dataclasses.replace(S1_128, PERSISTENT=1, WARP_SPEC=1, num_stages=6),
-                                         dataclasses.replace(S2_128, PERSISTENT=1))],
+                                         dataclasses.replace(S2_128, PERSISTENT=1)),
+                                        (dataclasses.replace(S1_128, PERSISTENT=1, WARP_SPEC=1, num_stages=6),
+                                         dataclasses.replace(S2_128, PERSISTENT=1, WARP_SPEC=1))],
                          ids=["128-rows", "64-rows", "triton-stage-2-persistent", "gluon-stage-2-persistent",
                               "128-rows-own-gather", "64-rows-own-gather", "both-persistent",
-                              "64-rows-own-gather-persistent-then-triton", "stage-1-warp-specialised"])
+                              "64-rows-own-gather-persistent-then-triton", "stage-1-warp-specialised",
+                              "both-warp-specialised"])
 @pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
     (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
     (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens
@@ -82,6 +85,21 @@ def _check(got: torch.Tensor, x: dict) -> None:
 def test_matches_the_reference(s1, s2, tokens, d, inter, experts, topk) -> None:
     x = _moe(tokens, d, inter, experts, topk)
     _check(_run(x, MoeChoice(False, s1, s2, "test")), x)
+
+
+def test_the_warp_specialised_kernels_give_the_persistent_ones_bits() -> None:
+    """Each warp-specialised stage runs the persistent kernel's arithmetic in its order (the loads only move to a
+    loader warp group): the op's output bit for bit, stage by stage, on an uneven routing (expert 2 takes every
+    token's first slot, experts 0 and 1 none)."""
+    second = torch.randint(3, 8, (700, 1), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([torch.full((700, 1), 2), second], dim=1)
+    x = _moe(700, 384, 384, 8, 2, seed=4, ids=ids)
+    s1, s2 = dataclasses.replace(S1_128, PERSISTENT=1), dataclasses.replace(S2_128, PERSISTENT=1)
+    plain = _run(x, MoeChoice(False, s1, s2, "test"))
+    _check(plain, x)
+    for ws1, ws2 in ((1, 0), (1, 1)):
+        pair = (dataclasses.replace(s1, WARP_SPEC=ws1, num_stages=6), dataclasses.replace(s2, WARP_SPEC=ws2))
+        assert torch.equal(_run(x, MoeChoice(False, *pair, "test")), plain), (ws1, ws2)
 
 
 @pytest.mark.parametrize("own_gather", [False, True], ids=["gather-copy", "own-gather"])

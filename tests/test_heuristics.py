@@ -258,6 +258,17 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
     finally:
         heuristics.GLUON_MOE_QUANT_OUT = old
     assert not moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # own gather there
+    assert not s2.WARP_SPEC  # stage 2 warp-specialised: behind GLUON_MOE_WS2 until measured
+    old = heuristics.GLUON_MOE_WS2
+    heuristics.GLUON_MOE_WS2 = True
+    try:
+        _, w1, w2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)
+        assert (w2.PERSISTENT, w2.WARP_SPEC, w2.num_stages) == (1, 1, 6) and w1.WARP_SPEC
+        check_plan(w1, w2, "per_1x128")
+        small = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, max_shared=166912)
+        assert (small[1].num_stages, small[2].num_stages) == (4, 5)  # as many as fit
+    finally:
+        heuristics.GLUON_MOE_WS2 = old
     old = heuristics.GLUON_MOE_WS
     heuristics.GLUON_MOE_WS = False  # the pair's stage 1 as before: one tile a program, its loads its own
     try:

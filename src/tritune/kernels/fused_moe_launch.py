@@ -451,8 +451,12 @@ class MoeLaunch:
                 grid = (min(programs_per_wave(w_t.device), grid[0]),)
                 values += (grid[0],)
                 fn = gluon_moe.moe_stage2_persistent_kernel
+                if cfg.WARP_SPEC:  # its loads from a loader warp group, whose registers the MMA warps take
+                    fn, maxnreg = gluon_moe.moe_stage2_ws_kernel, ws_maxnreg(cfg.num_warps)
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
                       ("p", 2)] + [("v", v) for v in values] + tail
+            if maxnreg is not None:  # the launcher takes every parameter, the loader's register count too
+                recipe.append(("v", WS_LOADER_REGS))
         # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.
         self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False, maxnreg)
         self._cache_descriptors(first, w_t)

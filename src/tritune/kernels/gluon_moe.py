@@ -403,27 +403,33 @@ if HAS_GLUON_HOPPER:
             mbarrier.invalidate(ready.index(i))
 
     @gluon.jit
-    def _ws_stage1_loader(a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N_INTER,
-                          K, programs, GROUP_M: gl.constexpr):
-        """The loader partition of `moe_stage1_ws_kernel`: every K block of the program's tiles (A's copied rows,
-        w1's gate and up rows) into the ring, step g into stage g % STAGES once its consumer has freed it."""
+    def _ws_loader(a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N, K, programs,
+                   GROUP_M: gl.constexpr, GATED: gl.constexpr):
+        """The loader partition of the warp-specialised stage kernels: every K block of the program's tiles (A's
+        sorted rows and the expert's weight rows: GATED, stage 1's gate and up rows of w1 [E, 2N, K]; else w2
+        [E, N, K] into `g_smem`) into the ring, step g into stage g % STAGES once its consumer has freed it."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         STAGES: gl.constexpr = a_smem.type.shape[0]
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N_INTER, BN)
+        num_pid_n = gl.cdiv(N, BN)
         used_m = gl.load(num_post_ptr) // BM
         k_tiles = gl.cdiv(K, BK)
         for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
             pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
-            gate_row = gl.load(expert_ids_ptr + pid_m) * 2 * N_INTER + pid_n * BN
+            expert = gl.load(expert_ids_ptr + pid_m)
             for ki in range(k_tiles):
                 g = t * k_tiles + ki
                 # a fresh barrier counts as having completed the phase before its first: round 0 passes at once
                 mbarrier.wait(empty.index(g % STAGES), phase=((g // STAGES) & 1) ^ 1)
-                _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g, ki, pid_m * BM, gate_row, gate_row + N_INTER,
-                       True, STAGES, False, 0, 0, 0, 0, K)
+                if GATED:
+                    gate_row = expert * 2 * N + pid_n * BN
+                    _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g, ki, pid_m * BM, gate_row, gate_row + N,
+                           True, STAGES, False, 0, 0, 0, 0, K)
+                else:
+                    _load(a_desc, w_desc, a_smem, g_smem, ready, g, ki, pid_m * BM, expert * N + pid_n * BN, True,
+                          STAGES)
 
     @gluon.jit
     def _ws_stage1_mma(a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
@@ -493,8 +499,8 @@ if HAS_GLUON_HOPPER:
             (_ws_stage1_mma, (a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
                               expert_ids_ptr, num_post_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse,
                               stride_wsn, stride_wsk, programs, GROUP_M)),
-            (_ws_stage1_loader, (a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr,
-                                 N_INTER, K, programs, GROUP_M)),
+            (_ws_loader, (a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N_INTER,
+                          K, programs, GROUP_M, True)),
         ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups
 
     @gluon.jit
@@ -605,3 +611,65 @@ if HAS_GLUON_HOPPER:
                           numel, N, stride_om)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
+
+    @gluon.jit
+    def _ws_stage2_mma(a_desc, w_desc, a_smem, b_smem, ready, empty, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr,
+                       expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask, stride_wse,
+                       stride_wsn, stride_wsk, stride_om, programs, GROUP_M: gl.constexpr):
+        """The MMA partition of `moe_stage2_ws_kernel` (the kernel's warps): each tile's K loop from the ring, its
+        stages handed back as their MMAs retire, then each row to its (token, slot) pair with its routing weight."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                              instr_shape=[16, BN, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N, BN)
+        used_m = gl.load(num_post_ptr) // BM
+        k_tiles = gl.cdiv(K, BK)
+        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+            pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
+            expert = gl.load(expert_ids_ptr + pid_m)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            rows = off_m + gl.arange(0, BM, layout=row_layout)
+            w_s_ptr = ws_ptr + expert * stride_wse + (off_n // BK) * stride_wsn
+            acc = _blockscale_tile(a_desc, w_desc, a_smem, b_smem, ready, t * k_tiles, k_tiles, off_m,
+                                   expert * N + off_n, as_ptr + rows * stride_asm, None, w_s_ptr, stride_ask,
+                                   stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, empty, True)
+            _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
+                          numel, N, stride_om)
+
+    # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
+    @gluon.jit(do_not_specialize=["numel", "N", "K", "max_blocks", "stride_asm", "stride_ask", "stride_wse",
+                                  "stride_wsn", "stride_wsk", "stride_om", "programs"])
+    def moe_stage2_ws_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
+                             num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
+                             stride_wsk, stride_om, programs, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                             WARPS: gl.constexpr, LOADER_REGS: gl.constexpr = 40):
+        """`moe_stage2_persistent_kernel`'s result (same arguments) with the loads in a partition of their own: a
+        loader warp group streams the sorted intermediate's rows and w2's rows of every tile's K blocks into the
+        ring, across tiles and under the row scatter, while the kernel's WARPS warps wait, multiply, rescale and
+        scatter. Launch with maxnreg `ws_maxnreg(WARPS)`."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN <= 128)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_ws_stage2_mma, (a_desc, w_desc, a_smem, b_smem, ready, empty, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr,
+                              expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask,
+                              stride_wse, stride_wsn, stride_wsk, stride_om, programs, GROUP_M)),
+            (_ws_loader, (a_desc, w_desc, a_smem, b_smem, b_smem, ready, empty, expert_ids_ptr, num_post_ptr, N, K,
+                          programs, GROUP_M, False)),
+        ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups

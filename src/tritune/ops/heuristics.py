@@ -179,6 +179,9 @@ GLUON_MOE_QUANT_OUT = False
 # 0.91-0.93 / 0.96-0.98x at E 64 4096 / 8192 tokens, DeepSeek-V2-Lite 0.95 / 0.97x.
 GLUON_MOE_WS = True
 GLUON_MOE_WS_STAGES = 6
+# Stage 2 of the pair the same way (kernels/gluon_moe.moe_stage2_ws_kernel, 4 stages): written at the end of the
+# twenty-eighth session, compiled for sm_90, not yet run on a GPU; off until measured.
+GLUON_MOE_WS2 = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -610,11 +613,22 @@ def _gluon_moe(mean: int, max_shared: int) -> tuple[MoeConfig, MoeConfig]:
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
     if GLUON_MOE_WS and GLUON_MOE_COPY_ROWS:  # a loader warp group feeds the MMA warps, through a deeper ring
-        stages = GLUON_MOE_WS_STAGES  # A's, the gate's and the up's 128-deep blocks a stage; C's tile beside
-        while stages > 4 and stages * (128 + 2 * 64) * SCALE_BLOCK + 128 * 64 * 2 + 1024 > max_shared:
-            stages -= 1
-        stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1, num_stages=stages)
-    return (_quant_out(stage1), MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common))
+        # A's, the gate's and the up's 128-deep blocks a stage; C's tile beside
+        stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1,
+                         num_stages=_ws_stages((128 + 2 * 64) * SCALE_BLOCK, 128 * 64 * 2, max_shared))
+    stage2 = MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common)
+    if GLUON_MOE_WS2 and GLUON_MOE_PERSISTENT:  # A's and w2's blocks a stage; rows leave by pointer
+        stage2 = replace(stage2, WARP_SPEC=1, num_stages=_ws_stages((128 + 128) * SCALE_BLOCK, 0, max_shared))
+    return _quant_out(stage1), stage2
+
+
+def _ws_stages(per_stage: int, fixed: int, max_shared: int) -> int:
+    """A warp-specialised Gluon stage's ring: `GLUON_MOE_WS_STAGES` stages of `per_stage` bytes beside `fixed` ones,
+    fewer (not under 4) where they would not fit `max_shared` (barriers: 1 KB)."""
+    stages = GLUON_MOE_WS_STAGES
+    while stages > 4 and stages * per_stage + fixed + 1024 > max_shared:
+        stages -= 1
+    return stages
 
 
 def _quant_out(stage1: MoeConfig) -> MoeConfig:
