@@ -12,7 +12,7 @@ A variant is BM:BN:STAGES:WARPS:GROUP_M[:MODE[:P]]; BN is the gate's (and the up
 of w1; MODE 2 has the kernel copy each pair's token row itself (GATHER, cp.async) instead of reading gathered rows
 through TMA (MODE 1 was a one-MMA kernel, removed after it measured slower); P 1 runs the persistent kernel
 (`moe_stage1_persistent_kernel`, a program a SM), P 2 its warp-specialised form (`moe_stage1_ws_kernel`: a loader
-warp group feeds the MMA warps; copied rows only).
+warp group feeds the MMA warps, and with MODE 2 gathers the rows itself).
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ def run_variant(variant: str, d: int, inter: int, experts: int, tokens: int, ti,
     bm, bn, stages, warps, group, mode, persistent = (int(x) for x in (variant + ":0:0").split(":")[:7])
     if mode not in (0, 2):
         raise SystemExit(f"probe_gluon_moe_stage1: variant {variant!r}: MODE is 0 (copied rows) or 2 (own gather)")
-    if persistent == 2 and mode:
-        raise SystemExit(f"probe_gluon_moe_stage1: variant {variant!r}: P 2 (warp-specialised) reads copied rows only")
     kernel = (moe_stage1_kernel, moe_stage1_persistent_kernel, moe_stage1_ws_kernel)[persistent]
     sort, _, _ = sorted_operand(ti, bm, experts, 128, 0)
     topk = ti.shape[1]

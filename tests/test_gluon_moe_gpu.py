@@ -72,11 +72,13 @@ def _check(got: torch.Tensor, x: dict) -> None:
                                         (dataclasses.replace(S1_128, PERSISTENT=1, WARP_SPEC=1, num_stages=6),
                                          dataclasses.replace(S2_128, PERSISTENT=1)),
                                         (dataclasses.replace(S1_128, PERSISTENT=1, WARP_SPEC=1, num_stages=6),
-                                         dataclasses.replace(S2_128, PERSISTENT=1, WARP_SPEC=1))],
+                                         dataclasses.replace(S2_128, PERSISTENT=1, WARP_SPEC=1)),
+                                        _own_rows(dataclasses.replace(S1_64, PERSISTENT=1, WARP_SPEC=1, num_stages=6),
+                                                  dataclasses.replace(S2_PERSISTENT, BLOCK_SIZE_M=64, num_warps=4))],
                          ids=["128-rows", "64-rows", "triton-stage-2-persistent", "gluon-stage-2-persistent",
                               "128-rows-own-gather", "64-rows-own-gather", "both-persistent",
                               "64-rows-own-gather-persistent-then-triton", "stage-1-warp-specialised",
-                              "both-warp-specialised"])
+                              "both-warp-specialised", "64-rows-own-gather-warp-specialised-then-triton"])
 @pytest.mark.parametrize(("tokens", "d", "inter", "experts", "topk"), [
     (300, 384, 256, 8, 2),  # every expert busy; 600 pairs: no block divides them
     (77, 640, 384, 16, 3),  # D and I cross 128-wide scale blocks 5 and 3 times; some experts get no tokens
@@ -162,8 +164,8 @@ def test_a_gluon_plan_falls_back_where_it_cannot_run() -> None:
 @pytest.mark.parametrize(("bm", "warps"), [(128, 8), (64, 4)])
 def test_the_stage_1_kernels_agree(bm: int, warps: int) -> None:
     """`moe_stage1_kernel` on the gathered copy through TMA and the same kernel copying each pair's token row itself
-    (GATHER, cp.async), one tile a program and persistent, and the warp-specialised persistent kernel on the copy
-    (its loads from a loader warp group): the same silu(gate) · up, bit for bit."""
+    (GATHER, cp.async), one tile a program and persistent, and the warp-specialised persistent kernel (its loads,
+    the gather too, from a loader warp group): the same silu(gate) · up, bit for bit."""
     import triton
 
     from tritune.kernels.gluon_blockscale import descriptor
@@ -186,7 +188,7 @@ def test_the_stage_1_kernels_agree(bm: int, warps: int) -> None:
     outs = []
     for kernel, gather in ((moe_stage1_kernel, False), (moe_stage1_kernel, True),
                            (moe_stage1_persistent_kernel, False), (moe_stage1_persistent_kernel, True),
-                           (moe_stage1_ws_kernel, False)):
+                           (moe_stage1_ws_kernel, False), (moe_stage1_ws_kernel, True)):
         out = torch.full((rows, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
         a, s = (t8, t_s) if gather else (a8, a_s)
         head = [descriptor(a, [bm, 128]), descriptor(x["w1"].reshape(experts * 2 * inter, d), [64, 128]),

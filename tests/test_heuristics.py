@@ -257,7 +257,15 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
             check_plan(q1, q2, "per_1x128")
     finally:
         heuristics.GLUON_MOE_QUANT_OUT = old
-    assert not moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # own gather there
+    assert not moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # until measured
+    old = heuristics.GLUON_MOE_STAGE1_WS
+    heuristics.GLUON_MOE_STAGE1_WS = True  # below I 1024: the own gather in a loader warp group
+    try:
+        _, g1, g2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+        assert (g1.GATHER_A, g1.PERSISTENT, g1.WARP_SPEC, g1.num_stages) == (0, 1, 1, 6) and not g2.GLUON
+        check_plan(g1, g2, "per_1x128")
+    finally:
+        heuristics.GLUON_MOE_STAGE1_WS = old
     assert not s2.WARP_SPEC  # stage 2 warp-specialised: behind GLUON_MOE_WS2 until measured
     old = heuristics.GLUON_MOE_WS2
     heuristics.GLUON_MOE_WS2 = True

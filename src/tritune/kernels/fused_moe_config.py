@@ -62,7 +62,7 @@ class MoeConfig:
     TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
     SWAP_AB: int = 0  # stage kernels: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop;
-    # a Gluon stage (GLUON, PERSISTENT; stage 1 with GATHER_A): a loader warp group feeding the MMA warps
+    # a Gluon stage (GLUON, PERSISTENT): a loader warp group feeding the MMA warps
     GATHER_A: int = 0  # 2-stage plans: 1 = a launch copies stage 1's A rows into the sort's order, read through TMA
     PERSISTENT: int = 0  # stage 2 (Gluon: stage 1 too), loads through TMA: 1 = a persistent program walks tiles
     SCALE_TMA: int = 0  # swapped MXFP4 through TMA, BLOCK_K 128: 1 = the e8m0 codes through TMA too (mxfp4_records)
@@ -234,8 +234,8 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     TMA from the GATHER_A copy, or copied by the kernel itself without it), BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128
     (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the Triton kernels' other
     options (KSPLIT 1; no SWAP_AB, SCALE_TMA, TOPK_ATOMIC). PERSISTENT is either stage's persistent Gluon kernel;
-    WARP_SPEC (persistent; stage 1 on the copied rows) its warp-specialised form (a loader warp group feeding the
-    MMA warps)."""
+    WARP_SPEC (persistent) its warp-specialised form (a loader warp group feeding the MMA warps; stage 1's own
+    gather done by that warp group)."""
     if kernel == "1stage" or quant != "per_1x128":
         return f"GLUON is for the per_1x128 stage kernels, not {kernel} with {quant}"
     if config.BLOCK_SIZE_K != SCALE_BLOCK or config.BLOCK_SIZE_N not in (64, 128) or config.num_warps not in (4, 8) \
@@ -246,10 +246,9 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
         return "GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2)"
     if config.KSPLIT != 1 or config.SWAP_AB or config.SCALE_TMA or config.TOPK_ATOMIC:
         return "GLUON is its own kernel: KSPLIT 1, no SWAP_AB, SCALE_TMA or TOPK_ATOMIC"
-    if config.WARP_SPEC and (not config.PERSISTENT or config.QUANT_OUT or (kernel == "stage1" and not config.GATHER_A)):
+    if config.WARP_SPEC and (not config.PERSISTENT or config.QUANT_OUT):
         return ("GLUON with WARP_SPEC (a loader warp group feeding the MMA warps, moe_stage1_ws_kernel / "
-                "moe_stage2_ws_kernel) is persistent (PERSISTENT 1), without QUANT_OUT, stage 1 on the copied rows "
-                "(GATHER_A 1)")
+                "moe_stage2_ws_kernel) is persistent (PERSISTENT 1), without QUANT_OUT")
     return None
 
 

@@ -404,10 +404,13 @@ if HAS_GLUON_HOPPER:
 
     @gluon.jit
     def _ws_loader(a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N, K, programs,
-                   GROUP_M: gl.constexpr, GATED: gl.constexpr):
+                   a_ptr, sorted_ids_ptr, num_pairs, stride_am, GROUP_M: gl.constexpr, GATED: gl.constexpr,
+                   GATHER: gl.constexpr, TOPK: gl.constexpr):
         """The loader partition of the warp-specialised stage kernels: every K block of the program's tiles (A's
         sorted rows and the expert's weight rows: GATED, stage 1's gate and up rows of w1 [E, 2N, K]; else w2
-        [E, N, K] into `g_smem`) into the ring, step g into stage g % STAGES once its consumer has freed it."""
+        [E, N, K] into `g_smem`) into the ring, step g into stage g % STAGES once its consumer has freed it. A's
+        rows come through TMA, or (GATHER, stage 1) copied from their tokens' rows of a_ptr by this warp group's
+        cp.async, each thread's copies arriving on the stage's barrier."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -419,6 +422,13 @@ if HAS_GLUON_HOPPER:
         for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
             pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
             expert = gl.load(expert_ids_ptr + pid_m)
+            if GATHER:  # this warp group's share of the tile's token rows
+                # 16-byte copies need what a partition's arguments no longer tell the compiler: rows 16-byte aligned
+                # and K a multiple of 16 (TMA's rule too), restated as products of 16
+                a_rows, a_ok, a_cols = _gather_rows(sorted_ids_ptr, pid_m * BM, num_pairs, stride_am // 16 * 16, BM,
+                                                    BK, gl.num_warps(), TOPK)
+            else:
+                a_rows, a_ok, a_cols = 0, 0, 0
             for ki in range(k_tiles):
                 g = t * k_tiles + ki
                 # a fresh barrier counts as having completed the phase before its first: round 0 passes at once
@@ -426,15 +436,16 @@ if HAS_GLUON_HOPPER:
                 if GATED:
                     gate_row = expert * 2 * N + pid_n * BN
                     _load3(a_desc, w_desc, a_smem, g_smem, u_smem, ready, g, ki, pid_m * BM, gate_row, gate_row + N,
-                           True, STAGES, False, 0, 0, 0, 0, K)
+                           True, STAGES, GATHER, a_ptr, a_rows, a_ok, a_cols, K // 16 * 16)
                 else:
                     _load(a_desc, w_desc, a_smem, g_smem, ready, g, ki, pid_m * BM, expert * N + pid_n * BN, True,
                           STAGES)
 
     @gluon.jit
     def _ws_stage1_mma(a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
-                       expert_ids_ptr, num_post_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse, stride_wsn,
-                       stride_wsk, programs, GROUP_M: gl.constexpr):
+                       expert_ids_ptr, num_post_ptr, sorted_ids_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse,
+                       stride_wsn, stride_wsk, num_pairs, programs, GROUP_M: gl.constexpr, GATHER: gl.constexpr,
+                       TOPK: gl.constexpr):
         """The MMA partition of `moe_stage1_ws_kernel` (the kernel's warps): each tile's K loop from the ring, its
         stages handed back as their MMAs retire, then silu(gate) · up out through TMA."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -454,12 +465,14 @@ if HAS_GLUON_HOPPER:
             off_m = pid_m * BM
             off_n = pid_n * BN
             gate_row = expert * 2 * N_INTER + off_n
-            a_s_ptrs = as_ptr + (off_m + gl.arange(0, BM, layout=row_layout)) * stride_asm
+            a_s_ptrs = _a_scales(as_ptr, sorted_ids_ptr, off_m + gl.arange(0, BM, layout=row_layout), num_pairs,
+                                 stride_asm, GATHER, TOPK)
             wg_s_ptr, wu_s_ptr = _w1_scales(ws_ptr, expert, off_n, N_INTER, stride_wse, stride_wsn)
+            # GATHER: the loader's cp.async rows made visible to the MMA's proxy after each stage's wait (_issue2)
             acc_g, acc_u = _stage1_tile(a_desc, w_desc, a_smem, g_smem, u_smem, ready, t * k_tiles, k_tiles, off_m,
                                         gate_row, gate_row + N_INTER, a_s_ptrs, wg_s_ptr, wu_s_ptr, stride_ask,
                                         stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout),
-                                        gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, False, 0, 0, 0, 0, K,
+                                        gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, GATHER, 0, 0, 0, 0, K,
                                         empty, True)
             h = _silu(acc_g, acc_u)
             tma.store_wait(pendings=0)  # the previous tile's rows have left c_smem
@@ -468,19 +481,21 @@ if HAS_GLUON_HOPPER:
             _tma_store(c_desc, [off_m, off_n], c_smem)
         tma.store_wait(pendings=0)
 
-    # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
+    # No integer argument that may be 1 specialized: a constant 1 would reach the partitions as a Python int, which
+    # they refuse. A's row stride (K, a multiple of 128) keeps its divisibility, which the loader's 16-byte cp.async
+    # needs.
     @gluon.jit(do_not_specialize=["N_INTER", "K", "max_blocks", "stride_asm", "stride_ask", "stride_wse",
-                                  "stride_wsn", "stride_wsk", "num_pairs", "stride_am", "programs"])
+                                  "stride_wsn", "stride_wsk", "num_pairs", "programs"])
     def moe_stage1_ws_kernel(a_desc, w_desc, c_desc, as_ptr, ws_ptr, expert_ids_ptr, num_post_ptr, a_ptr,
                              sorted_ids_ptr, N_INTER, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
                              stride_wsk, num_pairs, stride_am, programs, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                              WARPS: gl.constexpr, GATHER: gl.constexpr, TOPK: gl.constexpr,
                              LOADER_REGS: gl.constexpr = 40):
-        """`moe_stage1_persistent_kernel`'s result (same arguments; the copied rows only, GATHER False) with the
-        loads in a partition of their own (kernels/gluon_gemm_ws.py's scheme): a loader warp group streams every K
-        block of the program's tiles into the ring through TMA, across tile boundaries and under the epilogue, while
-        the kernel's WARPS warps only wait, multiply, rescale and store. Launch with maxnreg `ws_maxnreg(WARPS)`."""
-        gl.static_assert(not GATHER)
+        """`moe_stage1_persistent_kernel`'s result (same arguments) with the loads in a partition of their own
+        (kernels/gluon_gemm_ws.py's scheme): a loader warp group streams every K block of the program's tiles into
+        the ring (the weights through TMA; A's rows through TMA from the copy, or with GATHER by its own cp.async from
+        the tokens' rows), across tile boundaries and under the epilogue, while the kernel's WARPS warps only wait,
+        multiply, rescale and store. Launch with maxnreg `ws_maxnreg(WARPS)`."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -492,16 +507,18 @@ if HAS_GLUON_HOPPER:
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # the weights' expect-arrive, and with GATHER every loader thread's copies too
+        READY_COUNT: gl.constexpr = 1 + 32 * 4 if GATHER else 1
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(ready.index(i), count=READY_COUNT)
             mbarrier.init(empty.index(i), count=1)
         gl.warp_specialize([
             (_ws_stage1_mma, (a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
-                              expert_ids_ptr, num_post_ptr, N_INTER, K, stride_asm, stride_ask, stride_wse,
-                              stride_wsn, stride_wsk, programs, GROUP_M)),
+                              expert_ids_ptr, num_post_ptr, sorted_ids_ptr, N_INTER, K, stride_asm, stride_ask,
+                              stride_wse, stride_wsn, stride_wsk, num_pairs, programs, GROUP_M, GATHER, TOPK)),
             (_ws_loader, (a_desc, w_desc, a_smem, g_smem, u_smem, ready, empty, expert_ids_ptr, num_post_ptr, N_INTER,
-                          K, programs, GROUP_M, True)),
-        ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups
+                          K, programs, a_ptr, sorted_ids_ptr, num_pairs, stride_am, GROUP_M, True, GATHER, TOPK)),
+        ], [4], [LOADER_REGS])  # a whole warp group (WS_LOADER_WARPS): setmaxnreg acts on warp groups
 
     @gluon.jit
     def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om):
@@ -671,5 +688,5 @@ if HAS_GLUON_HOPPER:
                               expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask,
                               stride_wse, stride_wsn, stride_wsk, stride_om, programs, GROUP_M)),
             (_ws_loader, (a_desc, w_desc, a_smem, b_smem, b_smem, ready, empty, expert_ids_ptr, num_post_ptr, N, K,
-                          programs, GROUP_M, False)),
+                          programs, out_ptr, sorted_ids_ptr, numel, stride_om, GROUP_M, False, False, 1)),
         ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups

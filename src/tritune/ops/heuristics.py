@@ -182,6 +182,10 @@ GLUON_MOE_WS_STAGES = 6
 # Stage 2 of the pair the same way (kernels/gluon_moe.moe_stage2_ws_kernel, 4 stages): written at the end of the
 # twenty-eighth session, compiled for sm_90, not yet run on a GPU; off until measured.
 GLUON_MOE_WS2 = False
+# Below GLUON_MOE_MIN_K, the Gluon stage 1 that gathers its own rows persistent with the gather and the weights'
+# loads in a loader warp group (WARP_SPEC with GATHER_A 0; its cp.async copies arrive on the stage's barrier): written
+# at the end of the twenty-eighth session, compiled for sm_90, not yet run on a GPU; off until measured.
+GLUON_MOE_STAGE1_WS = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
 FILL = 0.7  # a tile is large enough when its grid covers this fraction of the SMs
@@ -599,7 +603,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
     if gluon_ok and GLUON_MOE_STAGE1 and m >= GLUON_MOE_STAGE1_MIN_M and inter_dim < GLUON_MOE_MIN_K \
             and stage2.SORTED_INTER == 2 and stage1.KSPLIT == 1 and bm in (64, 128):
-        stage1 = _gluon_stage1(stage1)
+        stage1 = _gluon_stage1(stage1, max_shared)
     return False, stage1, stage2
 
 
@@ -636,12 +640,17 @@ def _quant_out(stage1: MoeConfig) -> MoeConfig:
     return replace(stage1, QUANT_OUT=int(GLUON_MOE_QUANT_OUT and not stage1.PERSISTENT))
 
 
-def _gluon_stage1(stage1: MoeConfig) -> MoeConfig:
+def _gluon_stage1(stage1: MoeConfig, max_shared: int) -> MoeConfig:
     """A Triton plan's stage 1 on the Gluon kernel on the same blocks, gathering its own rows: 64-wide gate and up
-    tiles, 16 rows a warp, 4 stages."""
-    return _quant_out(replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=stage1.BLOCK_SIZE_M // 16,
-                              num_stages=4, USE_TMA=1, GATHER_A=0, GLUON=1,
-                              PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT)))
+    tiles, 16 rows a warp, 4 stages (`GLUON_MOE_STAGE1_WS`: persistent, the gather in a loader warp group, as many of
+    `GLUON_MOE_WS_STAGES` as fit)."""
+    bm = stage1.BLOCK_SIZE_M
+    gluon = replace(stage1, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK, num_warps=bm // 16, num_stages=4, USE_TMA=1,
+                    GATHER_A=0, GLUON=1, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT))
+    if GLUON_MOE_STAGE1_WS:
+        gluon = replace(gluon, PERSISTENT=1, WARP_SPEC=1,
+                        num_stages=_ws_stages((bm + 2 * 64) * SCALE_BLOCK, bm * 64 * 2, max_shared))
+    return _quant_out(gluon)
 
 
 def _one_stage(model_dim: int, inter_dim: int, quant: str, halves: int, elt: int, max_shared: int, blocks: int,
