@@ -350,8 +350,8 @@ def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) 
          "GLUON is its own kernel"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 128, 128, num_warps=4, SCALE_PIPELINE=True, GLUON=True)),
          "GLUON is its own kernel"),
-        (_bad("a8w8", cfg=gk.GemmConfig(128, 128, 128, num_warps=8, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
-                                        GLUON=True)), "is the block-scaled kernel's, persistent"),
+        (_bad("a8w8", cfg=gk.GemmConfig(128, 192, 128, num_warps=8, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
+                                        GLUON=True)), "one MMA a K step (BLOCK_SIZE_N a power of two)"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -390,5 +390,8 @@ def test_gluon_refused_off_the_gpu() -> None:
     assert gk.gluon_problem(GLUON_64) is None and gk.gluon_problem(gk.GemmConfig(128, 128, 128, num_warps=8)) is None
     ws = gk.GemmConfig(128, 128, 128, num_warps=8, num_stages=5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
     assert gk.gluon_problem(ws) is None  # the warp-specialised block-scaled kernel
+    dense = gk.GemmConfig(128, 256, 64, num_warps=8, num_stages=3, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
+                          GLUON=True)
+    assert gk.gluon_problem(dense, "bf16", 2) is None  # and the dense ones
     with pytest.raises(ValueError, match="GLUON (runs on a Hopper GPU|needs Triton's Gluon)"):
         gk.gemm("a8w8_blockscale", ops["a"], ops["b"], ws, a_scale=ops["a_scale"], b_scale=ops["b_scale"])

@@ -47,8 +47,8 @@ GLUON_RULE = ("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, 
 # (rule, problem, config): the config breaks that rule and no other. Each problem and config is a valid point a
 # step away, so the test also shows the rule is what separates it from a kept config.
 ONE_RULE_EACH = [
-    ("WARP_SPECIALIZE: block-scaled and persistent, Gluon's or (Triton >= 3.5, K >= WS_MIN_K) Triton's without "
-     "SCALE_PIPELINE", BLOCKSCALE,
+    ("WARP_SPECIALIZE: Gluon's, or Triton's block-scaled persistent kernel's (Triton >= 3.5, K >= WS_MIN_K) "
+     "without SCALE_PIPELINE", BLOCKSCALE,
      _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # Triton's, but K 4096 < 7168
     ("shared memory > device limit", BIG,
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=4)),  # (128+256)*128*2 B*4 stages = 384 KiB
@@ -131,6 +131,7 @@ def test_gluon_configs_kept_on_hopper_with_gluon_only() -> None:
             # its warp-specialised form: a loader warp group feeding the MMA warps, persistent
             (BLOCKSCALE, _config(BLOCK_SIZE_K=128, num_stages=6, PERSISTENT_TMA=True, GLUON=True,
                                  WARP_SPECIALIZE=True)),
+            (A8W8, _config(BLOCK_SIZE_K=128, num_stages=4, PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=True)),
             # the bf16 / a8w8 kernel: 192 wide (two MMAs), and a power of two
             (A8W8, _config(BLOCK_SIZE_M=64, BLOCK_SIZE_N=192, BLOCK_SIZE_K=128, num_warps=4, num_stages=4,
                            PERSISTENT_TMA=True, GLUON=True)),

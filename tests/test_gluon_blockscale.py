@@ -31,7 +31,7 @@ cfg = gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE
 gk.compile_only("a8w8_blockscale", M, N, K, cfg)  # the warp-specialised kernel, as the compile pool builds it
 from tritune.kernels import gluon_gemm_ws as ws
 kernel = ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, 128, 128), torch.float32, torch.float32, M, N, K,
-                                  K // 128, 1, K // 128, 1, 132, *ws.blockscale_constexprs(cfg), num_warps=8,
+                                  K // 128, 1, K // 128, 1, 132, *ws.constexprs("a8w8_blockscale", cfg), num_warps=8,
                                   num_stages=5, maxnreg=ws.ws_maxnreg(8), grid=(1,))
 ptx = kernel.asm["ptx"]
 report["ws 128x128 w8 s5"] = ptxas_report(ptx, maxnreg=re.findall(r"\.maxnreg\s+(\d+)", ptx),

@@ -58,13 +58,28 @@ for kernel, dtype, cfg in (
                                      num_stages=cfg.num_stages, grid=(1,))
     report[f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = ptxas_report(
         compiled.asm["ptx"], two_mmas=cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1) != 0)
+from tritune.kernels import gluon_gemm_ws as ws
+for kernel, dtype, cfg in (  # the warp-specialised forms, as the compile pool builds them
+        ("bf16", torch.bfloat16, gk.GemmConfig(128, 256, 64, 8, 8, 3, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
+                                               GLUON=True)),
+        ("a8w8", torch.float8_e4m3fn, gk.GemmConfig(128, 128, 128, 8, 4, 5, PERSISTENT_TMA=True,
+                                                    WARP_SPECIALIZE=True, GLUON=True))):
+    gk.compile_only(kernel, M, N, K, cfg, dtype if kernel == "bf16" else torch.bfloat16)
+    a, b = MockTensor(dtype, [M, K]), MockTensor(dtype, [N, K])
+    c = MockTensor(torch.bfloat16, [M, N])
+    s = torch.float32 if kernel == "a8w8" else dtype
+    compiled = ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N), s, s, M, N,
+                                        K, 0, 0, 0, 0, 1, *ws.constexprs(kernel, cfg), num_warps=cfg.num_warps,
+                                        num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
+    report[f"ws {kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}"] = ptxas_report(compiled.asm["ptx"], two_mmas=False)
 """
 
 
 @pytest.mark.skipif(not HAS_GLUON_HOPPER, reason="this Triton has no Gluon Hopper API (Triton >= 3.5)")
 def test_compiled_for_sm90_with_the_mmas_in_flight_and_nothing_spilled() -> None:
     report = compile_report(_CHILD)
-    assert set(report) == {"bf16 128x128", "bf16 128x192", "a8w8 64x192", "a8w8 128x256"}
+    assert set(report) == {"bf16 128x128", "bf16 128x192", "a8w8 64x192", "a8w8 128x256", "ws bf16 128x256",
+                           "ws a8w8 128x128"}
     for name, r in report.items():
         in_flight = "2" if r["two_mmas"] else "1"  # this K step's MMAs run while the loop refills the last one's stage
         assert set(r["waits"]) == {in_flight, "0"}, (name, r["waits"])  # and all retired after the loop

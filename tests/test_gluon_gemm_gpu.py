@@ -5,6 +5,7 @@ with Triton's Gluon API these skip with that reason (the CPU suite compiles the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from tritune.kernels import gemm as gk
 from tritune.kernels.gluon_gemm import HAS_GLUON_HOPPER, gluon_gemm
+from tritune.kernels.gluon_gemm_ws import ws_gemm
 from tritune.kernels.quant import quantize_rows
 from tritune.tuning.bench import capture_graph
 
@@ -33,6 +35,9 @@ CASES = [  # (kernel, operand dtype, config)
     ("a8w8", torch.float8_e4m3fn, _cfg(128, 256, 128, 8, 3)),
     ("a8w8", torch.float8_e4m3fn, _cfg(64, 96, 128, 4, 6)),  # 64 + 32
     ("a8w8", torch.float8_e4m3fn, _cfg(128, 128, 128, 8, 4)),
+    # fed by a loader warp group (kernels/gluon_gemm_ws), through the op
+    ("bf16", torch.bfloat16, dataclasses.replace(_cfg(128, 256, 64, 8, 3), WARP_SPECIALIZE=True)),
+    ("a8w8", torch.float8_e4m3fn, dataclasses.replace(_cfg(128, 128, 128, 4, 5), WARP_SPECIALIZE=True)),
 ]
 
 
@@ -56,7 +61,8 @@ def _check(kernel: str, out: torch.Tensor, ops: dict) -> None:
 
 
 @pytest.mark.parametrize(("kernel", "dtype", "cfg"), CASES, ids=[
-    f"{k}-{str(d)[6:]}-{c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}s{c.num_stages}" for k, d, c in CASES])
+    f"{k}-{str(d)[6:]}-{c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}s{c.num_stages}{'ws' if c.WARP_SPECIALIZE else ''}"
+    for k, d, c in CASES])
 @pytest.mark.parametrize(("M", "N", "K"), [
     (300, 520, 1040),  # M, N not multiples of a tile (520 = 2 x 192 + 136); K ends in a partial step
     (1, 200, 256),  # one row; K of 4 bf16 / 2 fp8 steps: fewer than the stages, which are capped to them
@@ -68,9 +74,10 @@ def test_matches_the_reference(kernel: str, dtype: torch.dtype, cfg: gk.GemmConf
     ops = _operands(kernel, dtype, M, N, K)
     out = gk.gemm(kernel, ops["a"], ops["b"], cfg, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
     _check(kernel, out, ops)
-    again = gluon_gemm(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
-                       block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps,
-                       group_m=cfg.GROUP_SIZE_M, out=torch.empty_like(out))
+    launch = ws_gemm if cfg.WARP_SPECIALIZE else gluon_gemm
+    again = launch(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
+                   block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps, group_m=cfg.GROUP_SIZE_M,
+                   out=torch.empty_like(out))
     assert torch.equal(out, again)  # the bound launch and Triton's own launcher run the same binary
 
 

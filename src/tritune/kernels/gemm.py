@@ -53,9 +53,9 @@ class GemmConfig:
     WARP_SPECIALIZE: bool = False  # persistent TMA only: the tile loop split into load and MMA warps (Triton >= 3.5)
     EPILOGUE_SUBTILE: bool = False  # persistent TMA only: C converted and stored as two [BM, BN/2] halves
     TAIL_SPLIT: bool = False  # pointer kernel, NUM_KSPLIT > 1: split only the tiles past the full waves
-    # Hopper: the Gluon kernel of the family. Block-scaled: rescale off the MMA path (kernels/gluon_blockscale; with
-    # WARP_SPECIALIZE and PERSISTENT_TMA, a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws); bf16 and
-    # a8w8: persistent, BLOCK_SIZE_N may be the sum of two powers of two (kernels/gluon_gemm)
+    # Hopper: the Gluon kernel of the family. Block-scaled: rescale off the MMA path (kernels/gluon_blockscale); bf16
+    # and a8w8: persistent, BLOCK_SIZE_N may be the sum of two powers of two (kernels/gluon_gemm). With
+    # WARP_SPECIALIZE and PERSISTENT_TMA, any of them fed by a loader warp group (kernels/gluon_gemm_ws).
     GLUON: bool = False
 
     @staticmethod
@@ -321,8 +321,8 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
     on 4 warps, 128 on 8); the bf16 / a8w8 kernel takes BLOCK_SIZE_K of 128 bytes (64 for 16-bit operands, 128 for
     fp8), BLOCK_SIZE_N a power of two or the sum of two (16-256), BLOCK_SIZE_M 64-256 with at least 16 rows a warp.
     Both take none of the Triton kernels' options but PERSISTENT_TMA (the block-scaled kernel then runs persistent:
-    as many programs as fit at once; the other always does) and, block-scaled and persistent, WARP_SPECIALIZE (the
-    warp-specialised kernel: a loader warp group feeding the num_warps MMA warps)."""
+    as many programs as fit at once; the other always does) and, persistent with a power-of-two BLOCK_SIZE_N,
+    WARP_SPECIALIZE (the warp-specialised kernel of each: a loader warp group feeding the num_warps MMA warps)."""
     if kernel == "a8w8_blockscale":
         if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 128) or cfg.num_warps not in (4, 8) \
                 or cfg.BLOCK_SIZE_M != 16 * cfg.num_warps:
@@ -343,9 +343,9 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
                     f"sum of two up to 256, BLOCK_SIZE_M 64-256 with 16 rows a warp or more, got "
                     f"{cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} warps"
                     + (f" ({width})" if width else ""))
-    if cfg.WARP_SPECIALIZE and (kernel != "a8w8_blockscale" or not cfg.PERSISTENT_TMA):
-        return ("GLUON with WARP_SPECIALIZE (a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws) is the "
-                "block-scaled kernel's, persistent: a8w8_blockscale with PERSISTENT_TMA on")
+    if cfg.WARP_SPECIALIZE and (not cfg.PERSISTENT_TMA or cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1)):
+        return ("GLUON with WARP_SPECIALIZE (a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws) is "
+                "persistent (PERSISTENT_TMA on), one MMA a K step (BLOCK_SIZE_N a power of two)")
     if cfg.NUM_KSPLIT != 1 or cfg.SCALE_PIPELINE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT or cfg.cache_modifier:
         return ("GLUON is its own kernel: NUM_KSPLIT 1, no SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or "
                 "cache_modifier (PERSISTENT_TMA makes it persistent)")
@@ -494,27 +494,32 @@ class GemmLaunch:
                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def _bind_gluon(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
-        """The Gluon block-scaled kernel, bound once; its three descriptors encoded and cached by address as the
-        persistent TMA kernel's are (Triton's launcher encodes a Gluon descriptor from the layout recorded at
-        compile time, so the plain descriptor the cache builds serves)."""
+        """A Gluon kernel, bound once: the warp-specialised one (WARP_SPECIALIZE, any kernel) or the block-scaled
+        one, their three descriptors encoded and cached by address as the persistent TMA kernel's are (Triton's
+        launcher encodes a Gluon descriptor from the layout recorded at compile time, so the plain descriptor the
+        cache builds serves); the one-kernel bf16 / a8w8 GEMM in `_bind_gluon_gemm`."""
         from tritune.kernels import gluon_blockscale as gb
 
         _check_gluon(kernel, a, b, out, cfg)
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
-        if kernel != "a8w8_blockscale":
-            self._bind_gluon_gemm(kernel, a, b, a_s, b_s, out, cfg)
-            return
-        self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
-        if cfg.WARP_SPECIALIZE:
+        if cfg.WARP_SPECIALIZE:  # a loader warp group feeding the MMA warps (kernels/gluon_gemm_ws), every kernel
             from tritune.kernels import gluon_gemm_ws as ws
 
+            bk = 128 // a.element_size()
+            self._blocks = ([bm, bk], [bn, bk], [bm, bn])
+            block_scaled = kernel == "a8w8_blockscale"
+            strides = (a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1)) if block_scaled else (0, 0, 0, 0)
             programs = min(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
             self.main = BoundKernel(
                 ws.ws_gemm_kernel, (programs,),
-                (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, a_s.stride(0),
-                 a_s.stride(1), b_s.stride(0), b_s.stride(1), programs, *ws.blockscale_constexprs(cfg)),
+                (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
+                 *ws.constexprs(kernel, cfg)),
                 varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
+        elif kernel != "a8w8_blockscale":
+            self._bind_gluon_gemm(kernel, a, b, a_s, b_s, out, cfg)
+            return
         else:
+            self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
             programs = gb.programs_for(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device),
                                        bm, bn, cfg.num_stages, cfg.PERSISTENT_TMA)
             self.main = BoundKernel(
@@ -665,19 +670,19 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
             raise ValueError(why)
         a, b, c = (MockTensor(dt, shape) for dt, shape in ((in_dtype, [M, K]), (in_dtype, [N, K]),
                                                            (out_dtype, [M, N])))
+        if cfg.WARP_SPECIALIZE:  # no integer argument of it is specialized: any values serve
+            from tritune.kernels import gluon_gemm_ws as ws
+
+            ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1,
+                                     s_b, 1, 1, *ws.constexprs(kernel, cfg), num_warps=cfg.num_warps,
+                                     num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
+            return
         if kernel != "a8w8_blockscale":
             from tritune.kernels import gluon_gemm as gg
 
             gg.gemm_kernel.warmup(*gg.descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, 1,  # programs
                                   *gg.constexprs(kernel, K, in_dtype, cfg), num_warps=cfg.num_warps,
                                   num_stages=cfg.num_stages, grid=(1,))
-            return
-        if cfg.WARP_SPECIALIZE:
-            from tritune.kernels import gluon_gemm_ws as ws
-
-            ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1,
-                                     s_b, 1, 1, *ws.blockscale_constexprs(cfg), num_warps=cfg.num_warps,
-                                     num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
             return
         gb.blockscale_kernel.warmup(
             *gb.descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1, s_b, 1, 1,  # programs: any

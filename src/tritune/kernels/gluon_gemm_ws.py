@@ -14,12 +14,14 @@ loader gives its share back (setmaxnreg) to the MMA warps (232 on 8 warps).
 
 Two forms share the loader: dense (bf16/fp16, or fp8 scaled per token and per channel in the epilogue) and block
 scaled (fp8, 1x128 activation scales, 128x128 weight scales, the rescale of block k-1 while block k's MMA runs, as in
-`gluon_blockscale`). The op runs the block-scaled form (GemmConfig GLUON + WARP_SPECIALIZE + PERSISTENT_TMA).
+`gluon_blockscale`). The op runs every form (GemmConfig GLUON + WARP_SPECIALIZE + PERSISTENT_TMA); the rule table
+takes the block-scaled one, the tuner may take any.
 
 Measured (H100, twenty-eighth session, RESULTS.md): block-scaled 128x128 on 8 warps, 5 stages: 0.833 → 0.908x
 `_scaled_mm`'s time in geomean on issue 15's three (N, K) from M 1024; 0.78-0.98x the one-kernel Gluon tile's time
 at 14 of 15 points from M 256 (1.01x at the 15th). The dense forms ran about even with the one-kernel Gluon GEMM
-(H200: bf16 0.90-1.01x cuBLAS), so the op keeps the one-kernel form there.
+(H200, untuned: bf16 0.90-1.01x cuBLAS; fp8 per-token 128x128 1.03-1.12x `_scaled_mm` at M 1024 on four of six
+(N, K)), so they are the tuner's to take.
 Two MMA warp groups in ping-pong (each its own partition, taking alternate tiles, so that one's epilogue runs under
 the other's MMAs) compiled but died on the GPU with an unspecified launch failure (Triton 3.6; a single MMA
 partition with the same loader runs correctly), so the MMAs stay in the default partition.
@@ -176,10 +178,13 @@ if HAS_GLUON_HOPPER:
         ], [4], [LOADER_REGS])  # a whole warp group (WS_LOADER_WARPS): setmaxnreg acts on warp groups
 
 
-def blockscale_constexprs(cfg) -> tuple:
-    """`ws_gemm_kernel`'s compile-time arguments for the block-scaled GemmConfig `cfg` (MODE, GROUP_M, STAGES,
+MODES = {"bf16": 0, "a8w8": 1, "a8w8_blockscale": 2}  # the op's GEMM kernels -> ws_gemm_kernel's MODE
+
+
+def constexprs(kernel: str, cfg) -> tuple:
+    """`ws_gemm_kernel`'s compile-time arguments for the op's `kernel` with GemmConfig `cfg` (MODE, GROUP_M, STAGES,
     LOADER_REGS), shared by the op's bound launch and compile_only."""
-    return 2, cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
+    return MODES[kernel], cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
 
 
 def ws_descriptors(a, b, out, block_m: int, block_n: int) -> tuple:

@@ -48,9 +48,10 @@ DEFAULT_SPACE: dict[str, tuple] = {
     # bf16 / a8w8: persistent, 96- and 192-wide tiles (H100: fp8 0.83-0.97x the Triton op's time at M 256-4096 where
     # the rule picks it; bf16 0.91-0.96x at 4 of 24 held-out points, 1.01-1.05x at others).
     "GLUON": (False, True),
-    # Block-scaled, persistent: Gluon's loader warp group feeding the MMA warps (kernels/gluon_gemm_ws; H100,
-    # twenty-eighth session: 128x128 0.833 -> 0.908x `_scaled_mm` in geomean from M 1024), or Triton's own from
-    # K 7168 (the rule's: 0.88-0.97x the time there)
+    # Gluon's loader warp group feeding the MMA warps (kernels/gluon_gemm_ws; H100, twenty-eighth session:
+    # block-scaled 128x128 0.833 -> 0.908x `_scaled_mm` in geomean from M 1024; H200, untuned, fp8 per-token 128x128
+    # 1.03-1.12x at M 1024 on four of six (N, K)), or Triton's own, block-scaled from K 7168 (the rule's: 0.88-0.97x
+    # the time there)
     "WARP_SPECIALIZE": (False, True),
 }
 FULL_SPACE: dict[str, tuple] = {
@@ -142,8 +143,8 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
         Constraint("GLUON: Hopper (Gluon API), 16-bit or fp8 operands, 16-byte rows, its tiles, no Triton-kernel "
                    "option (bf16 / a8w8: PERSISTENT_TMA on)", gluon_ok),
         # Gluon's loader warp group (gluon_problem checks its tile), or Triton's own (3.5+) where the rule takes it
-        Constraint("WARP_SPECIALIZE: block-scaled and persistent, Gluon's or (Triton >= 3.5, K >= WS_MIN_K) "
-                   "Triton's without SCALE_PIPELINE",
+        Constraint("WARP_SPECIALIZE: Gluon's, or Triton's block-scaled persistent kernel's (Triton >= 3.5, "
+                   "K >= WS_MIN_K) without SCALE_PIPELINE",
                    lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON")) or (
                        p.kernel == "a8w8_blockscale" and c["PERSISTENT_TMA"] and not c["SCALE_PIPELINE"]
                        and HAS_WARP_SPECIALIZE and p.K >= WS_MIN_K)),
