@@ -69,6 +69,14 @@ if HAS_GLUON_HOPPER:
         return first_m + (tile % in_group) % size_m, (tile % in_group) // size_m
 
     @gluon.jit
+    def _grid_tiles(M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, programs):
+        """A persistent GEMM grid's counts: (tiles down M, tiles across N, K blocks, the tiles of this program, which
+        takes tiles p, p + programs, ...)."""
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        return num_pid_m, num_pid_n, gl.cdiv(K, BK), gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), programs)
+
+    @gluon.jit
     def _load(a_desc, b_desc, a_smem, b_smem, ready, g, k, off_m, off_n, pred, STAGES: gl.constexpr):
         """The program's K step g (its tiles' steps back to back: K block k of the tile at off_m, off_n) into stage
         g % STAGES, where `pred`."""
@@ -138,10 +146,7 @@ if HAS_GLUON_HOPPER:
         gl.static_assert(BK == 128)
         gl.static_assert(BN <= 128)  # one weight scale a tile and K block
         pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BM)
-        num_pid_n = gl.cdiv(N, BN)
-        k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN, BK, programs)
 
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])

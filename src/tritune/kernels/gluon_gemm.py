@@ -35,7 +35,7 @@ if HAS_GLUON_HOPPER:
         warpgroup_mma_wait,
     )
 
-    from tritune.kernels.gluon_blockscale import _tile_coords, _tma_load, _tma_store
+    from tritune.kernels.gluon_blockscale import _grid_tiles, _tile_coords, _tma_load, _tma_store
 
     @gluon.jit
     def _load2(a_desc, b0_desc, b1_desc, a_smem, b0_smem, b1_smem, ready, g, k, off_m, off_n, pred,
@@ -84,10 +84,7 @@ if HAS_GLUON_HOPPER:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         INSTR_K: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth  # 16 for 16-bit operands, 32 for fp8
         pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BM)
-        num_pid_n = gl.cdiv(N, BN0 + BN1)
-        k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN0 + BN1, BK, programs)
 
         layout0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                           instr_shape=[16, BN0, INSTR_K])

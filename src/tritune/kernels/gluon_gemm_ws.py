@@ -44,7 +44,7 @@ if HAS_GLUON_HOPPER:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from tritune.kernels.gluon_blockscale import _blockscale_tile, _tile_coords, _tma_load
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _tile_coords, _tma_load
     from tritune.kernels.gluon_gemm import _epilogue
 
     @gluon.jit
@@ -56,10 +56,7 @@ if HAS_GLUON_HOPPER:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         STAGES: gl.constexpr = a_smem.type.shape[0]
         pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BM)
-        num_pid_n = gl.cdiv(N, BN)
-        k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN, BK, programs)
         for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
             for ki in range(k_tiles):
@@ -84,10 +81,7 @@ if HAS_GLUON_HOPPER:
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                          instr_shape=[16, BN, INSTR_K])
         pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BM)
-        num_pid_n = gl.cdiv(N, BN)
-        k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN, BK, programs)
         for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
             g0 = t * k_tiles
@@ -117,11 +111,8 @@ if HAS_GLUON_HOPPER:
                                                          instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, layout)
         pid = gl.program_id(0)
-        num_pid_m = gl.cdiv(M, BM)
-        num_pid_n = gl.cdiv(N, BN)
         BK: gl.constexpr = a_desc.block_type.shape[1]  # 128: one activation scale a row and K block
-        k_tiles = gl.cdiv(K, BK)
-        my_tiles = gl.cdiv(num_pid_m * num_pid_n - pid, programs)
+        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN, BK, programs)
         for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BM
@@ -191,11 +182,6 @@ def ws_descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
     """`ws_gemm_kernel`'s descriptors: A [M, K] and B [N, K] in 128-byte K blocks, C [M, N] in output tiles."""
     bk = 128 // a.dtype.itemsize
     return descriptor(a, [block_m, bk]), descriptor(b, [block_n, bk]), descriptor(out, [block_m, block_n])
-
-
-def ws_smem_bytes(block_m: int, block_n: int, stages: int, out_bytes: int = 2) -> int:
-    """Shared memory of one program: the A and B stages (128-byte K blocks) and the C tile."""
-    return stages * (block_m + block_n) * 128 + block_m * block_n * out_bytes
 
 
 def ws_maxnreg(num_warps: int) -> int:

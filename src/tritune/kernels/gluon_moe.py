@@ -164,6 +164,14 @@ if HAS_GLUON_HOPPER:
         return acc_g, acc_u
 
     @gluon.jit
+    def _filled_tiles(num_post_ptr, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, programs):
+        """A persistent stage kernel's counts: (the blocks the sort filled, its padded count being a multiple of BM;
+        tiles across N; K blocks; the tiles of this program, which takes tiles p, p + programs, ...)."""
+        used_m = gl.load(num_post_ptr) // BM
+        num_pid_n = gl.cdiv(N, BN)
+        return used_m, num_pid_n, gl.cdiv(K, BK), gl.cdiv(used_m * num_pid_n - gl.program_id(0), programs)
+
+    @gluon.jit
     def _a_scales(as_ptr, sorted_ids_ptr, rows, num_pairs, stride_asm, GATHER: gl.constexpr, TOPK: gl.constexpr):
         """The rows' activation-scale pointers: by row of the gathered copy, or (GATHER) by token."""
         if GATHER:
@@ -347,10 +355,7 @@ if HAS_GLUON_HOPPER:
         gl.static_assert(BK == 128)
         gl.static_assert(BN <= 128)
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N_INTER, BN)
-        used_m = gl.load(num_post_ptr) // BM  # the blocks the sort filled (its padded count is a multiple of BM)
-        my_tiles = gl.cdiv(used_m * num_pid_n - pid, programs)
-        k_tiles = gl.cdiv(K, BK)
+        used_m, num_pid_n, k_tiles, my_tiles = _filled_tiles(num_post_ptr, N_INTER, K, BM, BN, BK, programs)
 
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
@@ -416,10 +421,8 @@ if HAS_GLUON_HOPPER:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         STAGES: gl.constexpr = a_smem.type.shape[0]
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N, BN)
-        used_m = gl.load(num_post_ptr) // BM
-        k_tiles = gl.cdiv(K, BK)
-        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+        used_m, num_pid_n, k_tiles, my_tiles = _filled_tiles(num_post_ptr, N, K, BM, BN, BK, programs)
+        for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
             expert = gl.load(expert_ids_ptr + pid_m)
             if GATHER:  # this warp group's share of the tile's token rows
@@ -456,10 +459,8 @@ if HAS_GLUON_HOPPER:
                                                               instr_shape=[16, BN, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N_INTER, BN)
-        used_m = gl.load(num_post_ptr) // BM
-        k_tiles = gl.cdiv(K, BK)
-        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+        used_m, num_pid_n, k_tiles, my_tiles = _filled_tiles(num_post_ptr, N_INTER, K, BM, BN, BK, programs)
+        for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
             expert = gl.load(expert_ids_ptr + pid_m)
             off_m = pid_m * BM
@@ -584,10 +585,7 @@ if HAS_GLUON_HOPPER:
         BK: gl.constexpr = a_desc.block_type.shape[1]
         gl.static_assert(BK == 128)
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N, BN)
-        used_m = gl.load(num_post_ptr) // BM  # the blocks the sort filled (its padded count is a multiple of BM)
-        my_tiles = gl.cdiv(used_m * num_pid_n - pid, programs)
-        k_tiles = gl.cdiv(K, BK)
+        used_m, num_pid_n, k_tiles, my_tiles = _filled_tiles(num_post_ptr, N, K, BM, BN, BK, programs)
 
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                               instr_shape=[16, BN, 32])
@@ -644,10 +642,8 @@ if HAS_GLUON_HOPPER:
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
         pid = gl.program_id(0)
-        num_pid_n = gl.cdiv(N, BN)
-        used_m = gl.load(num_post_ptr) // BM
-        k_tiles = gl.cdiv(K, BK)
-        for t in range(gl.cdiv(used_m * num_pid_n - pid, programs)):
+        used_m, num_pid_n, k_tiles, my_tiles = _filled_tiles(num_post_ptr, N, K, BM, BN, BK, programs)
+        for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, used_m, num_pid_n, GROUP_M)
             expert = gl.load(expert_ids_ptr + pid_m)
             off_m = pid_m * BM
