@@ -442,8 +442,6 @@ class MoeLaunch:
                 ("v", gather), ("v", topk)]
             if cfg.QUANT_OUT:  # the 16-bit type the intermediate would have had, for its rounding
                 recipe.append(("v", example["hidden"].dtype == torch.float16))
-            if maxnreg is not None:  # the launcher takes every parameter, the loader's register count too
-                recipe.append(("v", WS_LOADER_REGS))
         else:
             values = (numel, n, k, blocks, stride_asm, 1, *strides, stride_om)
             fn = gluon_moe.moe_stage2_kernel
@@ -455,8 +453,8 @@ class MoeLaunch:
                     fn, maxnreg = gluon_moe.moe_stage2_ws_kernel, ws_maxnreg(cfg.num_warps)
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
                       ("p", 2)] + [("v", v) for v in values] + tail
-            if maxnreg is not None:  # the launcher takes every parameter, the loader's register count too
-                recipe.append(("v", WS_LOADER_REGS))
+        if maxnreg is not None:  # warp-specialised: the launcher takes every parameter, the loader's registers too
+            recipe.append(("v", WS_LOADER_REGS))
         # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.
         self._bind(fn, grid, recipe, example, pieces, cfg.num_warps, cfg.num_stages, False, maxnreg)
         self._cache_descriptors(first, w_t)
