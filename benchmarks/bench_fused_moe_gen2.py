@@ -34,6 +34,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,16 +234,34 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
         finally:
             del os.environ[knobs.CONFIG_FMOE]
             reload_moe_configs()
+    runnable = {}
     for name, choice in calls.items():
         fn = (lambda c=choice: fused_moe(h, w["w1"], w["w2"], tw, ti, choice=c, **kw))
         try:
             row[f"{name}_rel_err"] = rel_err(fn())
-            row[f"{name}_us"] = timed(fn)
-            if name == "ours" and dev.type == "cuda":  # eager back-to-back and CUDA-graph replay, ~20 ms a round
-                reps = max(2, min(20, int(2e4 / row["ours_us"])))
-                row.update({f"ours_{k}": v for k, v in eager_and_graph([fn], reps=reps).items()})
+            runnable[name] = fn
         except Exception as err:  # noqa: BLE001 - a variant the kernels reject is a result, not a crash
             row[f"{name}_error"] = _error(err)
+    # Timed in rounds, the order turned each round, the median over rounds: a contestant timed after others for
+    # seconds runs on a warmer, slower-clocked GPU (twenty-ninth session, H200: the same config 2-7% slower in a
+    # later column).
+    rounds: dict[str, list[float]] = {name: [] for name in runnable}
+    names = list(runnable)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)] if names else []:
+            try:
+                rounds[name].append(timed(runnable[name]))
+            except Exception as err:  # noqa: BLE001
+                row[f"{name}_error"] = _error(err)
+    for name, times in rounds.items():
+        if times and f"{name}_error" not in row:
+            row[f"{name}_us"] = statistics.median(times)
+    if "ours_us" in row and dev.type == "cuda":  # eager back-to-back and CUDA-graph replay, ~20 ms a round
+        try:
+            reps = max(2, min(20, int(2e4 / row["ours_us"])))
+            row.update({f"ours_{k}": v for k, v in eager_and_graph([runnable["ours"]], reps=reps).items()})
+        except Exception as err:  # noqa: BLE001
+            row["ours_error"] = _error(err)
     if args.grouped and quant == "none":
         _time_grouped(row, h, w, tw, ti, rel_err, timed)
     if args.library and quant in ("none", "per_token") and dev.type == "cuda":
@@ -483,7 +502,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--library", action="store_true",
                     help="bf16 and per_token rows also time the vendor library's two grouped GEMMs (torch._grouped_mm"
                          " / _scaled_grouped_mm) on pre-gathered rows, and cuBLAS on a dense pair of the same size")
-    ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant (median)")
+    ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant and round (median)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no row after this many seconds")
     args = ap.parse_args(argv)
     for name in (*args.shapes, *args.fp8_shapes):

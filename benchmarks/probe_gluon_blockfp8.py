@@ -9,7 +9,8 @@ the fp32 product of the values and scales it was given (relative L2 error), then
         [--variants 128:128:4:8:8,128:128:5:8:8] [--vendor-dir peers_vllm]
 
 A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent grid (as many programs as fit at once), or
-ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] for the warp-specialised kernel (`kernels/gluon_gemm_ws.py`).
+ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] for the warp-specialised kernel (`kernels/gluon_gemm_ws.py`), or
+sk:BM:BN:STAGES:GROUP_M[:WARPS] for its stream-K form (`kernels/gluon_streamk.py`, one program an SM).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_blockfp8_vllm import nearest_config, vendor_file  # noqa: E402
 from bench_gemm_gen2 import bf16_operands, fp8_operands  # noqa: E402
-from probe_util import checked_time, parse_ws_variant  # noqa: E402
+from probe_util import checked_rounds, parse_ws_variant  # noqa: E402
 
 SHAPES = ((1536, 7168), (24576, 7168), (1536, 1536))
 MS = (256, 1024, 2048, 4096, 8192)
@@ -48,6 +49,7 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
 
     from tritune.kernels.gluon_blockscale import gluon_blockscale_gemm
     from tritune.kernels.gluon_gemm_ws import ws_gemm
+    from tritune.kernels.gluon_streamk import streamk_blockscale_gemm, streamk_workspace
     from tritune.ops import gemm_a8w8_blockscale
     from tritune.tuning.bench import time_kernel
 
@@ -55,8 +57,8 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
     a8, sa8, b8, sb8 = f8.a8, f8.sa8, f8.b8, f8.sb8
     timer = lambda fn: time_kernel(fn, iters=args.iters, warmup=3).median_us  # noqa: E731
     row = {"N": n, "K": k, "M": m, "flops": 2.0 * m * n * k}
-    row["scaled_mm"] = checked_time(f8.scaled_mm, f8.ref_rows, timer)
-    row["tritune"] = checked_time(lambda: gemm_a8w8_blockscale(a8, b8, sa8, sb8), f8.ref_blocks, timer)
+    calls = {"scaled_mm": (f8.scaled_mm, f8.ref_rows),
+             "tritune": (lambda: gemm_a8w8_blockscale(a8, b8, sa8, sb8), f8.ref_blocks)}
     if peer is not None:
         path = vendor_file(args.vendor_dir, n, k)
         cfg = nearest_config(json.loads(path.read_text()), m) if path.exists() else None
@@ -70,17 +72,26 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
                            sb8.stride(0), **cfg)
                 return c
 
-            row["vllm"] = checked_time(vllm, f8.ref_blocks, timer)
+            calls["vllm"] = (vllm, f8.ref_blocks)
     for v in variants:
-        ws = parse_ws_variant(v)
-        if ws is not None:
-            row[f"gluon {v}"] = checked_time(lambda ws=ws: ws_gemm(a8, b8, a_scale=sa8, b_scale=sb8, block_scaled=True,
-                                                                   **ws), f8.ref_blocks, timer)
-            continue
-        bm, bn, stages, warps, group, persistent = (int(x) for x in (v + ":0").split(":")[:6])
-        fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=persistent: gluon_blockscale_gemm(
-            a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g, persistent=bool(p)))
-        row[f"gluon {v}"] = checked_time(fn, f8.ref_blocks, timer)
+        sk = v.startswith("sk:")
+        ws = parse_ws_variant("ws:" + v[3:] if sk else v)
+        if sk:  # stream-K: its workspace made once, outside the timing
+            kw = {key: ws[key] for key in ("block_m", "block_n", "stages", "group_m", "num_warps")}
+            programs = min(torch.cuda.get_device_properties(0).multi_processor_count,
+                           math.ceil(m / kw["block_m"]) * math.ceil(n / kw["block_n"]) * math.ceil(k / 128))
+            space = streamk_workspace(programs, kw["block_m"], kw["block_n"], a8.device)
+            calls[f"gluon {v}"] = (lambda kw=kw, p=programs, w=space: streamk_blockscale_gemm(
+                a8, b8, sa8, sb8, programs=p, workspace=w, **kw), f8.ref_blocks)
+        elif ws is not None:
+            calls[f"gluon {v}"] = (lambda ws=ws: ws_gemm(a8, b8, a_scale=sa8, b_scale=sb8, block_scaled=True, **ws),
+                                   f8.ref_blocks)
+        else:
+            bm, bn, stages, warps, group, persistent = (int(x) for x in (v + ":0").split(":")[:6])
+            calls[f"gluon {v}"] = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=persistent: gluon_blockscale_gemm(
+                a8, b8, sa8, sb8, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g, persistent=bool(p)),
+                f8.ref_blocks)
+    row.update(checked_rounds(calls, timer, args.rounds))
     return row
 
 
@@ -126,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--vendor-dir", type=pathlib.Path, default=pathlib.Path("peers_vllm"))
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(":")]
@@ -133,11 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     variants = args.variants.split(",")
     for v in variants:
         try:
-            ws = parse_ws_variant(v)
+            ws = parse_ws_variant("ws:" + v[3:] if v.startswith("sk:") else v)
         except ValueError as err:
             ap.error(f"--variants: {err}")
         if ws is None and (len(v.split(":")) not in (5, 6) or not all(x.isdigit() for x in v.split(":"))):
-            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P] or ws:BM:BN:STAGES:GROUP_M")
+            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P], ws:BM:BN:STAGES:GROUP_M or "
+                     "sk:BM:BN:STAGES:GROUP_M")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     peer = vllm_kernel(args.vendor_dir)
     rows = []

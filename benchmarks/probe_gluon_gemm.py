@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_gemm_gen2 import MS, SHAPES, bf16_operands, geomean  # noqa: E402
-from probe_util import checked_time, parse_ws_variant  # noqa: E402
+from probe_util import checked_rounds, parse_ws_variant  # noqa: E402
 
 VARIANTS = ("128:128:4:8:8", "128:128:5:4:8", "128:192:4:8:8", "64:192:5:4:8", "128:256:3:8:8", "64:256:4:4:8",
             "64:128:6:4:8", "64:96:6:4:8", "256:128:3:8:8")
@@ -43,7 +43,7 @@ def parse_variant(v: str) -> tuple[int, ...] | dict:
     return tuple(int(x) for x in parts + ["0", "1"][len(parts) - 5:])
 
 
-def run_point(kernel: str, n: int, k: int, m: int, variants: list[str], iters: int) -> dict:
+def run_point(kernel: str, n: int, k: int, m: int, variants: list[str], iters: int, rounds: int = 1) -> dict:
     import triton
 
     from tritune.kernels.gluon_gemm import gluon_gemm
@@ -59,33 +59,32 @@ def run_point(kernel: str, n: int, k: int, m: int, variants: list[str], iters: i
     row = {"kernel": kernel, "N": n, "K": k, "M": m, "flops": 2.0 * m * n * k}
     if kernel == "bf16":
         ref = a.float() @ b.float().T
-        row["cublas"] = checked_time(lambda: a @ b.T, ref, timer)
-        row["op"] = checked_time(lambda: gemm(a, b), ref, timer)
+        calls = {"cublas": lambda: a @ b.T, "op": lambda: gemm(a, b)}
         scales = {}
     else:
         qa, sa = quantize_rows(a)
         qb, sb = quantize_rows(b)
         ref = (qa.float() * sa[:, None]) @ (qb.float() * sb[:, None]).T
-        row["cublas"] = checked_time(lambda: torch._scaled_mm(qa, qb.T, scale_a=sa[:, None], scale_b=sb[None, :],
-                                                              out_dtype=torch.bfloat16), ref, timer)
-        row["op"] = checked_time(lambda: gemm_a8w8(qa, qb, sa, sb), ref, timer)
         triton_rule = gemm_heuristic("a8w8", m, n, k, gluon=False)  # the rule table before the Gluon tiles
-        row["op_triton"] = checked_time(lambda: gemm_a8w8(qa, qb, sa, sb, config=triton_rule), ref, timer)
+        calls = {"cublas": lambda: torch._scaled_mm(qa, qb.T, scale_a=sa[:, None], scale_b=sb[None, :],
+                                                    out_dtype=torch.bfloat16),
+                 "op": lambda: gemm_a8w8(qa, qb, sa, sb),
+                 "op_triton": lambda: gemm_a8w8(qa, qb, sa, sb, config=triton_rule)}
         row["op_config"] = str(select_config("a8w8", m, n, k, a.device)[0])
         a, b, scales = qa, qb, {"a_scale": sa, "b_scale": sb}
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     for v in variants:
         ws = parse_ws_variant(v)
         if ws is not None:
-            row[f"gluon {v}"] = checked_time(lambda ws=ws: ws_gemm(a, b, **ws, **scales), ref, timer)
+            calls[f"gluon {v}"] = lambda ws=ws: ws_gemm(a, b, **ws, **scales)
             continue
         bm, bn, stages, warps, group, one_a_tile, early = parse_variant(v)
         tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
         programs = tiles if one_a_tile else min(tiles, sms)
-        fn = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=programs, e=early:
-              gluon_gemm(a, b, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g, programs=p, early=bool(e),
-                         **scales))
-        row[f"gluon {v}"] = checked_time(fn, ref, timer)
+        calls[f"gluon {v}"] = (lambda bm=bm, bn=bn, s=stages, w=warps, g=group, p=programs, e=early:
+                               gluon_gemm(a, b, block_m=bm, block_n=bn, stages=s, num_warps=w, group_m=g,
+                                          programs=p, early=bool(e), **scales))
+    row.update(checked_rounds({name: (fn, ref) for name, fn in calls.items()}, timer, rounds))
     return row
 
 
@@ -131,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' for none")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes.split(","):
         n, k = SHAPES[shape]
         for m in map(int, args.ms.split(",")):
-            row = run_point(args.kernel, n, k, m, variants, args.iters)
+            row = run_point(args.kernel, n, k, m, variants, args.iters, args.rounds)
             row["shape"] = shape
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -140,6 +140,7 @@ def test_the_rule_takes_it_and_a_graph_replays_it_bit_equal() -> None:
     x = _moe(2048, 512, 1024, 8, 2, seed=2)  # m = 512 pairs an expert
     choice = heuristic_moe_choice(2048, 512, 1024, 8, 2, "per_1x128")
     assert choice.stage1.GLUON and choice.stage2.GLUON
+    assert choice.stage1.WARP_SPEC and choice.stage2.WARP_SPEC  # both fed by loader warp groups (the rule's pair)
     out = torch.empty(2048, 512, device="cuda", dtype=torch.bfloat16)
     _run(x, out=out)
     _check(out, x)

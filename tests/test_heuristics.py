@@ -227,54 +227,72 @@ def test_moe_rule_table_rows(tokens, dims, quant, want):
 
 
 def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
-    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, from m = 128: I >= 1024 both stages in Gluon
-    on 128-row blocks, stage 1 on gathered rows, stage 2 persistent; below, stage 1 alone, gathering its own rows."""
+    """per_1x128 on Hopper with Gluon, gated, D and I multiples of 128, from m = 128 and I 256: both stages in Gluon
+    on 128-row blocks, stage 1 on gathered rows, both fed by loader warp groups; below m 128 and I 1024, stage 1
+    alone, gathering its own rows."""
     from tritune.kernels.fused_moe import check_plan
     from tritune.kernels.fused_moe_config import gluon_problem
 
     _, s1, s2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)  # DeepSeek-V2-Lite, m = 384
     assert s1.GLUON and s2.GLUON and (s1.BLOCK_SIZE_M, s1.BLOCK_SIZE_N, s2.BLOCK_SIZE_N) == (128, 64, 128)
     assert s1.GATHER_A and s1.SORTED_INTER == 2 and gluon_problem(s1, "stage1", "per_1x128") is None
-    assert s2.PERSISTENT == 1 and (s1.PERSISTENT, s1.WARP_SPEC, s1.num_stages) == (1, 1, 6)  # stage 1 fed by a loader
+    assert (s1.PERSISTENT, s1.WARP_SPEC, s1.num_stages) == (1, 1, 6)  # both fed by a loader warp group
+    assert (s2.PERSISTENT, s2.WARP_SPEC, s2.num_stages) == (1, 1, 6)
     assert gluon_problem(s2, "stage2", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
-    # Below I 1024 (E 128 I 384: stage 2's 3 K blocks): stage 1 alone on Gluon, gathering its own rows, on the Triton
-    # plan's 64-row blocks before its persistent Triton stage 2
-    _, s1, s2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+    # From I 256 at m >= 128: E 128 I 384 at 4096 tokens (m = 256) takes the pair too
+    _, p1, p2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+    assert p1.GLUON and p2.GLUON and p2.WARP_SPEC and p1.BLOCK_SIZE_M == 128
+    assert not moe_heuristic(4096, 4096, 128, 128, 8, "per_1x128", gluon=True)[2].GLUON  # I 128: not the pair
+    # below I 1024 the pair from m = 256: at 2048 tokens (m = 128) stage 1 alone on Gluon, as below
+    _, q1, q2 = moe_heuristic(2048, 4096, 384, 128, 8, "per_1x128", gluon=True)
+    assert q1.GLUON and not q2.GLUON and not q1.GATHER_A
+    assert moe_heuristic(2048, 4096, 1024, 128, 8, "per_1x128", gluon=True)[2].GLUON  # I 1024: from m = 128
+    # Below m 128 and I 1024 (E 128 I 384 at 1024 tokens, m = 64): stage 1 alone on Gluon, gathering its own rows, on
+    # the Triton plan's 64-row blocks before its persistent Triton stage 2
+    _, s1, s2 = moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)
     assert s1.GLUON == 1 and not s1.GATHER_A and (s1.BLOCK_SIZE_M, s1.BLOCK_SIZE_N, s1.num_warps) == (64, 64, 4)
     assert not s2.GLUON and s2.PERSISTENT and s2.SORTED_INTER == 2 and s2.BLOCK_SIZE_M == 64
     assert gluon_problem(s1, "stage1", "per_1x128") is None
     check_plan(s1, s2, "per_1x128")
-    assert moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].GLUON  # from m = 64
+    assert not moe_heuristic(512, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].GLUON  # from m = 64
     assert not s1.QUANT_OUT  # stage 1 quantizing its own output: 0.96-1.05x the op's time (twenty-eighth session)
     old = heuristics.GLUON_MOE_QUANT_OUT
     heuristics.GLUON_MOE_QUANT_OUT = True
     try:
-        for tokens, dims, want in ((4096, (4096, 384, 128, 8), 1), (4096, (2048, 1408, 64, 6), 0)):
+        for tokens, dims, want in ((1024, (4096, 384, 128, 8), 1), (4096, (2048, 1408, 64, 6), 0)):
             _, q1, q2 = moe_heuristic(tokens, *dims, "per_1x128", gluon=True)
             # one tile a program only: not on the pair's persistent, warp-specialised stage 1
             assert q1.QUANT_OUT == want and not q2.QUANT_OUT, dims
             check_plan(q1, q2, "per_1x128")
     finally:
         heuristics.GLUON_MOE_QUANT_OUT = old
-    assert not moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # until measured
+    assert not moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)[1].WARP_SPEC  # measured slower
     old = heuristics.GLUON_MOE_STAGE1_WS
     heuristics.GLUON_MOE_STAGE1_WS = True  # below I 1024: the own gather in a loader warp group
     try:
-        _, g1, g2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+        _, g1, g2 = moe_heuristic(1024, 4096, 384, 128, 8, "per_1x128", gluon=True)
         assert (g1.GATHER_A, g1.PERSISTENT, g1.WARP_SPEC, g1.num_stages) == (0, 1, 1, 6) and not g2.GLUON
         check_plan(g1, g2, "per_1x128")
+        old_copy = heuristics.GLUON_MOE_COPY_ROWS
+        heuristics.GLUON_MOE_COPY_ROWS = False  # the pair's stage 1 gathering its own rows, in its loader
+        try:
+            _, g1, g2 = moe_heuristic(4096, 4096, 384, 128, 8, "per_1x128", gluon=True)
+            assert (g1.BLOCK_SIZE_M, g1.GATHER_A, g1.WARP_SPEC, g2.WARP_SPEC) == (128, 0, 1, 1)
+            check_plan(g1, g2, "per_1x128")
+        finally:
+            heuristics.GLUON_MOE_COPY_ROWS = old_copy
     finally:
         heuristics.GLUON_MOE_STAGE1_WS = old
-    assert not s2.WARP_SPEC  # stage 2 warp-specialised: behind GLUON_MOE_WS2 until measured
+    # as many stages as fit: stage 2's beside its rows' 16-byte rearrangement (32 KB)
+    small = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, max_shared=190000)
+    assert (small[1].num_stages, small[2].num_stages) == (5, 4)
     old = heuristics.GLUON_MOE_WS2
-    heuristics.GLUON_MOE_WS2 = True
+    heuristics.GLUON_MOE_WS2 = False  # stage 2 persistent, its loads its own
     try:
         _, w1, w2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)
-        assert (w2.PERSISTENT, w2.WARP_SPEC, w2.num_stages) == (1, 1, 6) and w1.WARP_SPEC
+        assert (w2.PERSISTENT, w2.WARP_SPEC, w2.num_stages) == (1, 0, 4) and w1.WARP_SPEC
         check_plan(w1, w2, "per_1x128")
-        small = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, max_shared=166912)
-        assert (small[1].num_stages, small[2].num_stages) == (4, 5)  # as many as fit
     finally:
         heuristics.GLUON_MOE_WS2 = old
     old = heuristics.GLUON_MOE_WS

@@ -26,3 +26,29 @@ def test_a_variant_that_raises_keeps_its_error_as_the_result():
 
     assert probe_util.checked_time(refused, torch.ones(1), lambda fn: 1.0) == (
         "RuntimeError: out of resource: shared memory, Required: 262160")
+
+
+def test_rounds_turn_the_order_and_take_each_contestants_median():
+    """Each round times every contestant once, starting one further along; the result is the median over rounds,
+    with each one's error checked once; a contestant that raises keeps its error and is not timed."""
+    order: list[str] = []
+    clock = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def make(name: str):
+        def fn() -> torch.Tensor:
+            return torch.tensor([3.0, 4.0])
+        fn.name = name
+        return fn
+
+    def refused() -> torch.Tensor:
+        raise ValueError("no")
+
+    def timer(fn) -> float:
+        order.append(fn.name)
+        return next(clock[fn.name])
+
+    ref = torch.tensor([3.0, 4.0])
+    got = probe_util.checked_rounds({"a": (make("a"), ref), "x": (refused, ref), "b": (make("b"), ref)}, timer, 3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert got == {"a": (3.0, 0.0), "x": "ValueError: no", "b": (4.0, 0.0)}
+    assert list(got) == ["a", "x", "b"]

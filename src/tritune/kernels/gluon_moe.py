@@ -19,8 +19,12 @@ tokens on three shapes, stage 2 1.14-1.19x at 4096-8192.
 - Stage 2 (`moe_stage2_kernel`): A is that intermediate quantized (per 1x128), through TMA; each row goes back to its
   (token, slot) pair with its routing weight, for the op's top-k sum.
 - `moe_stage2_persistent_kernel` (GLUON 1 with PERSISTENT 1): stage 2 from a program a SM walking the filled
-  blocks' tiles, the next tile's loads under this one's epilogue; the rule's stage 2 (0.95-0.99x the one-tile kernel
-  alone, 0.97-1.00x the whole op's time).
+  blocks' tiles, the next tile's loads under this one's epilogue (0.95-0.99x the one-tile kernel alone, 0.97-1.00x
+  the whole op's time).
+- The warp-specialised forms (WARP_SPEC 1, persistent; kernels/gluon_gemm_ws.py's scheme): a loader warp group
+  streams every K block of the program's tiles while the MMA warps multiply, rescale and store.
+  `moe_stage1_ws_kernel` (rows copied, or gathered by the loader's cp.async) and `moe_stage2_ws_kernel` are the
+  rule's pair since the twenty-ninth session. Stage 2's rows leave by 16-byte stores (`_stage2_store`).
 
 Both: BLOCK_K 128, BLOCK_N at most 128 (one weight scale a tile and K block), BLOCK_M 16 rows a warp; programs past
 the sort's blocks return. Hopper only (TMA, wgmma); no interpreter.
@@ -523,12 +527,20 @@ if HAS_GLUON_HOPPER:
 
     @gluon.jit
     def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om):
-        """Each real row of the tile times its routing weight, to its (token, slot) pair's row of out."""
+        """Each real row of the tile times its routing weight, to its (token, slot) pair's row of out. The rows leave
+        in a blocked layout, 8 columns a thread (16-byte stores), through a shared-memory conversion of the rounded
+        tile: from the MMA's layout each thread would store 2 columns at a time. H200, twenty-ninth session: stage 2
+        alone 0.93x (persistent) and 0.91x (warp-specialised) its time at E 64 top-6 I 1536, 4096 tokens."""
         pairs = gl.load(sorted_ids_ptr + rows)
-        ok = pairs < numel
-        acc = acc * gl.load(weights_ptr + pairs, mask=ok, other=0.0)[:, None]
+        acc = acc * gl.load(weights_ptr + pairs, mask=pairs < numel, other=0.0)[:, None]
+        BN: gl.constexpr = acc.shape[1]
+        TN: gl.constexpr = BN // 8  # threads across a row
+        rowwise: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [gl.num_warps(), 1], [1, 0])
+        h = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), rowwise)
+        pairs = gl.load(sorted_ids_ptr + gl.convert_layout(rows, gl.SliceLayout(1, rowwise)))
+        cols = gl.convert_layout(cols, gl.SliceLayout(0, rowwise))
         ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (cols < N)[None, :])
+        gl.store(ptrs, h, mask=(pairs < numel)[:, None] & (cols < N)[None, :])
 
     @gluon.jit
     def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
@@ -656,9 +668,11 @@ if HAS_GLUON_HOPPER:
             _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
                           numel, N, stride_om)
 
-    # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
-    @gluon.jit(do_not_specialize=["numel", "N", "K", "max_blocks", "stride_asm", "stride_ask", "stride_wse",
-                                  "stride_wsn", "stride_wsk", "stride_om", "programs"])
+    # No integer argument that may be 1 specialized: a constant 1 would reach the partitions as a Python int, which
+    # they refuse. D (N) and out's row stride keep theirs: D is a multiple of 128 where the Gluon stages run
+    # (D = 1 would not compile), and without it the rows left 2 bytes a store (1.33x the kernel's time, H200).
+    @gluon.jit(do_not_specialize=["numel", "K", "max_blocks", "stride_asm", "stride_ask", "stride_wse",
+                                  "stride_wsn", "stride_wsk", "programs"])
     def moe_stage2_ws_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
                              num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
                              stride_wsk, stride_om, programs, GROUP_M: gl.constexpr, STAGES: gl.constexpr,

@@ -74,11 +74,13 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   whole op with the L2 flushed: 0.94x at 1024-8192 tokens, per_1x128 1.01x at 1024), up to a longer K:
   `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
 - per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (128), gated, D and I multiples of 128, I ≥
-  `GLUON_MOE_MIN_K` (1024): both stages on the Gluon kernels (`GLUON`, kernels/gluon_moe.py) on 128-row blocks,
-  stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide and persistent
-  (`GLUON_MOE_PERSISTENT`), 8 warps, 4 stages (H100, whole op: 0.81-0.97x the Triton plan's time at 2048-8192 tokens;
-  Mixtral-8x7B 0.79x its scaled tuned row); below I 1024, stage 1 alone on the Gluon kernel gathering its own rows
-  (GATHER_A 0) before the plan's Triton stage 2 (`GLUON_MOE_STAGE1`; E 128 I 384 and Qwen3-30B-A3B 0.84-0.97x);
+  `GLUON_MOE_MIN_K` (256; 1024 until the twenty-ninth session; below I 1024 from m = `GLUON_MOE_SHORT_K_MIN_M`,
+  256): both stages on the Gluon kernels (`GLUON`,
+  kernels/gluon_moe.py) on 128-row blocks, stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up
+  tiles, stage 2 128 wide, both persistent and fed by a loader warp group (`GLUON_MOE_WS`, `GLUON_MOE_WS2`), 8 warps
+  (H100, whole op: 0.81-0.97x the Triton plan's time at 2048-8192 tokens; Mixtral-8x7B 0.79x its scaled tuned row);
+  where the pair is not taken, below I 1024, stage 1 alone on the Gluon kernel gathering its own rows (GATHER_A 0)
+  before the plan's Triton stage 2 (`GLUON_MOE_STAGE1`; E 128 I 384 and Qwen3-30B-A3B 0.84-0.97x);
 - MXFP4 (per_1x32) with 16-bit activations: the swapped GEMM on both stages (SWAP_AB: the weight tile decoded by
   packed PTX and fed to the wgmma from registers, one decode serving the whole block), tiles by `_mxfp4_swapped`.
   H100, gpt-oss-120b, stage pair on a ready sort (2026-11-27, sixteenth session): 527 / 1094 / 1205 µs at 16 / 64 /
@@ -141,11 +143,20 @@ PERSISTENT_MAX_K = 512  # stage 2 (K = the intermediate size) runs persistent up
 # K) at least GLUON_MOE_MIN_K: both stages on the Gluon kernels, 128-row blocks (`_gluon_moe`; kernels/gluon_moe.py).
 # H100, the whole op, L2 flushed (twenty-sixth session): E 64 top-6 I 1536 at 4096 / 8192 tokens 0.93 / 0.87x the
 # Triton plan's time, DeepSeek-V2-Lite (I 1408) 0.86 / 0.81x; from m 128 (twenty-seventh session, 2048 tokens, m
-# 192): 0.97 / 0.95x. Not below I 1024: at I 384 (E 128 top-8) the Gluon stage 2 ran 1.22x the persistent Triton
-# one's time (3 K blocks), and the Gluon stage 1 with that stage 2 on 128-row blocks made the op 1.28-1.37x slower.
+# 192): 0.97 / 0.95x. From I 256 since the twenty-ninth session: with both stages fed by loader warp groups
+# (GLUON_MOE_WS, GLUON_MOE_WS2) and stage 2's rows leaving by 16-byte stores, H200, whole op, L2 flushed, interleaved
+# rounds: Qwen3-30B-A3B (I 768) 0.89 / 0.86x the time of the plan below (Triton stage 2) at 4096 / 8192 tokens, E 128
+# top-8 I 384 0.99 / 0.95x. (Before those, at I 384 the one-tile Gluon stage 2 ran 1.22x the persistent Triton one's
+# time and the pair made the op 1.28-1.37x slower: H100, twenty-sixth session.)
 GLUON_MOE = True
 GLUON_MOE_MIN_M = 128
-GLUON_MOE_MIN_K = 1024
+GLUON_MOE_MIN_K = 256
+# Below I 1024 the pair needs this many pairs an expert: at m 128 (2048 tokens) it ran 1.11x the time of the plan
+# below at E 128 top-8 I 384 and 1.02x at Qwen3-30B-A3B (H200, twenty-ninth session).
+GLUON_MOE_SHORT_K_MIN_M = 256
+# Where the pair is not taken (fewer than GLUON_MOE_MIN_M pairs an expert), below this I: stage 1 alone on the Gluon
+# kernel (GLUON_MOE_STAGE1, below); from it, the Triton plan.
+GLUON_MOE_STAGE1_MAX_K = 1024
 # Stage 2 of that pair persistent (a program an SM walking its (block, column) tiles): H100, whole op, L2 flushed
 # (twenty-seventh session): 0.97-0.98x the one-tile-a-program Gluon stage 2's time at 4096 tokens (E 64 I 1536,
 # DeepSeek-V2-Lite, Mixtral-8x7B), 1.00 at 8192; alone, 246 against 260 µs at E 64 4096 tokens.
@@ -155,11 +166,11 @@ GLUON_MOE_PERSISTENT = True
 # pair's time at E 64 I 1536, DeepSeek-V2-Lite and Mixtral-8x7B, 4096-8192 tokens (each of I/64 column tiles
 # gathers its rows again, by cp.async, where the copied rows come through TMA).
 GLUON_MOE_COPY_ROWS = True
-# Below GLUON_MOE_MIN_K (from GLUON_MOE_STAGE1_MIN_M pairs an expert, the same shapes otherwise): stage 1 alone on
-# the Gluon kernel, gathering its own rows (GATHER_A 0: the intermediate is short, few column tiles gather), on the
-# Triton plan's 64- or 128-row blocks, before the plan's Triton stage 2 (`_gluon_stage1`). H100, whole op, L2
-# flushed: E 128 top-8 I 384 0.84-0.89x the Triton plan's time at 4096 / 8192 tokens, Qwen3-30B-A3B (I 768)
-# 0.92-0.97x; at 2048 tokens (m 128) 0.89 / 0.92x.
+# Below GLUON_MOE_STAGE1_MAX_K where the pair is not taken (from GLUON_MOE_STAGE1_MIN_M pairs an expert, the same
+# shapes otherwise): stage 1 alone on the Gluon kernel, gathering its own rows (GATHER_A 0: the intermediate is
+# short, few column tiles gather), on the Triton plan's 64- or 128-row blocks, before the plan's Triton stage 2
+# (`_gluon_stage1`). H100, whole op, L2 flushed: E 128 top-8 I 384 0.84-0.89x the Triton plan's time at 4096 / 8192
+# tokens, Qwen3-30B-A3B (I 768) 0.92-0.97x; at 2048 tokens (m 128) 0.89 / 0.92x. (Those counts now take the pair.)
 GLUON_MOE_STAGE1 = True
 GLUON_MOE_STAGE1_MIN_M = 64  # at 1024 tokens (m 64): E 128 I 384 0.92x, Qwen3-30B-A3B 0.87x
 # The Gluon stage 1 persistent (a program an SM, the next tile's loads under this one's epilogue) in both rules. H100,
@@ -179,12 +190,15 @@ GLUON_MOE_QUANT_OUT = False
 # 0.91-0.93 / 0.96-0.98x at E 64 4096 / 8192 tokens, DeepSeek-V2-Lite 0.95 / 0.97x.
 GLUON_MOE_WS = True
 GLUON_MOE_WS_STAGES = 6
-# Stage 2 of the pair the same way (kernels/gluon_moe.moe_stage2_ws_kernel, 4 stages): written at the end of the
-# twenty-eighth session, compiled for sm_90, not yet run on a GPU; off until measured.
-GLUON_MOE_WS2 = False
-# Below GLUON_MOE_MIN_K, the Gluon stage 1 that gathers its own rows persistent with the gather and the weights'
-# loads in a loader warp group (WARP_SPEC with GATHER_A 0; its cp.async copies arrive on the stage's barrier): written
-# at the end of the twenty-eighth session, compiled for sm_90, not yet run on a GPU; off until measured.
+# Stage 2 of the pair the same way (kernels/gluon_moe.moe_stage2_ws_kernel, as many of GLUON_MOE_WS_STAGES as fit).
+# H200, twenty-ninth session, whole op, L2 flushed, interleaved rounds: E 64 top-6 I 1536 0.96 / 0.99x at 4096 / 8192
+# tokens, DeepSeek-V2-Lite 0.95 / 0.98x; alone 204-206 against 220 µs (E 64, 4096 tokens, warm L2). Its first form
+# (twenty-eighth session) ran 1.33x slower: D and out's row stride unspecialized, so rows left 2 bytes at a time.
+GLUON_MOE_WS2 = True
+# Below GLUON_MOE_STAGE1_MAX_K, the Gluon stage 1 that gathers its own rows persistent with the gather and the weights'
+# loads in a loader warp group (WARP_SPEC with GATHER_A 0; its cp.async copies arrive on the stage's barrier). H200,
+# twenty-ninth session, E 128 top-8 I 384, stage 1 alone (warm L2), 64x64 tiles: 321.9 / 594.1 µs at 4096 / 8192
+# tokens against the one-tile kernel's 314.0 / 567.5; the whole op 1.01-1.05x. Off.
 GLUON_MOE_STAGE1_WS = False
 PERSISTENT_MAX_K_PER_TOKEN = 1536
 PERSISTENT_MAX_K_PER_1X128 = 768
@@ -564,7 +578,8 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     active = min(pairs, experts)
     gluon_ok = quant == "per_1x128" and GLUON_MOE and gluon and capability[0] == 9 and gated \
         and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
-    if gluon_ok and m >= GLUON_MOE_MIN_M and inter_dim >= GLUON_MOE_MIN_K:
+    pair_min_m = GLUON_MOE_MIN_M if inter_dim >= GLUON_MOE_STAGE1_MAX_K else GLUON_MOE_SHORT_K_MIN_M
+    if gluon_ok and m >= pair_min_m and inter_dim >= GLUON_MOE_MIN_K:
         return (False, *_gluon_moe(mean, max_shared))
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
@@ -601,7 +616,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         stage1, stage2 = replace(stage1, SORTED_INTER=2), replace(stage2, SORTED_INTER=2)
         if persistent_ok:
             stage2 = replace(stage2, PERSISTENT=1, USE_TMA=1)
-    if gluon_ok and GLUON_MOE_STAGE1 and m >= GLUON_MOE_STAGE1_MIN_M and inter_dim < GLUON_MOE_MIN_K \
+    if gluon_ok and GLUON_MOE_STAGE1 and m >= GLUON_MOE_STAGE1_MIN_M and inter_dim < GLUON_MOE_STAGE1_MAX_K \
             and stage2.SORTED_INTER == 2 and stage1.KSPLIT == 1 and bm in (64, 128):
         stage1 = _gluon_stage1(stage1, max_shared)
     return False, stage1, stage2
@@ -616,13 +631,15 @@ def _gluon_moe(mean: int, max_shared: int) -> tuple[MoeConfig, MoeConfig]:
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
-    if GLUON_MOE_WS and GLUON_MOE_COPY_ROWS:  # a loader warp group feeds the MMA warps, through a deeper ring
+    # a loader warp group feeds the MMA warps, through a deeper ring (gathering the rows itself without the copy)
+    if GLUON_MOE_WS if GLUON_MOE_COPY_ROWS else GLUON_MOE_STAGE1_WS:
         # A's, the gate's and the up's 128-deep blocks a stage; C's tile beside
         stage1 = replace(stage1, PERSISTENT=1, WARP_SPEC=1,
                          num_stages=_ws_stages((128 + 2 * 64) * SCALE_BLOCK, 128 * 64 * 2, max_shared))
     stage2 = MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common)
-    if GLUON_MOE_WS2 and GLUON_MOE_PERSISTENT:  # A's and w2's blocks a stage; rows leave by pointer
-        stage2 = replace(stage2, WARP_SPEC=1, num_stages=_ws_stages((128 + 128) * SCALE_BLOCK, 0, max_shared))
+    if GLUON_MOE_WS2 and GLUON_MOE_PERSISTENT:  # A's and w2's blocks a stage; the rows' 16-byte rearrangement beside
+        stage2 = replace(stage2, WARP_SPEC=1,
+                         num_stages=_ws_stages((128 + 128) * SCALE_BLOCK, 128 * 128 * 2, max_shared))
     return _quant_out(stage1), stage2
 
 

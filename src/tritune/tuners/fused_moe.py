@@ -296,8 +296,9 @@ E2E_GLUON_QUANT_OUT = False
 # The 128-row pair with stage 1 fed by a loader warp group (WARP_SPEC, persistent, 6 stages; the rule's since the
 # twenty-eighth session: 0.91-0.98x the whole op's time at E 64 and DeepSeek-V2-Lite, 4096-8192 tokens).
 E2E_GLUON_WS = True
-# Both stages fed by a loader warp group (stage 2 too: moe_stage2_ws_kernel): not yet run on a GPU, so off.
-E2E_GLUON_WS2 = False
+# Both stages fed by a loader warp group (stage 2 too: moe_stage2_ws_kernel; the rule's since the twenty-ninth session:
+# 0.95-0.99x the whole op's time at E 64 and DeepSeek-V2-Lite, H200).
+E2E_GLUON_WS2 = True
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
