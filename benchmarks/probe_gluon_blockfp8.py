@@ -9,8 +9,7 @@ the fp32 product of the values and scales it was given (relative L2 error), then
         [--variants 128:128:4:8:8,128:128:5:8:8] [--vendor-dir peers_vllm]
 
 A variant is BM:BN:STAGES:WARPS:GROUP_M[:P], P 1 for the persistent grid (as many programs as fit at once), or
-ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] for the warp-specialised kernel (`kernels/gluon_gemm_ws.py`), or
-sk:BM:BN:STAGES:GROUP_M[:WARPS] for its stream-K form (`kernels/gluon_streamk.py`, one program an SM).
+ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]] for the warp-specialised kernel (`kernels/gluon_gemm_ws.py`).
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
 
     from tritune.kernels.gluon_blockscale import gluon_blockscale_gemm
     from tritune.kernels.gluon_gemm_ws import ws_gemm
-    from tritune.kernels.gluon_streamk import streamk_blockscale_gemm, streamk_workspace
     from tritune.ops import gemm_a8w8_blockscale
     from tritune.tuning.bench import time_kernel
 
@@ -74,16 +72,8 @@ def run_point(n: int, k: int, m: int, variants: list[str], args, peer) -> dict:
 
             calls["vllm"] = (vllm, f8.ref_blocks)
     for v in variants:
-        sk = v.startswith("sk:")
-        ws = parse_ws_variant("ws:" + v[3:] if sk else v)
-        if sk:  # stream-K: its workspace made once, outside the timing
-            kw = {key: ws[key] for key in ("block_m", "block_n", "stages", "group_m", "num_warps")}
-            programs = min(torch.cuda.get_device_properties(0).multi_processor_count,
-                           math.ceil(m / kw["block_m"]) * math.ceil(n / kw["block_n"]) * math.ceil(k / 128))
-            space = streamk_workspace(programs, kw["block_m"], kw["block_n"], a8.device)
-            calls[f"gluon {v}"] = (lambda kw=kw, p=programs, w=space: streamk_blockscale_gemm(
-                a8, b8, sa8, sb8, programs=p, workspace=w, **kw), f8.ref_blocks)
-        elif ws is not None:
+        ws = parse_ws_variant(v)
+        if ws is not None:
             calls[f"gluon {v}"] = (lambda ws=ws: ws_gemm(a8, b8, a_scale=sa8, b_scale=sb8, block_scaled=True, **ws),
                                    f8.ref_blocks)
         else:
@@ -146,12 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     variants = args.variants.split(",")
     for v in variants:
         try:
-            ws = parse_ws_variant("ws:" + v[3:] if v.startswith("sk:") else v)
+            ws = parse_ws_variant(v)
         except ValueError as err:
             ap.error(f"--variants: {err}")
         if ws is None and (len(v.split(":")) not in (5, 6) or not all(x.isdigit() for x in v.split(":"))):
-            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P], ws:BM:BN:STAGES:GROUP_M or "
-                     "sk:BM:BN:STAGES:GROUP_M")
+            ap.error(f"--variants: {v!r} is not BM:BN:STAGES:WARPS:GROUP_M[:P] or ws:BM:BN:STAGES:GROUP_M")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     peer = vllm_kernel(args.vendor_dir)
     rows = []

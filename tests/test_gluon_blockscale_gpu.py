@@ -98,31 +98,3 @@ def test_misaligned_rows_fall_back_to_the_triton_kernel() -> None:
     with pytest.raises(ValueError, match="16-byte aligned"):
         gk.gemm("a8w8_blockscale", ops["a"], ops["b"], CONFIGS[0], a_scale=ops["a_scale"], b_scale=ops["b_scale"])
 
-
-@pytest.mark.parametrize(("M", "N", "K", "programs"), [
-    (1000, 1536, 7168, None),  # 96 tiles for every SM: most tiles split between two programs
-    (300, 256, 384, None),  # 6 tiles of 3 K blocks, a step a program: each tile's owner waits for two tails
-    (129, 136, 1040, 5),  # edges in M, N and K (a partial 16-wide last block); 5 programs, uneven shares
-    (64, 128, 128, 1),  # one program, one step: no tail at all
-])
-def test_stream_k_matches_the_reference_and_leaves_its_flags_zero(M: int, N: int, K: int, programs: int | None) -> None:
-    """Stream-K (kernels/gluon_streamk.py): every program an equal share of the (tile, K block) steps, split tiles
-    completed by their owner from the others' partial sums. Against the reference and the warp-specialised kernel
-    (the same K loop; split tiles add their parts in another order, so close, not bit-equal); the flags zero after
-    the launch, so a second launch on the same workspace gives the same bits."""
-    from tritune.kernels.gluon_streamk import streamk_blockscale_gemm, streamk_workspace
-
-    ops = _operands(M, N, K, seed=5)
-    args = (ops["a"], ops["b"], ops["a_scale"], ops["b_scale"])
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    steps = math.ceil(M / 128) * math.ceil(N / 128) * math.ceil(K / 128)
-    programs = min(programs or sms, steps)
-    space = streamk_workspace(programs, 128, 128, ops["a"].device)
-    out = streamk_blockscale_gemm(*args, programs=programs, workspace=space)
-    torch.cuda.synchronize()
-    _check(out, ops)
-    ws = ws_gemm(*args[:2], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_scaled=True, stages=5)
-    assert float((out.float() - ws.float()).norm() / ws.float().norm()) < 2e-3
-    assert int(space[1].abs().sum()) == 0
-    again = streamk_blockscale_gemm(*args, programs=programs, workspace=space)
-    assert torch.equal(again, out)
