@@ -33,6 +33,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(ws, "stage1", "per_1x128")
     check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1), "stage2", "per_1x128")  # stage 2 too
     check_config(dataclasses.replace(ws, GATHER_A=0), "stage1", "per_1x128")  # the loader gathering the rows
+    # stage 2 adding each row into its token's row of the accumulator (a plan option: stage 1 carries it too)
+    check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1, TOPK_ATOMIC=1), "stage2", "per_1x128")
+    check_config(dataclasses.replace(ws, TOPK_ATOMIC=1), "stage1", "per_1x128")
     name = ws.name("stage1", "per_1x128")
     assert name.endswith("_S6_KS1_TMA1_SI2_WS1_GA1_PS1_GL1") and MoeConfig.parse_name(name) == ("stage1", ws)
     name = dataclasses.replace(S1, QUANT_OUT=1).name("stage1", "per_1x128")
@@ -51,7 +54,6 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"SORTED_INTER": 1}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
-    ("stage2", "per_1x128", {"TOPK_ATOMIC": 1}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),  # 2 was a one-MMA stage 1, removed
     ("stage2", "per_1x128", {"QUANT_OUT": 1}, "QUANT_OUT .* is the Gluon stage 1's"),
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "BLOCK_SIZE_N": 128}, "QUANT_OUT .* BLOCK_SIZE_N 64"),
@@ -100,6 +102,7 @@ def test_the_op_runs_the_triton_plan_where_gluon_cannot(monkeypatch, quant_out: 
 
 _CHILD = r"""
 import dataclasses
+import re
 
 import torch
 
@@ -130,11 +133,18 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, PERSISTENT=1,
                                          WARP_SPEC=1, **plan)),
                     ("stage1", MoeConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, num_warps=4, num_stages=6, PERSISTENT=1,
-                                         WARP_SPEC=1, **{**plan, "GATHER_A": 0}))):
+                                         WARP_SPEC=1, **{**plan, "GATHER_A": 0})),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, TOPK_ATOMIC=1,
+                                         **plan)),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=6, PERSISTENT=1,
+                                         WARP_SPEC=1, TOPK_ATOMIC=1, **plan))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
     name += " WS1" if cfg.WARP_SPEC else ""
     name += ("" if cfg.GATHER_A or kernel == "stage2" else " gather") + (" QO1" if cfg.QUANT_OUT else "")
-    report[name] = ptxas_report(compile_only(kernel, dims, cfg).asm["ptx"])
+    name += " TA1" if cfg.TOPK_ATOMIC else ""
+    ptx = compile_only(kernel, dims, cfg).asm["ptx"]
+    report[name] = ptxas_report(ptx, atomics=re.findall(r"(?:atom|red)\.global\.[\w.]*add[\w.]*", ptx),
+                                stores=re.findall(r"st\.global\.[\w.]+", ptx))
 # fp16 activations: the quantizing stage 1 rounds to fp16 first, as the intermediate would hold it
 report["stage1 128x64 GL1 QO1 fp16"] = ptxas_report(compile_only(
     "stage1", dataclasses.replace(dims, dtype=torch.float16),
@@ -149,8 +159,16 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
                            "stage1 128x64 GL1 gather", "stage1 64x64 GL1 gather", "stage1 128x64 GL1 PS1",
                            "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1",
                            "stage1 128x64 GL1 QO1 fp16", "stage1 128x64 GL1 PS1 WS1", "stage2 128x128 GL1 PS1 WS1",
-                           "stage1 64x64 GL1 PS1 WS1 gather"}
+                           "stage1 64x64 GL1 PS1 WS1 gather", "stage2 128x128 GL1 TA1",
+                           "stage2 128x128 GL1 PS1 WS1 TA1"}
     for name, r in report.items():
+        if name.startswith("stage2"):  # rows out by 16-byte stores, or (TA1) added into the accumulator two at a time
+            if name.endswith("TA1"):
+                # atom (Triton 3.6) or red (3.9, the result unused) .global.gpu.relaxed.add.v2.f32
+                assert r["atomics"] and all(a.endswith(".add.v2.f32") for a in r["atomics"]), (name, r)
+                assert not r["stores"], (name, r)
+            else:
+                assert set(r["stores"]) == {"st.global.v4.b32"} and not r["atomics"], (name, r)
         two_groups = name.startswith("stage1")  # gate and up, one MMA each a K block
         assert sorted(set(r["waits"])) == (["0", "2"] if two_groups else ["0", "1"]), (name, r["waits"])
         assert_asynchronous(name, r)
@@ -190,6 +208,15 @@ def test_the_tuner_re_times_the_gluon_pairs_on_per_1x128_rows_on_hopper(monkeypa
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_QUANT_OUT", False)
     assert fmoe_tuner.E2E_GLUON_WS is True  # the rule's stage 1 since the twenty-eighth session
     assert fmoe_tuner.E2E_GLUON_WS2 is True  # and its stage 2 since the twenty-ninth
+    assert fmoe_tuner.E2E_GLUON_TOPK_ATOMIC is False  # stage 2 adding into the tokens' rows: not yet run on a GPU
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_TOPK_ATOMIC", True)
+    atomic = fmoe_tuner.gluon_variants(shape, hopper)
+    assert atomic[:-1] == pairs and atomic[-1][0].TOPK_ATOMIC == atomic[-1][1].TOPK_ATOMIC == 1
+    check_plan(*atomic[-1], "per_1x128")
+    monkeypatch.setenv("TRITUNE_DETERMINISTIC", "1")  # the order of its adds is the GPU's: never then
+    assert fmoe_tuner.gluon_variants(shape, hopper) == pairs
+    monkeypatch.delenv("TRITUNE_DETERMINISTIC")
+    monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_TOPK_ATOMIC", False)
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS2", False)
     assert fmoe_tuner.gluon_variants(shape, hopper) == pairs[:-1]
     monkeypatch.setattr(fmoe_tuner, "E2E_GLUON_WS", False)

@@ -194,8 +194,12 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
             return gluon_moe.moe_stage1_persistent_kernel.warmup(
                 *args, sm_count_for(torch.device("cuda")) or 132, **meta)
         return gluon_moe.moe_stage1_kernel.warmup(*args, **meta)
+    # TOPK_ATOMIC: each row added into its token's row of the fp32 [T, D] accumulator (not at top-1: out itself)
+    atomic = dims.topk if cfg.TOPK_ATOMIC and dims.topk > 1 else 0
+    out_dt = f32 if atomic else dims.dtype
+    meta |= dict(ATOMIC_TOPK=atomic)
     if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
-        args = (a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,
+        args = (a, w, out_dt, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,
                 sm_count_for(torch.device("cuda")) or 132)
         if cfg.WARP_SPEC:  # its loader warp group's registers go to the MMA warps
             from tritune.kernels.gluon_gemm_ws import WS_LOADER_REGS, ws_maxnreg
@@ -203,7 +207,7 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
             return gluon_moe.moe_stage2_ws_kernel.warmup(*args, LOADER_REGS=WS_LOADER_REGS,
                                                          maxnreg=ws_maxnreg(cfg.num_warps), **meta)
         return gluon_moe.moe_stage2_persistent_kernel.warmup(*args, **meta)
-    return gluon_moe.moe_stage2_kernel.warmup(a, w, dims.dtype, f32, f32, i32, i32, f32, i32, dims.numel, n, k,
+    return gluon_moe.moe_stage2_kernel.warmup(a, w, out_dt, f32, f32, i32, i32, f32, i32, dims.numel, n, k,
                                               num_pid_m, groups, 1, *strides, n, **meta)
 
 

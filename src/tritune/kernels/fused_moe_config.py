@@ -233,7 +233,8 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     per_1x128 with the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2; stage 1's rows through
     TMA from the GATHER_A copy, or copied by the kernel itself without it), BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128
     (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the Triton kernels' other
-    options (KSPLIT 1; no SWAP_AB, SCALE_TMA, TOPK_ATOMIC). PERSISTENT is either stage's persistent Gluon kernel;
+    options (KSPLIT 1; no SWAP_AB, SCALE_TMA). TOPK_ATOMIC (a plan option): stage 2 adds each row into its token's
+    row of the fp32 accumulator (`gluon_moe._stage2_store`). PERSISTENT is either stage's persistent Gluon kernel;
     WARP_SPEC (persistent) its warp-specialised form (a loader warp group feeding the MMA warps; stage 1's own
     gather done by that warp group)."""
     if kernel == "1stage" or quant != "per_1x128":
@@ -244,8 +245,8 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
                 "on 8)")
     if not config.USE_TMA or config.SORTED_INTER != 2:
         return "GLUON reads the weights and the intermediate through TMA (USE_TMA 1, SORTED_INTER 2)"
-    if config.KSPLIT != 1 or config.SWAP_AB or config.SCALE_TMA or config.TOPK_ATOMIC:
-        return "GLUON is its own kernel: KSPLIT 1, no SWAP_AB, SCALE_TMA or TOPK_ATOMIC"
+    if config.KSPLIT != 1 or config.SWAP_AB or config.SCALE_TMA:
+        return "GLUON is its own kernel: KSPLIT 1, no SWAP_AB or SCALE_TMA"
     if config.WARP_SPEC and (not config.PERSISTENT or config.QUANT_OUT):
         return ("GLUON with WARP_SPEC (a loader warp group feeding the MMA warps, moe_stage1_ws_kernel / "
                 "moe_stage2_ws_kernel) is persistent (PERSISTENT 1), without QUANT_OUT")

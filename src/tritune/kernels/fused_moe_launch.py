@@ -395,9 +395,9 @@ class MoeLaunch:
         if kernel == "stage1" and (not gated or act != _ACT_ID["silu"] or mul_weight or n % cfg.BLOCK_SIZE_N):
             raise ValueError(f"{name}: GLUON's stage 1 is gated SiLU with the routing weights in stage 2 and an "
                              f"intermediate size (here {n}) a multiple of BLOCK_SIZE_N")
-        if kernel == "stage2" and (not mul_weight or atomic_topk or quant_on_load):
-            raise ValueError(f"{name}: GLUON's stage 2 applies the routing weights itself and writes each pair's row "
-                             "(no TOPK_ATOMIC, no intermediate quantized on load)")
+        if kernel == "stage2" and (not mul_weight or quant_on_load):
+            raise ValueError(f"{name}: GLUON's stage 2 applies the routing weights itself and reads the quantized "
+                             "intermediate (not quantized on load)")
         if ws_t.dim() != 3 or ws_t.stride(2) != 1:
             raise ValueError(f"{name}: GLUON takes per_1x128 weight scales [E, N/128, K/128], contiguous along K")
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
@@ -451,8 +451,9 @@ class MoeLaunch:
                 fn = gluon_moe.moe_stage2_persistent_kernel
                 if cfg.WARP_SPEC:  # its loads from a loader warp group, whose registers the MMA warps take
                     fn, maxnreg = gluon_moe.moe_stage2_ws_kernel, ws_maxnreg(cfg.num_warps)
+            # atomic_topk: each row added into its token's row of the fp32 [T, D] accumulator (`target`)
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
-                      ("p", 2)] + [("v", v) for v in values] + tail
+                      ("p", 2)] + [("v", v) for v in values] + tail + [("v", atomic_topk)]
         if maxnreg is not None:  # warp-specialised: the launcher takes every parameter, the loader's registers too
             recipe.append(("v", WS_LOADER_REGS))
         # Not a programmatic dependent: the Gluon kernels do not wait on the previous launch's grid themselves.

@@ -526,28 +526,38 @@ if HAS_GLUON_HOPPER:
         ], [4], [LOADER_REGS])  # a whole warp group (WS_LOADER_WARPS): setmaxnreg acts on warp groups
 
     @gluon.jit
-    def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om):
+    def _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, cols, numel, N, stride_om,
+                      ATOMIC_TOPK: gl.constexpr = 0):
         """Each real row of the tile times its routing weight, to its (token, slot) pair's row of out. The rows leave
         in a blocked layout, 8 columns a thread (16-byte stores), through a shared-memory conversion of the rounded
         tile: from the MMA's layout each thread would store 2 columns at a time. H200, twenty-ninth session: stage 2
-        alone 0.93x (persistent) and 0.91x (warp-specialised) its time at E 64 top-6 I 1536, 4096 tokens."""
+        alone 0.93x (persistent) and 0.91x (warp-specialised) its time at E 64 top-6 I 1536, 4096 tokens.
+        ATOMIC_TOPK (the top-k count; TOPK_ATOMIC plans): out is the fp32 [T, D] accumulator the sort zeroed, and
+        each row is added into its token's row (pair // ATOMIC_TOPK) from the MMA's layout, two columns an atomic
+        (`atom.add.v2.f32`): no [pairs, D] rows, no top-k sum launch; the order of the adds is the GPU's."""
         pairs = gl.load(sorted_ids_ptr + rows)
         acc = acc * gl.load(weights_ptr + pairs, mask=pairs < numel, other=0.0)[:, None]
-        BN: gl.constexpr = acc.shape[1]
-        TN: gl.constexpr = BN // 8  # threads across a row
-        rowwise: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [gl.num_warps(), 1], [1, 0])
-        h = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), rowwise)
-        pairs = gl.load(sorted_ids_ptr + gl.convert_layout(rows, gl.SliceLayout(1, rowwise)))
-        cols = gl.convert_layout(cols, gl.SliceLayout(0, rowwise))
-        ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(ptrs, h, mask=(pairs < numel)[:, None] & (cols < N)[None, :])
+        if ATOMIC_TOPK:
+            ptrs = out_ptr + (pairs // ATOMIC_TOPK).to(gl.int64)[:, None] * stride_om + cols[None, :]
+            gl.atomic_add(ptrs, acc, mask=(pairs < numel)[:, None] & (cols < N)[None, :], sem="relaxed")
+        else:
+            BN: gl.constexpr = acc.shape[1]
+            TN: gl.constexpr = BN // 8  # threads across a row
+            rowwise: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TN, TN], [gl.num_warps(), 1], [1, 0])
+            h = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), rowwise)
+            pairs = gl.load(sorted_ids_ptr + gl.convert_layout(rows, gl.SliceLayout(1, rowwise)))
+            cols = gl.convert_layout(cols, gl.SliceLayout(0, rowwise))
+            ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
+            gl.store(ptrs, h, mask=(pairs < numel)[:, None] & (cols < N)[None, :])
 
     @gluon.jit
     def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
                           num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
-                          stride_wsk, stride_om, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+                          stride_wsk, stride_om, GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                          ATOMIC_TOPK: gl.constexpr = 0):
         """out[pair, n] = w[pair] · Σ_k (A_k[row] · W2[e]_kᵀ) · a_s[row, k] · w_s[e, n // 128, k] for each sorted
-        row of a block whose expert is e. Grid: (max_blocks · ⌈N/BN⌉,); programs past the sort's blocks return."""
+        row of a block whose expert is e (ATOMIC_TOPK: added into out[pair // ATOMIC_TOPK, n], fp32). Grid:
+        (max_blocks · ⌈N/BN⌉,); programs past the sort's blocks return."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -582,13 +592,14 @@ if HAS_GLUON_HOPPER:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
         _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
-                      numel, N, stride_om)
+                      numel, N, stride_om, ATOMIC_TOPK)
 
     @gluon.jit(do_not_specialize=["programs"])
     def moe_stage2_persistent_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr,
                                      weights_ptr, num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask,
                                      stride_wse, stride_wsn, stride_wsk, stride_om, programs,
-                                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+                                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                                     ATOMIC_TOPK: gl.constexpr = 0):
         """`moe_stage2_kernel`'s result from `programs` programs that walk the sort's filled blocks' tiles (tile p,
         p + programs, ... in the grouped order), the next tile's first STAGES K blocks loading under this tile's
         epilogue. Same arguments, and `programs` (the grid)."""
@@ -635,14 +646,15 @@ if HAS_GLUON_HOPPER:
                 _load(a_desc, w_desc, a_smem, b_smem, ready, g0 + k_tiles + i, i, nm * BM, n_expert * N + nn * BN,
                       (i < k_tiles) & has_next, STAGES)
             _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
-                          numel, N, stride_om)
+                          numel, N, stride_om, ATOMIC_TOPK)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
 
     @gluon.jit
     def _ws_stage2_mma(a_desc, w_desc, a_smem, b_smem, ready, empty, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr,
                        expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask, stride_wse,
-                       stride_wsn, stride_wsk, stride_om, programs, GROUP_M: gl.constexpr):
+                       stride_wsn, stride_wsk, stride_om, programs, GROUP_M: gl.constexpr,
+                       ATOMIC_TOPK: gl.constexpr):
         """The MMA partition of `moe_stage2_ws_kernel` (the kernel's warps): each tile's K loop from the ring, its
         stages handed back as their MMAs retire, then each row to its (token, slot) pair with its routing weight."""
         BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -666,7 +678,7 @@ if HAS_GLUON_HOPPER:
                                    expert * N + off_n, as_ptr + rows * stride_asm, None, w_s_ptr, stride_ask,
                                    stride_wsk, gl.zeros([BM, BN], gl.float32, mma_layout), STAGES, empty, True)
             _stage2_store(acc, out_ptr, sorted_ids_ptr, weights_ptr, rows, off_n + gl.arange(0, BN, layout=col_layout),
-                          numel, N, stride_om)
+                          numel, N, stride_om, ATOMIC_TOPK)
 
     # No integer argument that may be 1 specialized: a constant 1 would reach the partitions as a Python int, which
     # they refuse. D (N) and out's row stride keep theirs: D is a multiple of 128 where the Gluon stages run
@@ -676,7 +688,7 @@ if HAS_GLUON_HOPPER:
     def moe_stage2_ws_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,
                              num_post_ptr, numel, N, K, max_blocks, stride_asm, stride_ask, stride_wse, stride_wsn,
                              stride_wsk, stride_om, programs, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                             WARPS: gl.constexpr, LOADER_REGS: gl.constexpr = 40):
+                             WARPS: gl.constexpr, ATOMIC_TOPK: gl.constexpr = 0, LOADER_REGS: gl.constexpr = 40):
         """`moe_stage2_persistent_kernel`'s result (same arguments) with the loads in a partition of their own: a
         loader warp group streams the sorted intermediate's rows and w2's rows of every tile's K blocks into the
         ring, across tiles and under the row scatter, while the kernel's WARPS warps wait, multiply, rescale and
@@ -696,7 +708,7 @@ if HAS_GLUON_HOPPER:
         gl.warp_specialize([
             (_ws_stage2_mma, (a_desc, w_desc, a_smem, b_smem, ready, empty, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr,
                               expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask,
-                              stride_wse, stride_wsn, stride_wsk, stride_om, programs, GROUP_M)),
+                              stride_wse, stride_wsn, stride_wsk, stride_om, programs, GROUP_M, ATOMIC_TOPK)),
             (_ws_loader, (a_desc, w_desc, a_smem, b_smem, b_smem, ready, empty, expert_ids_ptr, num_post_ptr, N, K,
                           programs, out_ptr, sorted_ids_ptr, numel, stride_om, GROUP_M, False, False, 1)),
         ], [4], [LOADER_REGS])  # a whole warp group: setmaxnreg acts on warp groups

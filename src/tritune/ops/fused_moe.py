@@ -73,7 +73,8 @@ def heuristic_moe_choice(tokens: int, model_dim: int, inter_dim: int, experts: i
         raise ValueError(f"quant {quant!r}; expected one of {OP_QUANTS}")
     run_1stage, stage1, stage2 = moe_heuristic(tokens, model_dim, inter_dim, experts, topk, quant, sm_count,
                                                max_shared, gated=gated, scale_records=scale_records,
-                                               one_stage=not deterministic, gluon=gluon and HAS_GLUON_HOPPER)
+                                               one_stage=not deterministic, gluon=gluon and HAS_GLUON_HOPPER,
+                                               atomics=not deterministic)
     return MoeChoice(run_1stage, stage1, stage2, "heuristic")
 
 

@@ -75,9 +75,9 @@ routed pairs per expert), BK = BLOCK_K bf16 / fp8:
   `PERSISTENT_MAX_K_PER_TOKEN` 1536 (0.91-1.00x at I 768-1536) and `PERSISTENT_MAX_K_PER_1X128` 768;
 - per_1x128 on Hopper with Gluon from m = `GLUON_MOE_MIN_M` (128), gated, D and I multiples of 128, I ≥
   `GLUON_MOE_MIN_K` (256; 1024 until the twenty-ninth session; below I 1024 from m = `GLUON_MOE_SHORT_K_MIN_M`,
-  256): both stages on the Gluon kernels (`GLUON`,
-  kernels/gluon_moe.py) on 128-row blocks, stage 1 on rows gathered for TMA (GATHER_A) with 64-wide gate and up
-  tiles, stage 2 128 wide, both persistent and fed by a loader warp group (`GLUON_MOE_WS`, `GLUON_MOE_WS2`), 8 warps
+  256): both stages on the Gluon kernels (`GLUON`, kernels/gluon_moe.py) on 128-row blocks, stage 1 on rows
+  gathered for TMA (GATHER_A) with 64-wide gate and up tiles, stage 2 128 wide, both persistent and fed by a loader
+  warp group (`GLUON_MOE_WS`, `GLUON_MOE_WS2`), 8 warps
   (H100, whole op: 0.81-0.97x the Triton plan's time at 2048-8192 tokens; Mixtral-8x7B 0.79x its scaled tuned row);
   where the pair is not taken, below I 1024, stage 1 alone on the Gluon kernel gathering its own rows (GATHER_A 0)
   before the plan's Triton stage 2 (`GLUON_MOE_STAGE1`; E 128 I 384 and Qwen3-30B-A3B 0.84-0.97x);
@@ -195,6 +195,12 @@ GLUON_MOE_WS_STAGES = 6
 # tokens, DeepSeek-V2-Lite 0.95 / 0.98x; alone 204-206 against 220 µs (E 64, 4096 tokens, warm L2). Its first form
 # (twenty-eighth session) ran 1.33x slower: D and out's row stride unspecialized, so rows left 2 bytes at a time.
 GLUON_MOE_WS2 = True
+# The pair's stage 2 adding each row into its token's row of an fp32 [T, D] accumulator (TOPK_ATOMIC; two columns an
+# atomic, from the MMA's layout) instead of writing [pairs, D] rows for a top-k sum launch: at E 128 top-8 that sum and
+# its rows are about a quarter of the op. Written in the twenty-ninth session (compiled for sm_90), not yet run on a
+# GPU: off. The seventh session's Triton stage 2 with fp32 atomics ran 1.04-1.12x slower from 2048 tokens. Never under
+# TRITUNE_DETERMINISTIC (the order of the adds is the GPU's).
+GLUON_MOE_TOPK_ATOMIC = False
 # Below GLUON_MOE_STAGE1_MAX_K, the Gluon stage 1 that gathers its own rows persistent with the gather and the weights'
 # loads in a loader warp group (WARP_SPEC with GATHER_A 0; its cp.async copies arrive on the stage's barrier). H200,
 # twenty-ninth session, E 128 top-8 I 384, stage 1 alone (warm L2), 64x64 tiles: 321.9 / 594.1 µs at 4096 / 8192
@@ -539,12 +545,13 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
                   sm_count: int = 132, max_shared: int = 232448, *,
                   gated: bool = True, capability: tuple[int, int] = (9, 0),
                   one_stage: bool = True, scale_records: bool = True,
-                  gluon: bool = HAS_GLUON_HOPPER) -> tuple[bool, MoeConfig, MoeConfig | None]:
+                  gluon: bool = HAS_GLUON_HOPPER, atomics: bool = True) -> tuple[bool, MoeConfig, MoeConfig | None]:
     """(run_1stage, stage-1 or 1-stage config, stage-2 config or None) for `tokens` tokens of a fused MoE with
     hidden [tokens, model_dim], w1 [experts, 2·inter_dim (inter_dim if not gated), model_dim], w2 [experts,
     model_dim, inter_dim]; quant "none" | "per_token" | "per_1x128" | "per_1x32" (MXFP4 weights) | "per_1x32_a8" (and
     fp8 activations). `one_stage` False:
-    never the 1-stage kernel. `scale_records` False: MXFP4 scales given as codes only (no SCALE_TMA tiles). Rules:
+    never the 1-stage kernel. `scale_records` False: MXFP4 scales given as codes only (no SCALE_TMA tiles).
+    `atomics` False: no plan whose stage 2 sums the top-k slots with atomics (TRITUNE_DETERMINISTIC). Rules:
     module docstring."""
     if quant not in fm.ALL_QUANTS:
         raise ValueError(f"quant {quant!r}; expected one of {fm.ALL_QUANTS}")
@@ -580,7 +587,7 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
         and model_dim % SCALE_BLOCK == 0 and inter_dim % SCALE_BLOCK == 0
     pair_min_m = GLUON_MOE_MIN_M if inter_dim >= GLUON_MOE_STAGE1_MAX_K else GLUON_MOE_SHORT_K_MIN_M
     if gluon_ok and m >= pair_min_m and inter_dim >= GLUON_MOE_MIN_K:
-        return (False, *_gluon_moe(mean, max_shared))
+        return (False, *_gluon_moe(mean, max_shared, atomics))
     bm = _moe_block_m(m, quant)
     fp8 = quant != "none"
     if bm == 16:
@@ -622,14 +629,16 @@ def moe_heuristic(tokens: int, model_dim: int, inter_dim: int, experts: int, top
     return False, stage1, stage2
 
 
-def _gluon_moe(mean: int, max_shared: int) -> tuple[MoeConfig, MoeConfig]:
+def _gluon_moe(mean: int, max_shared: int, atomics: bool = True) -> tuple[MoeConfig, MoeConfig]:
     """The per_1x128 stage pair on the Gluon kernels, 128-row blocks on 8 warps: stage 1 on rows gathered for TMA
     with 64-wide gate and up tiles (`GLUON_MOE_WS`: fed by a loader warp group through as many of
     `GLUON_MOE_WS_STAGES` stages as fit `max_shared`), stage 2 with 128-wide tiles; grouped when an expert's `mean`
-    pairs fill more than one block."""
+    pairs fill more than one block; `GLUON_MOE_TOPK_ATOMIC` (where `atomics`): stage 2 adds its rows into the
+    tokens' rows (TOPK_ATOMIC, a plan option both stages carry)."""
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
                   num_warps=8, num_stages=4, USE_TMA=1,
-                  SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1)
+                  SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1,
+                  TOPK_ATOMIC=int(GLUON_MOE_TOPK_ATOMIC and atomics))
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
     # a loader warp group feeds the MMA warps, through a deeper ring (gathering the rows itself without the copy)
     if GLUON_MOE_WS if GLUON_MOE_COPY_ROWS else GLUON_MOE_STAGE1_WS:
@@ -638,8 +647,8 @@ def _gluon_moe(mean: int, max_shared: int) -> tuple[MoeConfig, MoeConfig]:
                          num_stages=_ws_stages((128 + 2 * 64) * SCALE_BLOCK, 128 * 64 * 2, max_shared))
     stage2 = MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common)
     if GLUON_MOE_WS2 and GLUON_MOE_PERSISTENT:  # A's and w2's blocks a stage; the rows' 16-byte rearrangement beside
-        stage2 = replace(stage2, WARP_SPEC=1,
-                         num_stages=_ws_stages((128 + 128) * SCALE_BLOCK, 128 * 128 * 2, max_shared))
+        stage2 = replace(stage2, WARP_SPEC=1, num_stages=_ws_stages(
+            (128 + 128) * SCALE_BLOCK, 0 if stage2.TOPK_ATOMIC else 128 * 128 * 2, max_shared))
     return _quant_out(stage1), stage2
 
 

@@ -299,6 +299,9 @@ E2E_GLUON_WS = True
 # Both stages fed by a loader warp group (stage 2 too: moe_stage2_ws_kernel; the rule's since the twenty-ninth session:
 # 0.95-0.99x the whole op's time at E 64 and DeepSeek-V2-Lite, H200).
 E2E_GLUON_WS2 = True
+# That pair with stage 2 adding its rows into the tokens' rows (TOPK_ATOMIC; heuristics.GLUON_MOE_TOPK_ATOMIC):
+# compiled for sm_90, not yet run on a GPU, so off; never under TRITUNE_DETERMINISTIC.
+E2E_GLUON_TOPK_ATOMIC = False
 _GLUON_PLAN = dict(BLOCK_SIZE_K=128, GROUP_SIZE_M=8, USE_TMA=1, SORTED_INTER=2, GATHER_A=1, GLUON=1)
 GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N is its gate's (and up's) width
     (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=4, **_GLUON_PLAN),
@@ -323,6 +326,11 @@ GLUON_PAIRS = (  # (stage 1, stage 2): BLOCK_M 16 rows a warp; stage 1's BLOCK_N
                **_GLUON_PLAN),
      MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=6, PERSISTENT=1, WARP_SPEC=1,
                **_GLUON_PLAN)),
+    # and stage 2 adding into the tokens' rows: only with E2E_GLUON_TOPK_ATOMIC
+    (MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8, num_stages=6, PERSISTENT=1, WARP_SPEC=1,
+               TOPK_ATOMIC=1, **_GLUON_PLAN),
+     MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=6, PERSISTENT=1, WARP_SPEC=1,
+               TOPK_ATOMIC=1, **_GLUON_PLAN)),
 )
 
 
@@ -337,7 +345,8 @@ def gluon_variants(shape: FmoeShape, device: DeviceInfo) -> list[Plan]:
         return []
     return [pair for pair in GLUON_PAIRS if shape.inter_dim % pair[0].BLOCK_SIZE_N == 0
             and (E2E_GLUON_PERSISTENT or not pair[1].PERSISTENT) and (E2E_GLUON_QUANT_OUT or not pair[0].QUANT_OUT)
-            and (E2E_GLUON_WS or not pair[0].WARP_SPEC) and (E2E_GLUON_WS2 or not pair[1].WARP_SPEC)]
+            and (E2E_GLUON_WS or not pair[0].WARP_SPEC) and (E2E_GLUON_WS2 or not pair[1].WARP_SPEC)
+            and (not pair[1].TOPK_ATOMIC or (E2E_GLUON_TOPK_ATOMIC and not knobs.deterministic()))]
 
 
 def with_gluon_variants(choices: list[Choice], shape: FmoeShape, device: DeviceInfo) -> list[Choice]:

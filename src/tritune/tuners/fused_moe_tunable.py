@@ -341,7 +341,7 @@ def rule_plan(shape: FmoeShape, device: DeviceInfo) -> Plan:
     run_1stage, first, second = moe_heuristic(
         shape.token, shape.model_dim, shape.inter_dim, shape.expert, shape.topk, shape.quant, device.sm_count,
         device.max_shared_mem, gated=shape.use_g1u1, capability=device.capability,
-        one_stage=not knobs.deterministic())
+        one_stage=not knobs.deterministic(), atomics=not knobs.deterministic())
     return (first, None) if run_1stage else (first, second)
 
 
