@@ -132,8 +132,12 @@ def fp8_operands(a: torch.Tensor, b: torch.Tensor) -> Fp8Operands:
     return Fp8Operands(qa, sa, qb, sb, a8, sa8, b8, sb8, ref_rows, ref_blocks)
 
 
-def run_point(kernel: str, n: int, k: int, m: int, iters: int) -> dict:
-    """Every contestant at one (M, N, K): rel error against cuBLAS, then median µs (errors recorded, not raised)."""
+def run_point(kernel: str, n: int, k: int, m: int, iters: int, rounds: int = 1) -> dict:
+    """Every contestant at one (M, N, K): rel error against cuBLAS, then median µs over `rounds` interleaved rounds
+    (`probe_util.checked_rounds`; errors recorded, not raised)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from probe_util import checked_rounds
+
     from tritune.ops import gemm, gemm_a8w8_blockscale
     from tritune.tuning.bench import time_kernel
 
@@ -160,19 +164,14 @@ def run_point(kernel: str, n: int, k: int, m: int, iters: int) -> dict:
     # where the op's config came from: "heuristic", or a tuned file (TRITUNE_CONFIG_DIR) and its M bucket
     row["op_config"], row["op_source"] = (str(x) for x in select_config(kernel, m, n, k, a.device))
 
-    def measure(name: str, fn) -> None:
-        try:
-            out = fn()
-            want = peer_ref if name == "cublas" else ref
-            row[f"{name}_rel_err"] = float((out.float() - want).norm() / want.norm())
-            row[f"{name}_us"] = time_kernel(fn, iters=iters, warmup=3).median_us
-        except Exception as err:  # noqa: BLE001 - a variant the compiler refuses is a result
-            row[f"{name}_error"] = f"{type(err).__name__}: {err}"[:300]
-
-    measure("cublas", peer)
-    measure("op", ours)
-    for name, cfg in variants(kernel).items():
-        measure(name, lambda c=cfg: ours(c))
+    calls = {"cublas": (peer, peer_ref), "op": (ours, ref)}
+    calls |= {name: (lambda c=cfg: ours(c), ref) for name, cfg in variants(kernel).items()}
+    timer = lambda fn: time_kernel(fn, iters=iters, warmup=3).median_us  # noqa: E731
+    for name, got in checked_rounds(calls, timer, rounds).items():
+        if isinstance(got, str):  # a variant the compiler refuses is a result
+            row[f"{name}_error"] = got[:300]
+        else:
+            row[f"{name}_us"], row[f"{name}_rel_err"] = got
     timed = {name: row[f"{name}_us"] for name in variants(kernel)
              if f"{name}_us" in row and row.get(f"{name}_rel_err", 1.0) <= WRONG}
     if timed:
@@ -208,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="bf16,a8w8_blockscale")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="timed calls a contestant and round (median)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
     ap.add_argument("--time-limit", type=float, default=540.0, help="start no point after this many seconds")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 if time.perf_counter() - start > args.time_limit:
                     doc["skipped"].append([kernel, shape, m])
                     continue
-                row = {"shape": shape, **run_point(kernel, n, k, m, args.iters)}
+                row = {"shape": shape, **run_point(kernel, n, k, m, args.iters, args.rounds)}
                 doc["rows"].append(row)
                 print(json.dumps({key: row[key] for key in ("kernel", "shape", "M", "cublas_us", "op_us", "best",
                                                              "best_us") if key in row}), flush=True)
