@@ -34,8 +34,9 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1), "stage2", "per_1x128")  # stage 2 too
     check_config(dataclasses.replace(ws, GATHER_A=0), "stage1", "per_1x128")  # the loader gathering the rows
     # stage 2 adding each row into its token's row of the accumulator (a plan option: stage 1 carries it too)
-    check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1, TOPK_ATOMIC=1), "stage2", "per_1x128")
-    check_config(dataclasses.replace(ws, TOPK_ATOMIC=1), "stage1", "per_1x128")
+    for mode in (1, 2):  # fp32 or 16-bit accumulator
+        check_config(dataclasses.replace(S2, PERSISTENT=1, WARP_SPEC=1, TOPK_ATOMIC=mode), "stage2", "per_1x128")
+        check_config(dataclasses.replace(ws, TOPK_ATOMIC=mode), "stage1", "per_1x128")
     name = ws.name("stage1", "per_1x128")
     assert name.endswith("_S6_KS1_TMA1_SI2_WS1_GA1_PS1_GL1") and MoeConfig.parse_name(name) == ("stage1", ws)
     name = dataclasses.replace(S1, QUANT_OUT=1).name("stage1", "per_1x128")
@@ -55,6 +56,8 @@ def test_a_gluon_pair_passes_the_checks_and_names_itself() -> None:
     ("stage2", "per_1x128", {"USE_TMA": 0}, "GLUON reads the weights and the intermediate through TMA"),
     ("stage2", "per_1x128", {"KSPLIT": 2}, "GLUON is its own kernel"),
     ("stage2", "per_1x128", {"GLUON": 2}, "GLUON must be 0 or 1"),  # 2 was a one-MMA stage 1, removed
+    ("stage2", "per_1x128", {"GLUON": 0, "TOPK_ATOMIC": 2}, "TOPK_ATOMIC 2 .* is the Gluon stage 2's"),
+    ("stage2", "per_1x128", {"TOPK_ATOMIC": 3}, "TOPK_ATOMIC must be 0, 1 or 2"),
     ("stage2", "per_1x128", {"QUANT_OUT": 1}, "QUANT_OUT .* is the Gluon stage 1's"),
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "BLOCK_SIZE_N": 128}, "QUANT_OUT .* BLOCK_SIZE_N 64"),
     ("stage1", "per_1x128", {"QUANT_OUT": 1, "PERSISTENT": 1}, "QUANT_OUT .* one tile a program"),
@@ -137,11 +140,13 @@ for kernel, cfg in (("stage1", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4, TOPK_ATOMIC=1,
                                          **plan)),
                     ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=6, PERSISTENT=1,
-                                         WARP_SPEC=1, TOPK_ATOMIC=1, **plan))):
+                                         WARP_SPEC=1, TOPK_ATOMIC=1, **plan)),
+                    ("stage2", MoeConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=6, PERSISTENT=1,
+                                         WARP_SPEC=1, TOPK_ATOMIC=2, **plan))):
     name = f"{kernel} {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N} GL{cfg.GLUON}" + (" PS1" if cfg.PERSISTENT else "")
     name += " WS1" if cfg.WARP_SPEC else ""
     name += ("" if cfg.GATHER_A or kernel == "stage2" else " gather") + (" QO1" if cfg.QUANT_OUT else "")
-    name += " TA1" if cfg.TOPK_ATOMIC else ""
+    name += f" TA{cfg.TOPK_ATOMIC}" if cfg.TOPK_ATOMIC else ""
     ptx = compile_only(kernel, dims, cfg).asm["ptx"]
     report[name] = ptxas_report(ptx, atomics=re.findall(r"(?:atom|red)\.global\.[\w.]*add[\w.]*", ptx),
                                 stores=re.findall(r"st\.global\.[\w.]+", ptx))
@@ -160,12 +165,14 @@ def test_both_stages_compile_for_sm90_with_their_mmas_in_flight() -> None:
                            "stage1 64x64 GL1 PS1 gather", "stage1 128x64 GL1 QO1", "stage1 64x64 GL1 gather QO1",
                            "stage1 128x64 GL1 QO1 fp16", "stage1 128x64 GL1 PS1 WS1", "stage2 128x128 GL1 PS1 WS1",
                            "stage1 64x64 GL1 PS1 WS1 gather", "stage2 128x128 GL1 TA1",
-                           "stage2 128x128 GL1 PS1 WS1 TA1"}
+                           "stage2 128x128 GL1 PS1 WS1 TA1", "stage2 128x128 GL1 PS1 WS1 TA2"}
     for name, r in report.items():
-        if name.startswith("stage2"):  # rows out by 16-byte stores, or (TA1) added into the accumulator two at a time
-            if name.endswith("TA1"):
-                # atom (Triton 3.6) or red (3.9, the result unused) .global.gpu.relaxed.add.v2.f32
-                assert r["atomics"] and all(a.endswith(".add.v2.f32") for a in r["atomics"]), (name, r)
+        # stage 2: rows out by 16-byte stores, or added into the accumulator: fp32 two at a time (TA1), bf16 eight
+        # (TA2), as atom (Triton 3.6) or red (3.9, the result unused) .global.gpu.relaxed.add...
+        if name.startswith("stage2"):
+            if name.endswith(("TA1", "TA2")):
+                want = ".add.v2.f32" if name.endswith("TA1") else ".add.noftz.v8.bf16"
+                assert r["atomics"] and all(a.endswith(want) for a in r["atomics"]), (name, r)
                 assert not r["stores"], (name, r)
             else:
                 assert set(r["stores"]) == {"st.global.v4.b32"} and not r["atomics"], (name, r)

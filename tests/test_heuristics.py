@@ -289,15 +289,16 @@ def test_per_1x128_takes_the_gluon_stages_on_hopper_from_128_pairs_an_expert():
     assert (small[1].num_stages, small[2].num_stages) == (5, 4)
     assert not s1.TOPK_ATOMIC and not s2.TOPK_ATOMIC  # stage 2 adding into the tokens' rows: not yet measured
     old = heuristics.GLUON_MOE_TOPK_ATOMIC
-    heuristics.GLUON_MOE_TOPK_ATOMIC = True
     try:
-        _, a1, a2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)
-        assert a1.TOPK_ATOMIC == a2.TOPK_ATOMIC == 1 and (a2.WARP_SPEC, a2.num_stages) == (1, 6)
-        check_plan(a1, a2, "per_1x128")
-        # no 32 KB row buffer beside the ring: 5 stages fit where 4 did
-        assert moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, max_shared=190000)[2].num_stages == 5
-        _, d1, d2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, atomics=False)  # deterministic
-        assert not d1.TOPK_ATOMIC and not d2.TOPK_ATOMIC
+        for mode, stages_190k in ((1, 5), (2, 4)):  # fp32: no 32 KB row buffer beside the ring; 16-bit: the buffer
+            heuristics.GLUON_MOE_TOPK_ATOMIC = mode
+            _, a1, a2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True)
+            assert a1.TOPK_ATOMIC == a2.TOPK_ATOMIC == mode and (a2.WARP_SPEC, a2.num_stages) == (1, 6)
+            check_plan(a1, a2, "per_1x128")
+            small = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, max_shared=190000)
+            assert small[2].num_stages == stages_190k
+            _, d1, d2 = moe_heuristic(4096, 2048, 1408, 64, 6, "per_1x128", gluon=True, atomics=False)
+            assert not d1.TOPK_ATOMIC and not d2.TOPK_ATOMIC  # TRITUNE_DETERMINISTIC
     finally:
         heuristics.GLUON_MOE_TOPK_ATOMIC = old
     old = heuristics.GLUON_MOE_WS2

@@ -194,9 +194,10 @@ def _compile_gluon(kernel: str, dims: MoeDims, cfg: MoeConfig, rows: int, num_pi
             return gluon_moe.moe_stage1_persistent_kernel.warmup(
                 *args, sm_count_for(torch.device("cuda")) or 132, **meta)
         return gluon_moe.moe_stage1_kernel.warmup(*args, **meta)
-    # TOPK_ATOMIC: each row added into its token's row of the fp32 [T, D] accumulator (not at top-1: out itself)
+    # TOPK_ATOMIC: each row added into its token's row of the [T, D] accumulator, fp32 (1) or 16-bit (2) (not at
+    # top-1: out itself)
     atomic = dims.topk if cfg.TOPK_ATOMIC and dims.topk > 1 else 0
-    out_dt = f32 if atomic else dims.dtype
+    out_dt = f32 if atomic and cfg.TOPK_ATOMIC == 1 else dims.dtype
     meta |= dict(ATOMIC_TOPK=atomic)
     if cfg.PERSISTENT:  # the grid (a program a SM) is not specialized on
         args = (a, w, out_dt, f32, f32, i32, i32, f32, i32, dims.numel, n, k, num_pid_m, groups, 1, *strides, n,

@@ -44,7 +44,8 @@ class MoeConfig:
     stage 2 reads each block's A rows contiguously (1: pointer loads; 2: through a TMA descriptor, Hopper, rows of
     16-byte multiples) and maps rows back to pairs in its epilogue. TOPK_ATOMIC (2-stage plans): stage 2 adds
     weight x row into an fp32 [T, D] accumulator with atomics instead of writing [T·topk, D] for the top-k sum kernel
-    (not bit-deterministic: the order of the adds varies from run to run). SWAP_AB (either stage kernel):
+    (not bit-deterministic: the order of the adds varies from run to run); 2 (the Gluon stage 2 only) into a [T, D]
+    accumulator of the activations' 16-bit type, half the bytes, each add rounded. SWAP_AB (either stage kernel):
     the tile is computed transposed, w · aᵀ, so the wgmma's 64-row operand is the weight tile rather than a block of
     16 or 32 pairs (what vLLM does on Hopper when BLOCK_SIZE_M < 64 <= BLOCK_SIZE_N).
     """
@@ -59,7 +60,7 @@ class MoeConfig:
     BLOCK_SIZE_D: int = 0  # 1-stage only
     USE_TMA: int = 0  # 2-stage only: weight tiles through a TMA descriptor (Hopper; K·itemsize a multiple of 16 bytes)
     SORTED_INTER: int = 0  # 2-stage plans: 0 pair order; 1 sorted rows; 2 sorted rows, stage 2 loads A through TMA
-    TOPK_ATOMIC: int = 0  # 2-stage plans: 1 = stage 2 sums the top-k slots with fp32 atomics
+    TOPK_ATOMIC: int = 0  # 2-stage plans: stage 2 sums the top-k slots with atomics, 1 in fp32, 2 (Gluon) in 16 bits
     SWAP_AB: int = 0  # stage kernels: 1 = accumulate w · aᵀ, a wgmma's 64 rows from N (small blocks)
     WARP_SPEC: int = 0  # stage 2 with every load through TMA (USE_TMA, SORTED_INTER 2): a warp-specialised K loop;
     # a Gluon stage (GLUON, PERSISTENT): a loader warp group feeding the MMA warps
@@ -171,10 +172,13 @@ def check_config(config: MoeConfig, kernel: str, quant: str) -> None:
     if quant in MXFP4_QUANTS and config.USE_TMA and not (quant == MXFP4 and config.SWAP_AB):
         raise ValueError(f"{config.name(kernel, quant)}: MXFP4 weights come through TMA only in the swapped GEMM "
                          "(SWAP_AB 1, 16-bit activations)")
-    if config.SORTED_INTER not in (0, 1, 2) or any(getattr(config, f) not in (0, 1)
-                                                    for f in ("TOPK_ATOMIC", "SWAP_AB", "GATHER_A")):
-        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER must be 0, 1 or 2, TOPK_ATOMIC, SWAP_AB and "
+    if config.SORTED_INTER not in (0, 1, 2) or config.TOPK_ATOMIC not in (0, 1, 2) or any(
+            getattr(config, f) not in (0, 1) for f in ("SWAP_AB", "GATHER_A")):
+        raise ValueError(f"{config.name(kernel, quant)}: SORTED_INTER and TOPK_ATOMIC must be 0, 1 or 2, SWAP_AB and "
                          "GATHER_A 0 or 1")
+    if config.TOPK_ATOMIC == 2 and not config.GLUON:
+        raise ValueError(f"{config.name(kernel, quant)}: TOPK_ATOMIC 2 (adds into a 16-bit accumulator) is the Gluon "
+                         "stage 2's (GLUON 1); the Triton kernels add in fp32 (TOPK_ATOMIC 1)")
     gluon_ws = config.GLUON and config.WARP_SPEC  # a Gluon stage kernel's loader partition (gluon_problem checks it)
     if config.WARP_SPEC not in (0, 1) or (config.WARP_SPEC and not gluon_ws and (
             kernel != "stage2" or not config.USE_TMA or config.SORTED_INTER != 2)):
@@ -234,7 +238,8 @@ def gluon_problem(config: MoeConfig, kernel: str, quant: str) -> str | None:
     TMA from the GATHER_A copy, or copied by the kernel itself without it), BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128
     (one weight scale a tile), BLOCK_SIZE_M 16 rows a warp (64 on 4, 128 on 8), and none of the Triton kernels' other
     options (KSPLIT 1; no SWAP_AB, SCALE_TMA). TOPK_ATOMIC (a plan option): stage 2 adds each row into its token's
-    row of the fp32 accumulator (`gluon_moe._stage2_store`). PERSISTENT is either stage's persistent Gluon kernel;
+    row of the accumulator, fp32 (1) or the activations' 16-bit type (2) (`gluon_moe._stage2_store`). PERSISTENT is
+    either stage's persistent Gluon kernel;
     WARP_SPEC (persistent) its warp-specialised form (a loader warp group feeding the MMA warps; stage 1's own
     gather done by that warp group)."""
     if kernel == "1stage" or quant != "per_1x128":

@@ -180,6 +180,8 @@ class MoeLaunch:
         self.inter_rows = sorted_rows(numel, experts, stage1.BLOCK_SIZE_M) if self.sorted_inter else numel
         # Stage 2 sums the top-k slots with atomics into an fp32 [T, D] accumulator (not when it writes `out` itself).
         self.topk_atomic = not self.one_stage and bool(stage2.TOPK_ATOMIC) and not (topk == 1 and stage2.KSPLIT == 1)
+        # TOPK_ATOMIC 2 (the Gluon stage 2): that accumulator in the activations' 16-bit type
+        acc_dtype = hidden.dtype if self.topk_atomic and stage2.TOPK_ATOMIC == 2 else torch.float32
         # The swapped 1-stage kernel split along K counts each slice's finished splits (one fp32 counter a slice).
         self.split_counts = 0
         if self.one_stage and stage1.SWAP_AB and stage1.KSPLIT > 1:  # and, cooperative, one ticket counter
@@ -193,7 +195,8 @@ class MoeLaunch:
         self.k32_ride = k32_input(stage1, quant, self.swizzled[0])
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
-                         stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride)
+                         stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride,
+                         zero2_dtype=acc_dtype if self.topk_atomic else torch.float32)
         # Hopper: the plan's sort, GEMMs and their finish kernels launch as programmatic dependents (kernels/pdl.py).
         self.pdl = hidden.is_cuda and plan_pdl(torch.cuda.get_device_capability(hidden.device)[0])
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride, pdl=self.pdl)
@@ -451,7 +454,8 @@ class MoeLaunch:
                 fn = gluon_moe.moe_stage2_persistent_kernel
                 if cfg.WARP_SPEC:  # its loads from a loader warp group, whose registers the MMA warps take
                     fn, maxnreg = gluon_moe.moe_stage2_ws_kernel, ws_maxnreg(cfg.num_warps)
-            # atomic_topk: each row added into its token's row of the fp32 [T, D] accumulator (`target`)
+            # atomic_topk: each row added into its token's row of the [T, D] accumulator (`target`; its dtype says
+            # fp32 or 16-bit)
             recipe = [a_desc, w_desc, target, a_scale, w_scale, ("p", 0), ("p", 1), ("t", "topk_weights"),
                       ("p", 2)] + [("v", v) for v in values] + tail + [("v", atomic_topk)]
         if maxnreg is not None:  # warp-specialised: the launcher takes every parameter, the loader's registers too
@@ -547,7 +551,8 @@ class MoeLaunch:
         split2 = cfg2.KSPLIT > 1 and not self.topk_atomic
         if direct:
             target2 = ("t", "out")
-        elif self.topk_atomic:  # every split and slot adds into the fp32 [T, D] accumulator the sort zeroed
+        elif self.topk_atomic:  # every split and slot adds into the [T, D] accumulator (fp32, or 16-bit with
+            # TOPK_ATOMIC 2) the sort zeroed
             target2 = ("p", self.align.zero2_piece)
         else:
             target2 = ("p", pieces.add(_F32 if split2 else hidden.dtype, cfg2.KSPLIT * numel * model_dim))

@@ -532,12 +532,14 @@ if HAS_GLUON_HOPPER:
         in a blocked layout, 8 columns a thread (16-byte stores), through a shared-memory conversion of the rounded
         tile: from the MMA's layout each thread would store 2 columns at a time. H200, twenty-ninth session: stage 2
         alone 0.93x (persistent) and 0.91x (warp-specialised) its time at E 64 top-6 I 1536, 4096 tokens.
-        ATOMIC_TOPK (the top-k count; TOPK_ATOMIC plans): out is the fp32 [T, D] accumulator the sort zeroed, and
-        each row is added into its token's row (pair // ATOMIC_TOPK) from the MMA's layout, two columns an atomic
-        (`atom.add.v2.f32`): no [pairs, D] rows, no top-k sum launch; the order of the adds is the GPU's."""
+        ATOMIC_TOPK (the top-k count; TOPK_ATOMIC plans): out is the [T, D] accumulator the sort zeroed, and each
+        row is added into its token's row (pair // ATOMIC_TOPK): no [pairs, D] rows, no top-k sum launch; the order of
+        the adds is the GPU's. An fp32 accumulator takes two columns an atomic from the MMA's layout
+        (`add.v2.f32`); a 16-bit one the rounded rows eight columns an atomic from the blocked layout
+        (`add.noftz.v8.bf16`)."""
         pairs = gl.load(sorted_ids_ptr + rows)
         acc = acc * gl.load(weights_ptr + pairs, mask=pairs < numel, other=0.0)[:, None]
-        if ATOMIC_TOPK:
+        if ATOMIC_TOPK and out_ptr.dtype.element_ty == gl.float32:
             ptrs = out_ptr + (pairs // ATOMIC_TOPK).to(gl.int64)[:, None] * stride_om + cols[None, :]
             gl.atomic_add(ptrs, acc, mask=(pairs < numel)[:, None] & (cols < N)[None, :], sem="relaxed")
         else:
@@ -547,8 +549,12 @@ if HAS_GLUON_HOPPER:
             h = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), rowwise)
             pairs = gl.load(sorted_ids_ptr + gl.convert_layout(rows, gl.SliceLayout(1, rowwise)))
             cols = gl.convert_layout(cols, gl.SliceLayout(0, rowwise))
-            ptrs = out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :]
-            gl.store(ptrs, h, mask=(pairs < numel)[:, None] & (cols < N)[None, :])
+            ok = (pairs < numel)[:, None] & (cols < N)[None, :]
+            if ATOMIC_TOPK:
+                ptrs = out_ptr + (pairs // ATOMIC_TOPK).to(gl.int64)[:, None] * stride_om + cols[None, :]
+                gl.atomic_add(ptrs, h, mask=ok, sem="relaxed")
+            else:
+                gl.store(out_ptr + pairs.to(gl.int64)[:, None] * stride_om + cols[None, :], h, mask=ok)
 
     @gluon.jit
     def moe_stage2_kernel(a_desc, w_desc, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr, expert_ids_ptr, weights_ptr,

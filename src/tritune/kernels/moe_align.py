@@ -335,7 +335,8 @@ def _block_tile(v_p2: int, bs_p2: int) -> int:
 class RideAlong:
     """Work the fused MoE hands the sort's first launch: quantize `rows` rows of `cols` columns of an activation
     (row stride `stride`, `group` columns per scale, 0 for per row; `x` a tensor or a dtype at binding) and zero
-    `zero` fp32 elements and, in a second buffer, `zero2` more. All land in pieces of the sort's workspace. With `k32`
+    `zero` fp32 elements and, in a second buffer, `zero2` more (of `zero2_dtype`: a 16-bit accumulator too). All land
+    in pieces of the sort's workspace. With `k32`
     the rows are copied in the K32 order instead (x's dtype, no scales: the swapped MXFP4 stage 1's input,
     kernels/mxfp4.py), which saves that GEMM's own copy launch."""
 
@@ -347,6 +348,7 @@ class RideAlong:
     zero: int = 0
     zero2: int = 0
     k32: bool = False
+    zero2_dtype: torch.dtype = torch.float32
 
 
 _ZBLOCK = 4096
@@ -397,7 +399,7 @@ class AlignLaunch:
             pieces.append((f32, ride.zero))
         if ride.zero2:
             self.zero2_piece = len(pieces)
-            pieces.append((f32, ride.zero2))
+            pieces.append((ride.zero2_dtype, ride.zero2))
         self.pieces = tuple(pieces)
         bs_p2 = _p2(block_size)
         n_p2 = _p2(numel)

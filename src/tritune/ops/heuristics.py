@@ -195,12 +195,13 @@ GLUON_MOE_WS_STAGES = 6
 # tokens, DeepSeek-V2-Lite 0.95 / 0.98x; alone 204-206 against 220 µs (E 64, 4096 tokens, warm L2). Its first form
 # (twenty-eighth session) ran 1.33x slower: D and out's row stride unspecialized, so rows left 2 bytes at a time.
 GLUON_MOE_WS2 = True
-# The pair's stage 2 adding each row into its token's row of an fp32 [T, D] accumulator (TOPK_ATOMIC; two columns an
-# atomic, from the MMA's layout) instead of writing [pairs, D] rows for a top-k sum launch: at E 128 top-8 that sum and
-# its rows are about a quarter of the op. Written in the twenty-ninth session (compiled for sm_90), not yet run on a
-# GPU: off. The seventh session's Triton stage 2 with fp32 atomics ran 1.04-1.12x slower from 2048 tokens. Never under
-# TRITUNE_DETERMINISTIC (the order of the adds is the GPU's).
-GLUON_MOE_TOPK_ATOMIC = False
+# The pair's stage 2 adding each row into its token's row of a [T, D] accumulator (TOPK_ATOMIC) instead of writing
+# [pairs, D] rows for a top-k sum launch: at E 128 top-8 that sum and its rows are about a quarter of the op. 1: an fp32
+# accumulator (two columns an atomic, from the MMA's layout; 67 MB at 4096 tokens and D 4096, more than the L2); 2: one
+# in the activations' 16-bit type (eight columns an atomic; half the bytes, each add rounded). Written in the
+# twenty-ninth session (compiled for sm_90), not yet run on a GPU: 0 (off). The seventh session's Triton stage 2 with
+# fp32 atomics ran 1.04-1.12x slower from 2048 tokens. Never under TRITUNE_DETERMINISTIC (the adds' order is the GPU's).
+GLUON_MOE_TOPK_ATOMIC = 0
 # Below GLUON_MOE_STAGE1_MAX_K, the Gluon stage 1 that gathers its own rows persistent with the gather and the weights'
 # loads in a loader warp group (WARP_SPEC with GATHER_A 0; its cp.async copies arrive on the stage's barrier). H200,
 # twenty-ninth session, E 128 top-8 I 384, stage 1 alone (warm L2), 64x64 tiles: 321.9 / 594.1 µs at 4096 / 8192
@@ -634,11 +635,11 @@ def _gluon_moe(mean: int, max_shared: int, atomics: bool = True) -> tuple[MoeCon
     with 64-wide gate and up tiles (`GLUON_MOE_WS`: fed by a loader warp group through as many of
     `GLUON_MOE_WS_STAGES` stages as fit `max_shared`), stage 2 with 128-wide tiles; grouped when an expert's `mean`
     pairs fill more than one block; `GLUON_MOE_TOPK_ATOMIC` (where `atomics`): stage 2 adds its rows into the
-    tokens' rows (TOPK_ATOMIC, a plan option both stages carry)."""
+    tokens' rows (TOPK_ATOMIC 1 or 2, a plan option both stages carry)."""
     common = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_K=SCALE_BLOCK, GROUP_SIZE_M=8 if _cdiv(mean, 128) > 1 else 1,
                   num_warps=8, num_stages=4, USE_TMA=1,
                   SORTED_INTER=2, GATHER_A=int(GLUON_MOE_COPY_ROWS), GLUON=1,
-                  TOPK_ATOMIC=int(GLUON_MOE_TOPK_ATOMIC and atomics))
+                  TOPK_ATOMIC=int(GLUON_MOE_TOPK_ATOMIC) if atomics else 0)
     stage1 = MoeConfig(BLOCK_SIZE_N=64, PERSISTENT=int(GLUON_MOE_STAGE1_PERSISTENT), **common)
     # a loader warp group feeds the MMA warps, through a deeper ring (gathering the rows itself without the copy)
     if GLUON_MOE_WS if GLUON_MOE_COPY_ROWS else GLUON_MOE_STAGE1_WS:
@@ -647,8 +648,8 @@ def _gluon_moe(mean: int, max_shared: int, atomics: bool = True) -> tuple[MoeCon
                          num_stages=_ws_stages((128 + 2 * 64) * SCALE_BLOCK, 128 * 64 * 2, max_shared))
     stage2 = MoeConfig(BLOCK_SIZE_N=128, PERSISTENT=int(GLUON_MOE_PERSISTENT), **common)
     if GLUON_MOE_WS2 and GLUON_MOE_PERSISTENT:  # A's and w2's blocks a stage; the rows' 16-byte rearrangement beside
-        stage2 = replace(stage2, WARP_SPEC=1, num_stages=_ws_stages(
-            (128 + 128) * SCALE_BLOCK, 0 if stage2.TOPK_ATOMIC else 128 * 128 * 2, max_shared))
+        stage2 = replace(stage2, WARP_SPEC=1, num_stages=_ws_stages(  # no rearrangement for fp32 atomics
+            (128 + 128) * SCALE_BLOCK, 0 if stage2.TOPK_ATOMIC == 1 else 128 * 128 * 2, max_shared))
     return _quant_out(stage1), stage2
 
 
