@@ -19,7 +19,6 @@ import datetime
 import importlib.util
 import json
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -71,15 +70,12 @@ def run_point(kernel, n: int, k: int, m: int, vllm_cfg: dict, iters: int, rounds
     for name, (fn, ref) in contestants.items():
         out = fn().float()
         row[f"{name}_rel_err"] = float((out - ref).norm() / ref.norm())
-    # Timed in rounds, the order turned each round, the median over rounds: a kernel timed right after another's
-    # milliseconds of fp8 MMAs runs on a hotter, slower-clocked GPU (twenty-ninth session).
-    names = list(contestants)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(time_kernel(contestants[name][0], iters=iters, warmup=3).median_us)
-    row.update({f"{name}_us": statistics.median(ts) for name, ts in times.items()})
     from bench_runtime import eager_and_graph  # the op as a user calls it: back to back (host included), as a graph
+    from probe_util import timed_rounds
+
+    us = timed_rounds({name: fn for name, (fn, _) in contestants.items()},
+                      lambda fn: time_kernel(fn, iters=iters, warmup=3).median_us, rounds)
+    row.update({f"{name}_us": t for name, t in us.items()})
 
     row.update({f"tritune_{k}": v for k, v in eager_and_graph([contestants["tritune"][0]]).items()})
     return row

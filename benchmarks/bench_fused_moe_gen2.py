@@ -34,7 +34,6 @@ import json
 import os
 import pathlib
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -193,6 +192,7 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
     """One row: every contestant on the same inputs (seeded by the token count), checked, then timed (on the weights'
     device: the GPU; on the CPU, through the interpreter, only to exercise this code)."""
     from bench_runtime import eager_and_graph
+    from probe_util import timed_rounds
 
     from tritune import knobs
     from tritune.kernels.moe_reference import fused_moe_reference
@@ -259,20 +259,11 @@ def run_point(shape: str, quant: str, tokens: int, w: dict, args, tuned_csv: str
         runnable["vllm"] = peer.kernels
     except Exception as err:  # noqa: BLE001
         row["vllm_error"] = _error(err)
-    # Timed in rounds, the order turned each round, the median over rounds: a contestant timed after others for
-    # seconds runs on a warmer, slower-clocked GPU (twenty-ninth session, H200: the same config 2-7% slower in a
-    # later column). Until then vLLM's column was timed after all of ours.
-    rounds: dict[str, list[float]] = {name: [] for name in runnable}
-    names = list(runnable)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)] if names else []:
-            try:
-                rounds[name].append(timed(runnable[name]))
-            except Exception as err:  # noqa: BLE001
-                row[f"{name}_error"] = _error(err)
-    for name, times in rounds.items():
-        if times and f"{name}_error" not in row:
-            row[f"{name}_us"] = statistics.median(times)
+    # Timed in interleaved rounds (probe_util.timed_rounds); until the twenty-ninth session vLLM's column was timed
+    # after all of ours. A contestant whose timing raises keeps its error as its result.
+    us = timed_rounds(runnable, timed, args.rounds,
+                      on_error=lambda name, err: row.update({f"{name}_error": _error(err)}))
+    row.update({f"{name}_us": t for name, t in us.items()})
     if "ours_us" in row and dev.type == "cuda":  # eager back-to-back and CUDA-graph replay, ~20 ms a round
         try:
             reps = max(2, min(20, int(2e4 / row["ours_us"])))

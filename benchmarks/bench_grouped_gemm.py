@@ -17,10 +17,10 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
+from probe_util import timed_rounds  # a sibling module: the script's folder is on the path
 
 from tritune.device import current_device
 from tritune.kernels.grouped_dw_scheduled import pad
@@ -40,18 +40,6 @@ def timed(fn, iters: int = 20) -> float:
     fn()
     torch.cuda.synchronize()
     return time_kernel(fn, iters=iters, warmup=3, flush_l2=True, l2_bytes=64 * 2**20).median_us
-
-
-def timed_rounds(fns: dict, rounds: int = 1) -> dict[str, float]:
-    """`timed` of each of `fns` (name -> callable) in `rounds` rounds, the order turned each round, the median over
-    rounds: a contestant timed after others' milliseconds of GEMMs runs on a warmer, slower-clocked GPU (twenty-ninth
-    session: the same kernels 2-7% slower in a later column)."""
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(max(1, rounds)):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(timed(fns[name]))
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def peaks() -> dict[str, float]:
@@ -184,7 +172,7 @@ def bench_shape(model: str, seqlen: int, pk: dict, loop: bool, dw_override: dict
             fns["kernel_only_us"] = kernel_only[name]
         if name in mlp_layout:
             fns["mlp_layout_us"] = mlp_layout[name]
-        t = timed_rounds(fns, rounds)
+        t = timed_rounds(fns, timed, max(1, rounds))  # probe_util's: interleaved rounds, their median
         rows[name] = {**t, "floor_us": floor, "of_floor": t["us"] / floor, "tflops": flops / t["us"] / 1e6,
                       "rel_l2_vs_grouped_mm": err}
         if name in kernel_only:

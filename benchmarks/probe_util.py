@@ -22,13 +22,35 @@ def checked_time(fn: Callable[[], torch.Tensor], ref: torch.Tensor, timer: Calla
         return f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tensor]],
-                   timer: Callable[[Callable], float], rounds: int = 1) -> dict[str, tuple[float, float] | str]:
-    """`checked_time` for several contestants (name -> (fn, ref)), timed in `rounds` rounds with the order turned
-    each round, the median over rounds: a kernel timed right after another's milliseconds of MMAs runs on a hotter,
-    slower-clocked GPU (twenty-ninth session: the same config 2-7% slower in a later column)."""
+def timed_rounds(fns: dict[str, Callable], timer: Callable[[Callable], float], rounds: int = 1,
+                 on_error: Callable[[str, Exception], None] | None = None) -> dict[str, float]:
+    """The median over `rounds` rounds of `timer` on each of `fns` (name -> callable), every one timed once a round,
+    the order turned by one each round: a kernel timed right after another's milliseconds of MMAs runs on a hotter,
+    slower-clocked GPU (twenty-ninth session: the same config 2-7% slower in a later column). A timing that raises
+    propagates, or (`on_error`) is handed to it and that contestant is timed no more and left out."""
     import statistics
 
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    failed: set[str] = set()
+    for r in range(rounds if names else 0):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if name in failed:
+                continue
+            try:
+                times[name].append(timer(fns[name]))
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(name, exc)
+                failed.add(name)
+    return {name: statistics.median(ts) for name, ts in times.items() if ts and name not in failed}
+
+
+def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tensor]],
+                   timer: Callable[[Callable], float], rounds: int = 1) -> dict[str, tuple[float, float] | str]:
+    """`checked_time` for several contestants (name -> (fn, ref)), each checked once, then timed in interleaved
+    rounds (`timed_rounds`)."""
     out: dict[str, tuple[float, float] | str] = {}
     errs: dict[str, float] = {}
     for name, (fn, ref) in calls.items():
@@ -39,12 +61,8 @@ def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tens
             errs[name] = float((got.float() - ref.float()).norm() / ref.float().norm())
         except Exception as exc:  # noqa: BLE001 - a config the compiler or the GPU refuses is a result
             out[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    names = list(errs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(timer(calls[name][0]))
-    out.update({name: (round(statistics.median(times[name]), 1), round(errs[name], 5)) for name in names})
+    us = timed_rounds({name: calls[name][0] for name in errs}, timer, rounds)
+    out.update({name: (round(us[name], 1), round(errs[name], 5)) for name in errs})
     return {name: out[name] for name in calls}
 
 

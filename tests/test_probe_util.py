@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
+import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -52,3 +53,28 @@ def test_rounds_turn_the_order_and_take_each_contestants_median():
     assert order == ["a", "b", "b", "a", "a", "b"]
     assert got == {"a": (3.0, 0.0), "x": "ValueError: no", "b": (4.0, 0.0)}
     assert list(got) == ["a", "x", "b"]
+
+
+def test_a_timing_that_raises_is_reported_once_and_left_out_or_propagates():
+    """`timed_rounds` with `on_error`: the failing contestant is handed over once, timed no more, and has no median;
+    the others keep theirs. Without it the error propagates."""
+    calls: list[str] = []
+
+    def timer(fn) -> float:
+        calls.append(fn.__name__)
+        if fn.__name__ == "bad":
+            raise RuntimeError("launch failed")
+        return 2.0
+
+    def good() -> None: ...
+
+    def bad() -> None: ...
+
+    errors: list[tuple[str, str]] = []
+    got = probe_util.timed_rounds({"good": good, "bad": bad}, timer, 3,
+                                  on_error=lambda name, exc: errors.append((name, str(exc))))
+    assert got == {"good": 2.0} and errors == [("bad", "launch failed")]
+    assert calls.count("bad") == 1 and calls.count("good") == 3
+    with pytest.raises(RuntimeError, match="launch failed"):
+        probe_util.timed_rounds({"bad": bad}, timer, 1)
+    assert probe_util.timed_rounds({}, timer, 3) == {}  # every contestant refused before timing: nothing to time
