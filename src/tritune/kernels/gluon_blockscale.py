@@ -78,12 +78,13 @@ if HAS_GLUON_HOPPER:
 
     @gluon.jit
     def _load(a_desc, b_desc, a_smem, b_smem, ready, g, k, off_m, off_n, pred, STAGES: gl.constexpr):
-        """The program's K step g (its tiles' steps back to back: K block k of the tile at off_m, off_n) into stage
-        g % STAGES, where `pred`."""
+        """The program's K step g (its tiles' steps back to back: K block k, of the descriptors' block width, of the
+        tile at off_m, off_n) into stage g % STAGES, where `pred`."""
+        BK: gl.constexpr = a_desc.block_type.shape[1]
         s = g % STAGES
         mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s), pred=pred)
-        _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s), pred=pred)
+        _tma_load(a_desc, [off_m, k * BK], ready.index(s), a_smem.index(s), pred=pred)
+        _tma_load(b_desc, [off_n, k * BK], ready.index(s), b_smem.index(s), pred=pred)
 
     @gluon.jit
     def _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, k_tiles, off_m, b_row, a_s_ptrs, m_ok, b_s_ptr,

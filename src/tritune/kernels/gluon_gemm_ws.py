@@ -44,7 +44,7 @@ if HAS_GLUON_HOPPER:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _tile_coords, _tma_load
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _tile_coords
     from tritune.kernels.gluon_gemm import _epilogue
 
     @gluon.jit
@@ -61,12 +61,9 @@ if HAS_GLUON_HOPPER:
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
             for ki in range(k_tiles):
                 g = t * k_tiles + ki
-                s = g % STAGES
                 # a fresh barrier counts as having completed the phase before its first: round 0 passes at once
-                mbarrier.wait(empty.index(s), phase=((g // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                _tma_load(a_desc, [pid_m * BM, ki * BK], ready.index(s), a_smem.index(s))
-                _tma_load(b_desc, [pid_n * BN, ki * BK], ready.index(s), b_smem.index(s))
+                mbarrier.wait(empty.index(g % STAGES), phase=((g // STAGES) & 1) ^ 1)
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g, ki, pid_m * BM, pid_n * BN, True, STAGES)
 
     @gluon.jit
     def _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K, programs,
