@@ -196,7 +196,7 @@ class MoeLaunch:
         carried = act_quant or self.k32_ride
         ride = RideAlong(x=hidden if carried else None, rows=tokens if carried else 0, cols=model_dim,
                          stride=hidden.stride(0), group=group, zero=zero, zero2=zero2, k32=self.k32_ride,
-                         zero2_dtype=acc_dtype if self.topk_atomic else torch.float32)
+                         zero2_dtype=acc_dtype)
         # Hopper: the plan's sort, GEMMs and their finish kernels launch as programmatic dependents (kernels/pdl.py).
         self.pdl = hidden.is_cuda and plan_pdl(torch.cuda.get_device_capability(hidden.device)[0])
         self.align = AlignLaunch(ids.reshape(-1), stage1.BLOCK_SIZE_M, experts, ride, pdl=self.pdl)
