@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=":".join(f"{n},{k}" for n, k in SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=30, help="timed calls a contestant and round (median)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
+    from probe_util import add_rounds_args, apply_rounds_args
+
+    add_rounds_args(ap)
     args = ap.parse_args(argv)
+    apply_rounds_args(args)
     shapes = [tuple(map(int, s.split(","))) for s in args.shapes.split(":")]
     for n, k in shapes:
         if not vendor_file(args.vendor_dir, n, k).is_file():

@@ -494,10 +494,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="bf16 and per_token rows also time the vendor library's two grouped GEMMs (torch._grouped_mm"
                          " / _scaled_grouped_mm) on pre-gathered rows, and cuBLAS on a dense pair of the same size")
     ap.add_argument("--iters", type=int, default=30, help="timed calls per contestant and round (median)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # probe_util, a sibling
+    from probe_util import add_rounds_args, apply_rounds_args
+
+    add_rounds_args(ap)
     ap.add_argument("--time-limit", type=float, default=420.0, help="start no row after this many seconds")
     args = ap.parse_args(argv)
+    apply_rounds_args(args)
     for name in (*args.shapes, *args.fp8_shapes):
         if name not in SHAPES:
             ap.error(f"unknown shape {name!r}; expected one of {', '.join(SHAPES)}")

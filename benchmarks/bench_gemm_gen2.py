@@ -208,10 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=20, help="timed calls a contestant and round (median)")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # probe_util, a sibling
+    from probe_util import add_rounds_args, apply_rounds_args
+
+    add_rounds_args(ap)
     ap.add_argument("--time-limit", type=float, default=540.0, help="start no point after this many seconds")
     args = ap.parse_args(argv)
+    apply_rounds_args(args)
     if not torch.cuda.is_available():
         print("bench_gemm_gen2: needs a GPU (the interpreter tests cover the kernels' correctness)", file=sys.stderr)
         return 2

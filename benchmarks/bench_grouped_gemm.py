@@ -20,7 +20,9 @@ import os
 
 import torch
 import torch.nn.functional as F
-from probe_util import timed_rounds  # a sibling module: the script's folder is on the path
+
+# probe_util: a sibling module (the script's folder is on the path)
+from probe_util import add_rounds_args, apply_rounds_args, timed_rounds
 
 from tritune.device import current_device
 from tritune.kernels.grouped_dw_scheduled import pad
@@ -224,11 +226,11 @@ def main() -> None:
     p.add_argument("--seqlens", default="1024,8192")
     p.add_argument("--no-loop", action="store_true", help="skip the torch loop baseline")
     p.add_argument("--mlp-only", action="store_true", help="time the MLP forward and step only, no GEMM table")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="rounds of timing, each GEMM's contestants once a round in a turning order (median of rounds)")
+    add_rounds_args(p, "each GEMM's contestants")
     p.add_argument("--dw", help="run every dW with this config instead of the op's choice: JSON of "
                                 "KernelConfigBackward_dW fields, e.g. the scheduled loop's")
     args = p.parse_args()
+    apply_rounds_args(args)
     dw_override = None
     if args.dw:  # a bad field stops here, before any GPU work
         try:

@@ -127,10 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--vendor-dir", type=pathlib.Path, default=pathlib.Path("peers_vllm"))
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
+    from probe_util import add_rounds_args, apply_rounds_args
+
+    add_rounds_args(ap)
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
+    apply_rounds_args(args)
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(":")]
     ms = [int(x) for x in args.ms.split(",")]
     variants = args.variants.split(",")

@@ -130,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; '' for none")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of timing, every contestant once a round in a turning order (median of rounds)")
+    from probe_util import add_rounds_args, apply_rounds_args
+
+    add_rounds_args(ap)
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
+    apply_rounds_args(args)
     variants = [v for v in args.variants.split(",") if v]
     try:
         for v in variants:

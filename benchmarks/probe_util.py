@@ -22,14 +22,49 @@ def checked_time(fn: Callable[[], torch.Tensor], ref: torch.Tensor, timer: Calla
         return f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
+# Seconds each contestant runs back to back right before it is timed (`gpu_settle`). An fp8 GEMM at the H200's power
+# limit ran 2340 µs timed after an idle GPU, 2380 after vLLM's slower kernel, 2600-2680 after itself and 2780 after
+# cuBLAS (24576x7168 M 8192, thirtieth session); after 0.3 s of itself it read 2620-2780 whatever ran before. Turning
+# the order alone keeps each contestant's predecessor (a rotation keeps the cycle), so a settle is what removes it.
+SETTLE_S = 0.3
+
+
+def set_settle(seconds: float) -> None:
+    """The settle every later `timed_rounds` uses by default (a bench's `--settle`); 0 turns it off."""
+    global SETTLE_S
+    if not seconds >= 0:
+        raise ValueError(f"settle must be >= 0 seconds, got {seconds}")
+    SETTLE_S = float(seconds)
+
+
+def gpu_settle(fn: Callable, seconds: float | None = None) -> None:
+    """Run `fn` back to back for `seconds` (SETTLE_S when None) of wall time on the GPU, four calls between
+    synchronizations, so it is timed at the clock its own load holds the GPU to rather than at the one the previous
+    contestant left. Nothing without CUDA."""
+    import time
+
+    seconds = SETTLE_S if seconds is None else seconds
+    if seconds <= 0 or not torch.cuda.is_available():
+        return
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(4):
+            fn()
+        torch.cuda.synchronize()
+
+
 def timed_rounds(fns: dict[str, Callable], timer: Callable[[Callable], float], rounds: int = 1,
-                 on_error: Callable[[str, Exception], None] | None = None) -> dict[str, float]:
+                 on_error: Callable[[str, Exception], None] | None = None,
+                 settle: Callable[[Callable], None] | None = None) -> dict[str, float]:
     """The median over `rounds` rounds of `timer` on each of `fns` (name -> callable), every one timed once a round,
-    the order turned by one each round: a kernel timed right after another's milliseconds of MMAs runs on a hotter,
-    slower-clocked GPU (twenty-ninth session: the same config 2-7% slower in a later column). A timing that raises
-    propagates, or (`on_error`) is handed to it and that contestant is timed no more and left out."""
+    the order turned by one each round (twenty-ninth session: the same config 2-7% slower in a later column), each
+    timing preceded by `settle(fn)` (default `gpu_settle`: the contestant alone for SETTLE_S, so the kernel before it
+    no longer sets its clock). A timing that raises propagates, or (`on_error`) is handed to it and that contestant
+    is timed no more and left out."""
     import statistics
 
+    settle = gpu_settle if settle is None else settle
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     failed: set[str] = set()
@@ -38,6 +73,7 @@ def timed_rounds(fns: dict[str, Callable], timer: Callable[[Callable], float], r
             if name in failed:
                 continue
             try:
+                settle(fns[name])
                 times[name].append(timer(fns[name]))
             except Exception as exc:
                 if on_error is None:
@@ -47,8 +83,21 @@ def timed_rounds(fns: dict[str, Callable], timer: Callable[[Callable], float], r
     return {name: statistics.median(ts) for name, ts in times.items() if ts and name not in failed}
 
 
+def add_rounds_args(ap, what: str = "every contestant") -> None:
+    """`--rounds` and `--settle` on a bench's parser; call `apply_rounds_args(args)` after parsing."""
+    ap.add_argument("--rounds", type=int, default=1,
+                    help=f"rounds of timing, {what} once a round in a turning order (median of rounds)")
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
+                    help="seconds each contestant runs alone right before it is timed (0: none)")
+
+
+def apply_rounds_args(args) -> None:
+    set_settle(args.settle)
+
+
 def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tensor]],
-                   timer: Callable[[Callable], float], rounds: int = 1) -> dict[str, tuple[float, float] | str]:
+                   timer: Callable[[Callable], float], rounds: int = 1,
+                   settle: Callable[[Callable], None] | None = None) -> dict[str, tuple[float, float] | str]:
     """`checked_time` for several contestants (name -> (fn, ref)), each checked once, then timed in interleaved
     rounds (`timed_rounds`)."""
     out: dict[str, tuple[float, float] | str] = {}
@@ -61,7 +110,7 @@ def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tens
             errs[name] = float((got.float() - ref.float()).norm() / ref.float().norm())
         except Exception as exc:  # noqa: BLE001 - a config the compiler or the GPU refuses is a result
             out[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
-    us = timed_rounds({name: calls[name][0] for name in errs}, timer, rounds)
+    us = timed_rounds({name: calls[name][0] for name in errs}, timer, rounds, settle=settle)
     out.update({name: (round(us[name], 1), round(errs[name], 5)) for name in errs})
     return {name: out[name] for name in calls}
 

@@ -78,3 +78,43 @@ def test_a_timing_that_raises_is_reported_once_and_left_out_or_propagates():
     with pytest.raises(RuntimeError, match="launch failed"):
         probe_util.timed_rounds({"bad": bad}, timer, 1)
     assert probe_util.timed_rounds({}, timer, 3) == {}  # every contestant refused before timing: nothing to time
+
+
+def test_each_timing_follows_a_settle_of_the_same_contestant():
+    """The settle runs the contestant about to be timed, right before its timing, every round (so the kernel
+    before it no longer sets its clock); `checked_rounds` passes it on."""
+    events: list[str] = []
+
+    def timer(fn) -> float:
+        events.append("time " + fn.__name__)
+        return 1.0
+
+    def a() -> None: ...
+
+    def b() -> None: ...
+
+    got = probe_util.timed_rounds({"a": a, "b": b}, timer, 2, settle=lambda fn: events.append("settle " + fn.__name__))
+    assert got == {"a": 1.0, "b": 1.0}
+    assert events == ["settle a", "time a", "settle b", "time b", "settle b", "time b", "settle a", "time a"]
+    events.clear()
+    ref = torch.ones(1)
+    a_t = lambda: torch.ones(1)  # noqa: E731
+    a_t.__name__ = "a"
+    probe_util.checked_rounds({"a": (a_t, ref)}, timer, 1, settle=lambda fn: events.append("settle " + fn.__name__))
+    assert events == ["settle a", "time a"]
+
+
+def test_the_gpu_settle_runs_nothing_without_cuda_and_refuses_a_negative_time():
+    calls: list[int] = []
+    probe_util.gpu_settle(lambda: calls.append(1), 5.0)  # CI has no GPU: returns at once, calls nothing
+    assert calls == [] or torch.cuda.is_available()
+    before = probe_util.SETTLE_S
+    try:
+        probe_util.set_settle(0)
+        assert probe_util.SETTLE_S == 0.0
+        with pytest.raises(ValueError, match="settle must be >= 0"):
+            probe_util.set_settle(-1)
+        with pytest.raises(ValueError, match="settle must be >= 0"):
+            probe_util.set_settle(float("nan"))
+    finally:
+        probe_util.set_settle(before)
