@@ -342,7 +342,7 @@ def _bad(kernel: str = "a8w8", M: int = 8, N: int = 16, K: int = 32, **changes) 
         (_bad("bf16", a=torch.zeros(8, 32), b=torch.zeros(16, 32), cfg=gk.GemmConfig(64, 128, 64, num_warps=4,
                                                                                     GLUON=True)),
          "GLUON takes bf16, fp16 or fp8 operands, not float32"),
-        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 256, 128, num_warps=4, GLUON=True)), "BLOCK_SIZE_N 64, 96 or 128"),
+        (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 256, 128, num_warps=4, GLUON=True)), "BLOCK_SIZE_N 64 or 128"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(128, 128, 128, num_warps=4, GLUON=True)),
          "BLOCK_SIZE_M 16 x num_warps"),
         (_bad("a8w8_blockscale", cfg=gk.GemmConfig(64, 128, 64, num_warps=4, GLUON=True)), "BLOCK_SIZE_K 128"),
@@ -395,30 +395,3 @@ def test_gluon_refused_off_the_gpu() -> None:
     assert gk.gluon_problem(dense, "bf16", 2) is None  # and the dense ones
     with pytest.raises(ValueError, match="GLUON (runs on a Hopper GPU|needs Triton's Gluon)"):
         gk.gemm("a8w8_blockscale", ops["a"], ops["b"], ws, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
-
-
-def test_a_96_wide_block_scaled_tile_is_the_warp_specialised_kernels_and_each_part_keeps_one_weight_scale() -> None:
-    """BLOCK_SIZE_N 96 runs block-scaled as two MMAs (64 + 32 columns) in the warp-specialised kernel only; each
-    part starts where its columns stay inside one 128-column weight-scale block (`split_offsets`), so every part has
-    one weight scale a K block. The rule is checked for every tile of a 12288-column matrix, 96 = 64 + 32
-    and 192 = 128 + 64 wide."""
-    from tritune.kernels.gluon_gemm_ws import split_offsets
-
-    ws96 = gk.GemmConfig(128, 96, 128, 8, 8, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
-    assert gk.gluon_problem(ws96) is None
-    assert gk.gluon_problem(gk.GemmConfig(64, 96, 128, 1, 4, 7, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
-                                          GLUON=True)) is None
-    with pytest.raises(AssertionError):  # not the one-kernel Gluon block-scaled kernel's
-        assert gk.gluon_problem(gk.GemmConfig(128, 96, 128, 8, 8, 5, PERSISTENT_TMA=True, GLUON=True)) is None
-    assert "warp-specialised kernel's only" in gk.gluon_problem(gk.GemmConfig(128, 96, 128, 8, 8, 5, GLUON=True))
-    assert "BLOCK_SIZE_N 64, 96 or 128" in gk.gluon_problem(gk.GemmConfig(128, 192, 128, 8, 8, 5, GLUON=True))
-    for bn0, bn1 in ((64, 32), (128, 64)):
-        starts = set()
-        for j in range(12288 // (bn0 + bn1)):
-            off = j * (bn0 + bn1)
-            o0, o1 = split_offsets(off, bn0, bn1)
-            first, second = sorted([(o0, bn0), (o1, bn1)])
-            assert first[0] == off and second[0] == off + first[1]  # the two parts tile the tile's columns
-            assert o0 // 128 == (o0 + bn0 - 1) // 128 and o1 // 128 == (o1 + bn1 - 1) // 128, (off, o0, o1)
-            starts.add(off % 128)
-        assert len(starts) == (4 if bn0 == 64 else 2)  # every phase against the scale blocks was met

@@ -27,10 +27,7 @@ CONFIGS = [gk.GemmConfig(128, 128, 128, 8, 8, 4, GLUON=True), gk.GemmConfig(64, 
            gk.GemmConfig(64, 128, 128, 8, 4, 4, PERSISTENT_TMA=True, GLUON=True),
            # warp-specialised (kernels/gluon_gemm_ws): a loader warp group feeding the MMA warps
            gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
-           gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
-           # 96 wide: two MMAs a K block (64 + 32 columns), each part inside one weight-scale block
-           gk.GemmConfig(128, 96, 128, 8, 8, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
-           gk.GemmConfig(64, 96, 128, 1, 4, 7, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
+           gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
 
 
 def _operands(M: int, N: int, K: int, seed: int = 0) -> dict:

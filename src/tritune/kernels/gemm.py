@@ -324,16 +324,11 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
     as many programs as fit at once; the other always does) and, persistent with a power-of-two BLOCK_SIZE_N,
     WARP_SPECIALIZE (the warp-specialised kernel of each: a loader warp group feeding the num_warps MMA warps)."""
     if kernel == "a8w8_blockscale":
-        if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 96, 128) or cfg.num_warps not in (4, 8) \
+        if cfg.BLOCK_SIZE_K != SCALE_BLOCK or cfg.BLOCK_SIZE_N not in (64, 128) or cfg.num_warps not in (4, 8) \
                 or cfg.BLOCK_SIZE_M != 16 * cfg.num_warps:
-            return (f"GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64, 96 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on "
-                    f"4, 128 on 8), got {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} "
+            return (f"GLUON takes BLOCK_SIZE_K 128, BLOCK_SIZE_N 64 or 128 and BLOCK_SIZE_M 16 x num_warps (64 on 4, "
+                    f"128 on 8), got {cfg.BLOCK_SIZE_M}x{cfg.BLOCK_SIZE_N}x{cfg.BLOCK_SIZE_K} on {cfg.num_warps} "
                     f"warps")
-        if cfg.BLOCK_SIZE_N == 96 and not (cfg.WARP_SPECIALIZE and cfg.PERSISTENT_TMA):
-            return ("GLUON block-scaled BLOCK_SIZE_N 96 (two MMAs a K block, 64 + 32 columns) is the warp-specialised "
-                    "kernel's only: WARP_SPECIALIZE and PERSISTENT_TMA on")
-        if cfg.WARP_SPECIALIZE and cfg.PERSISTENT_TMA:
-            return _gluon_common_problem(cfg)
     else:
         from tritune.kernels.gluon_gemm import split_width
 
@@ -350,12 +345,7 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
                     + (f" ({width})" if width else ""))
     if cfg.WARP_SPECIALIZE and (not cfg.PERSISTENT_TMA or cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1)):
         return ("GLUON with WARP_SPECIALIZE (a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws) is "
-                "persistent (PERSISTENT_TMA on), one MMA a K step (BLOCK_SIZE_N a power of two; block-scaled "
-                "also 96)")
-    return _gluon_common_problem(cfg)
-
-
-def _gluon_common_problem(cfg: GemmConfig) -> str | None:
+                "persistent (PERSISTENT_TMA on), one MMA a K step (BLOCK_SIZE_N a power of two)")
     if cfg.NUM_KSPLIT != 1 or cfg.SCALE_PIPELINE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT or cfg.cache_modifier:
         return ("GLUON is its own kernel: NUM_KSPLIT 1, no SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or "
                 "cache_modifier (PERSISTENT_TMA makes it persistent)")
@@ -520,9 +510,6 @@ class GemmLaunch:
             block_scaled = kernel == "a8w8_blockscale"
             strides = (a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1)) if block_scaled else (0, 0, 0, 0)
             programs = min(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
-            if bn & (bn - 1):  # block-scaled in two column parts (96 = 64 + 32: ws_blockscale_split_kernel)
-                self._bind_ws_split(a, b, a_s, b_s, out, cfg, strides, programs)
-                return
             self.main = BoundKernel(
                 ws.ws_gemm_kernel, (programs,),
                 (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
@@ -543,25 +530,6 @@ class GemmLaunch:
         self._desc_caches = tuple(
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
             for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
-
-    def _bind_ws_split(self, a, b, a_s, b_s, out, cfg: GemmConfig, strides: tuple, programs: int) -> None:
-        """The warp-specialised block-scaled kernel on tiles of two column parts, bound once: five descriptors (A;
-        B's rows and C's columns in the two parts), each cached by address."""
-        from tritune.kernels import gluon_gemm as gg
-        from tritune.kernels import gluon_gemm_ws as ws
-
-        bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
-        bn0, bn1 = gg.split_width(bn)
-        self._blocks = ([bm, SCALE_BLOCK], [bn0, SCALE_BLOCK], [bn1, SCALE_BLOCK], [bm, bn0], [bm, bn1])
-        self._desc_of = (0, 1, 1, 2, 2)  # which of (A, B, C) each descriptor describes
-        self.main = BoundKernel(
-            ws.ws_blockscale_split_kernel, (programs,),
-            (*ws.split_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
-             *ws.split_constexprs(cfg)),
-            varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
-        self._desc_caches = tuple(
-            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
-            for i, (t, blk) in enumerate(zip((a, b, b, out, out), self._blocks, strict=True)))
 
     def _bind_gluon_gemm(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
         """The Gluon bf16 / a8w8 kernel (persistent, a program a SM), bound once: five descriptors (A; B's rows and
@@ -705,12 +673,6 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
         if cfg.WARP_SPECIALIZE:  # no integer argument of it is specialized: any values serve
             from tritune.kernels import gluon_gemm_ws as ws
 
-            if bn & (bn - 1):  # block-scaled in two column parts
-                ws.ws_blockscale_split_kernel.warmup(
-                    *ws.split_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1, s_b, 1, 1,
-                    *ws.split_constexprs(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
-                return
             ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1,
                                      s_b, 1, 1, *ws.constexprs(kernel, cfg), num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))

@@ -44,7 +44,7 @@ if HAS_GLUON_HOPPER:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _tile_coords, _tma_load
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _tile_coords
     from tritune.kernels.gluon_gemm import _epilogue
 
     @gluon.jit
@@ -137,159 +137,6 @@ if HAS_GLUON_HOPPER:
             _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
                       programs, GROUP_M, MODE == 1)
 
-    @gluon.jit
-    def _split_offsets(off_n, BN0: gl.constexpr, BN1: gl.constexpr):
-        """`split_offsets` in the kernel: where a split tile's BN0 and BN1 columns start."""
-        swap = (off_n % 128) + BN0 > 128
-        return gl.where(swap, off_n + BN1, off_n), gl.where(swap, off_n, off_n + BN0)
-
-    @gluon.jit
-    def _ws_loader_split(a_desc, b0_desc, b1_desc, a_smem, b0_smem, b1_smem, ready, empty, M, N, K, programs,
-                         GROUP_M: gl.constexpr):
-        """`_ws_loader` for a split tile: each K block's A rows and B's two row parts (`_split_offsets`) into the
-        ring."""
-        BM: gl.constexpr = a_desc.block_type.shape[0]
-        BN0: gl.constexpr = b0_desc.block_type.shape[0]
-        BN1: gl.constexpr = b1_desc.block_type.shape[0]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        STAGES: gl.constexpr = a_smem.type.shape[0]
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b0_desc.block_type.nbytes + b1_desc.block_type.nbytes
-        pid = gl.program_id(0)
-        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN0 + BN1, BK, programs)
-        for t in range(my_tiles):
-            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
-            off_b0, off_b1 = _split_offsets(pid_n * (BN0 + BN1), BN0, BN1)
-            for ki in range(k_tiles):
-                g = t * k_tiles + ki
-                s = g % STAGES
-                mbarrier.wait(empty.index(s), phase=((g // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), nbytes)
-                _tma_load(a_desc, [pid_m * BM, ki * BK], ready.index(s), a_smem.index(s))
-                _tma_load(b0_desc, [off_b0, ki * BK], ready.index(s), b0_smem.index(s))
-                _tma_load(b1_desc, [off_b1, ki * BK], ready.index(s), b1_smem.index(s))
-
-    @gluon.jit
-    def _issue_split(a_smem, b0_smem, b1_smem, ready, r0, r1, k, STAGES: gl.constexpr):
-        """Block k's two MMAs (one a column part) from zero into `r0` / `r1`'s registers, once its stage landed."""
-        s = k % STAGES
-        mbarrier.wait(ready.index(s), phase=(k // STAGES) & 1)
-        p = warpgroup_mma(a_smem.index(s), b0_smem.index(s).permute((1, 0)), r0, use_acc=False, is_async=True)
-        q = warpgroup_mma(a_smem.index(s), b1_smem.index(s).permute((1, 0)), r1, use_acc=False, is_async=True)
-        return p, q
-
-    @gluon.jit
-    def _scale_split(a_s_ptrs, m_ok, b0_s_ptr, b1_s_ptr, b0_ok, b1_ok, k, stride_ask, stride_bsk, row1: gl.constexpr):
-        """Block k's rescale of each row of the two parts: the row's activation scale times each part's weight scale
-        (0 for a part wholly past N); the second in `row1`, its accumulator's row layout."""
-        a_s = gl.load(a_s_ptrs + k * stride_ask, mask=m_ok, other=0.0)
-        s0 = a_s * gl.load(b0_s_ptr + k * stride_bsk, mask=b0_ok, other=0.0)
-        s1 = a_s * gl.load(b1_s_ptr + k * stride_bsk, mask=b1_ok, other=0.0)
-        return s0, gl.convert_layout(s1, row1)
-
-    @gluon.jit
-    def _blockscale_split_tile(a_smem, b0_smem, b1_smem, ready, empty, g0, k_tiles, a_s_ptrs, m_ok, b0_s_ptr,
-                               b1_s_ptr, b0_ok, b1_ok, stride_ask, stride_bsk, acc0, acc1, STAGES: gl.constexpr):
-        """`_blockscale_tile` (WS) on a split tile: two MMAs a K block, block k-1's pair rescaled while block k's
-        runs, each retired block's stage handed back to the loader."""
-        row1: gl.constexpr = gl.SliceLayout(1, acc1.type.layout)
-        p0, q0 = _issue_split(a_smem, b0_smem, b1_smem, ready, acc0, acc1, g0, STAGES)
-        s0, t0 = _scale_split(a_s_ptrs, m_ok, b0_s_ptr, b1_s_ptr, b0_ok, b1_ok, 0, stride_ask, stride_bsk, row1)
-        for ki in range(1, k_tiles - 1, 2):
-            p1, q1 = _issue_split(a_smem, b0_smem, b1_smem, ready, acc0 * 0.0, acc1 * 0.0, g0 + ki, STAGES)
-            s1, t1 = _scale_split(a_s_ptrs, m_ok, b0_s_ptr, b1_s_ptr, b0_ok, b1_ok, ki, stride_ask, stride_bsk, row1)
-            d0, d1 = warpgroup_mma_wait(num_outstanding=2, deps=(p0, q0))  # block ki-1
-            acc0 = acc0 + d0 * s0[:, None]
-            acc1 = acc1 + d1 * t0[:, None]
-            mbarrier.arrive(empty.index((g0 + ki - 1) % STAGES))
-            p0, q0 = _issue_split(a_smem, b0_smem, b1_smem, ready, acc0 * 0.0, acc1 * 0.0, g0 + ki + 1, STAGES)
-            s0, t0 = _scale_split(a_s_ptrs, m_ok, b0_s_ptr, b1_s_ptr, b0_ok, b1_ok, ki + 1, stride_ask, stride_bsk,
-                                  row1)
-            d0, d1 = warpgroup_mma_wait(num_outstanding=2, deps=(p1, q1))  # block ki
-            acc0 = acc0 + d0 * s1[:, None]
-            acc1 = acc1 + d1 * t1[:, None]
-            mbarrier.arrive(empty.index((g0 + ki) % STAGES))
-        if k_tiles % 2 == 0:  # one block left after the pairs: k_tiles - 1
-            p1, q1 = _issue_split(a_smem, b0_smem, b1_smem, ready, acc0 * 0.0, acc1 * 0.0, g0 + k_tiles - 1, STAGES)
-            s1, t1 = _scale_split(a_s_ptrs, m_ok, b0_s_ptr, b1_s_ptr, b0_ok, b1_ok, k_tiles - 1, stride_ask,
-                                  stride_bsk, row1)
-            d0, d1 = warpgroup_mma_wait(num_outstanding=2, deps=(p0, q0))
-            acc0 = acc0 + d0 * s0[:, None]
-            acc1 = acc1 + d1 * t0[:, None]
-            mbarrier.arrive(empty.index((g0 + k_tiles - 2) % STAGES))
-            d0, d1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1, q1))
-            acc0 = acc0 + d0 * s1[:, None]
-            acc1 = acc1 + d1 * t1[:, None]
-        else:
-            d0, d1 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, q0))
-            acc0 = acc0 + d0 * s0[:, None]
-            acc1 = acc1 + d1 * t0[:, None]
-        mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
-        return acc0, acc1
-
-    @gluon.jit
-    def _ws_blockscale_split(a_desc, c0_desc, c1_desc, a_smem, b0_smem, b1_smem, c0_smem, c1_smem, ready, empty,
-                             as_ptr, bs_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                             GROUP_M: gl.constexpr):
-        """The consumer of a split tile: `_blockscale_split_tile` per tile, each part stored through its own C
-        descriptor."""
-        BM: gl.constexpr = c0_desc.block_type.shape[0]
-        BN0: gl.constexpr = c0_desc.block_type.shape[1]
-        BN1: gl.constexpr = c1_desc.block_type.shape[1]
-        BK: gl.constexpr = a_desc.block_type.shape[1]  # 128: one scale a row (and weight block) and K block
-        STAGES: gl.constexpr = a_smem.type.shape[0]
-        layout0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, BN0, 32])
-        layout1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                          instr_shape=[16, BN1, 32])
-        pid = gl.program_id(0)
-        num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN0 + BN1, BK, programs)
-        for t in range(my_tiles):
-            pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BM
-            off_b0, off_b1 = _split_offsets(pid_n * (BN0 + BN1), BN0, BN1)
-            offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout0))
-            acc0, acc1 = _blockscale_split_tile(
-                a_smem, b0_smem, b1_smem, ready, empty, t * k_tiles, k_tiles, as_ptr + offs_m * stride_asm,
-                offs_m < M, bs_ptr + (off_b0 // BK) * stride_bsn, bs_ptr + (off_b1 // BK) * stride_bsn, off_b0 < N,
-                off_b1 < N, stride_ask, stride_bsk, gl.zeros([BM, BN0], gl.float32, layout0),
-                gl.zeros([BM, BN1], gl.float32, layout1), STAGES)
-            tma.store_wait(pendings=0)  # the previous tile's parts have left shared memory
-            _epilogue(acc0, c0_desc, c0_smem, off_m, off_b0, as_ptr, bs_ptr, M, N, False)
-            _epilogue(acc1, c1_desc, c1_smem, off_m, off_b1, as_ptr, bs_ptr, M, N, False)
-        tma.store_wait(pendings=0)
-
-    @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
-    def ws_blockscale_split_kernel(a_desc, b0_desc, b1_desc, c0_desc, c1_desc, as_ptr, bs_ptr, M, N, K, stride_asm,
-                                   stride_ask, stride_bsn, stride_bsk, programs, GROUP_M: gl.constexpr,
-                                   STAGES: gl.constexpr, LOADER_REGS: gl.constexpr):
-        """Block-scaled C [M, N] = A [M, K] · B [N, K]ᵀ (fp8, scales as `ws_gemm_kernel`'s MODE 2) in tiles
-        BN0 + BN1 wide (96 = 64 + 32): two MMAs a K block on one A tile, each column part placed inside one
-        128-column weight-scale block (`split_offsets`), so its rescale keeps one weight scale a K block. Warp
-        specialised as `ws_gemm_kernel`. Grid: (programs,)."""
-        BM: gl.constexpr = c0_desc.block_type.shape[0]
-        BN0: gl.constexpr = c0_desc.block_type.shape[1]
-        BN1: gl.constexpr = c1_desc.block_type.shape[1]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        gl.static_assert(BK == 128)
-        gl.static_assert(BN0 + BN1 <= 128)  # each part within one weight-scale block: see split_offsets
-        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        b0_smem = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, BN0, BK], b0_desc.layout)
-        b1_smem = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, BN1, BK], b1_desc.layout)
-        c0_smem = gl.allocate_shared_memory(c0_desc.dtype, [BM, BN0], c0_desc.layout)
-        c1_smem = gl.allocate_shared_memory(c1_desc.dtype, [BM, BN1], c1_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
-        gl.warp_specialize([
-            (_ws_blockscale_split, (a_desc, c0_desc, c1_desc, a_smem, b0_smem, b1_smem, c0_smem, c1_smem, ready,
-                                    empty, as_ptr, bs_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn,
-                                    stride_bsk, GROUP_M)),
-            (_ws_loader_split, (a_desc, b0_desc, b1_desc, a_smem, b0_smem, b1_smem, ready, empty, M, N, K, programs,
-                                GROUP_M)),
-        ], [4], [LOADER_REGS])
-
     # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
     @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
     def ws_gemm_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask, stride_bsn,
@@ -328,37 +175,10 @@ def constexprs(kernel: str, cfg) -> tuple:
     return MODES[kernel], cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
 
 
-def split_constexprs(cfg) -> tuple:
-    """`ws_blockscale_split_kernel`'s compile-time arguments (GROUP_M, STAGES, LOADER_REGS) for GemmConfig `cfg`."""
-    return cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
-
-
 def ws_descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
     """`ws_gemm_kernel`'s descriptors: A [M, K] and B [N, K] in 128-byte K blocks, C [M, N] in output tiles."""
     bk = 128 // a.dtype.itemsize
     return descriptor(a, [block_m, bk]), descriptor(b, [block_n, bk]), descriptor(out, [block_m, block_n])
-
-
-def split_offsets(off_n: int, bn0: int, bn1: int) -> tuple[int, int]:
-    """Where the BN0 and BN1 columns of a split block-scaled tile at column off_n start: BN0 first, unless its
-    columns would cross a 128-column weight-scale block, then BN1 first (96 = 64 + 32: a tile at 96 j starts 0, 32,
-    64 or 96 into a block; at 96 the 32 go first). Each part then has one weight scale a K block, as the
-    power-of-two tiles do. The kernel's `_split_offsets` is this rule."""
-    swap = off_n % 128 + bn0 > 128
-    return (off_n + bn1, off_n) if swap else (off_n, off_n + bn0)
-
-
-def split_descriptors(a, b, out, block_m: int, block_n: int) -> tuple:
-    """`ws_blockscale_split_kernel`'s five descriptors: A [M, K] and B [N, K]'s two row parts in 128-wide K blocks,
-    C [M, N]'s two column parts (`gluon_gemm.split_width`: 96 -> 64 + 32)."""
-    from tritune.kernels.gluon_gemm import split_width
-
-    bn0, bn1 = split_width(block_n)
-    if not bn1 or block_n > 128:
-        raise ValueError(f"a split block-scaled tile is two powers of two within 128 columns, not {block_n}")
-    bk = 128 // a.dtype.itemsize
-    return (descriptor(a, [block_m, bk]), descriptor(b, [bn0, bk]), descriptor(b, [bn1, bk]),
-            descriptor(out, [block_m, bn0]), descriptor(out, [block_m, bn1]))
 
 
 def ws_maxnreg(num_warps: int) -> int:
@@ -392,14 +212,6 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = 
     s_b = b_scale if scaled else a
     strides = (a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1)) if block_scaled else (
         0, 0, 0, 0)
-    if block_n & (block_n - 1):  # 96: two column parts, block-scaled only
-        if not block_scaled:
-            raise ValueError(f"ws_gemm: a tile {block_n} wide is the block-scaled kernel's only")
-        ws_blockscale_split_kernel[(programs,)](*split_descriptors(a, b, out, block_m, block_n), s_a, s_b, M, N, K,
-                                                *strides, programs, GROUP_M=group_m, STAGES=stages,
-                                                LOADER_REGS=loader_regs, num_warps=num_warps,
-                                                maxnreg=ws_maxnreg(num_warps))
-        return out
     ws_gemm_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, M, N, K, *strides, programs,
                                 MODE=2 if block_scaled else int(scaled), GROUP_M=group_m, STAGES=stages,
                                 LOADER_REGS=loader_regs, num_warps=num_warps, maxnreg=ws_maxnreg(num_warps))
