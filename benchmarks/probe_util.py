@@ -22,10 +22,12 @@ def checked_time(fn: Callable[[], torch.Tensor], ref: torch.Tensor, timer: Calla
         return f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-# Seconds each contestant runs back to back right before it is timed (`gpu_settle`). An fp8 GEMM at the H200's power
-# limit ran 2340 µs timed after an idle GPU, 2380 after vLLM's slower kernel, 2600-2680 after itself and 2780 after
-# cuBLAS (24576x7168 M 8192, thirtieth session); after 0.3 s of itself it read 2620-2780 whatever ran before. Turning
-# the order alone keeps each contestant's predecessor (a rotation keeps the cycle), so a settle is what removes it.
+# Seconds of one fixed load (`gpu_settle`: bf16 matmuls, the same for every contestant) right before each contestant is
+# timed. An fp8 GEMM at the H200's power limit ran 2340 µs timed after an idle GPU, 2380 after vLLM's slower kernel,
+# 2600-2680 after itself and 2780 after cuBLAS (24576x7168 M 8192, thirtieth session), and turning the order keeps
+# each contestant's predecessor (a rotation keeps the cycle). Settling on the contestant itself was tried first and
+# is not fair either: a contestant whose host cost leaves the GPU idle part of the time (Triton's launcher on a 40-85
+# µs kernel) settles cooler and then ran 10-12% faster than the same binary launched by the op or from a CUDA graph.
 SETTLE_S = 0.3
 
 
@@ -37,20 +39,28 @@ def set_settle(seconds: float) -> None:
     SETTLE_S = float(seconds)
 
 
+_HEATER: list = []  # the settle's operands, made once
+
+
 def gpu_settle(fn: Callable, seconds: float | None = None) -> None:
-    """Run `fn` back to back for `seconds` (SETTLE_S when None) of wall time on the GPU, four calls between
-    synchronizations, so it is timed at the clock its own load holds the GPU to rather than at the one the previous
-    contestant left. Nothing without CUDA."""
+    """Hold the GPU under one fixed load for `seconds` (SETTLE_S when None) of wall time: 4096x4096 bf16 matmuls
+    queued 8 at a time, whatever `fn` is, so every contestant starts from the same clock and temperature rather than
+    from the state the previous one (or its own host cost) left. Nothing without CUDA."""
     import time
 
+    del fn  # the load is the same for every contestant: that is the point
     seconds = SETTLE_S if seconds is None else seconds
     if seconds <= 0 or not torch.cuda.is_available():
         return
+    if not _HEATER:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        _HEATER.extend(torch.randn(4096, 4096, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    x, y, out = _HEATER
     torch.cuda.synchronize()
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
-        for _ in range(4):
-            fn()
+        for _ in range(8):
+            torch.matmul(x, y, out=out)
         torch.cuda.synchronize()
 
 
@@ -59,9 +69,9 @@ def timed_rounds(fns: dict[str, Callable], timer: Callable[[Callable], float], r
                  settle: Callable[[Callable], None] | None = None) -> dict[str, float]:
     """The median over `rounds` rounds of `timer` on each of `fns` (name -> callable), every one timed once a round,
     the order turned by one each round (twenty-ninth session: the same config 2-7% slower in a later column), each
-    timing preceded by `settle(fn)` (default `gpu_settle`: the contestant alone for SETTLE_S, so the kernel before it
-    no longer sets its clock). A timing that raises propagates, or (`on_error`) is handed to it and that contestant
-    is timed no more and left out."""
+    timing preceded by `settle(fn)` (default `gpu_settle`: one fixed load for SETTLE_S, so neither the kernel before
+    it nor its own host cost sets its clock). A timing that raises propagates, or (`on_error`) is handed to it and
+    that contestant is timed no more and left out."""
     import statistics
 
     settle = gpu_settle if settle is None else settle
@@ -88,7 +98,7 @@ def add_rounds_args(ap, what: str = "every contestant") -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help=f"rounds of timing, {what} once a round in a turning order (median of rounds)")
     ap.add_argument("--settle", type=float, default=SETTLE_S,
-                    help="seconds each contestant runs alone right before it is timed (0: none)")
+                    help="seconds of one fixed GPU load right before each contestant is timed (0: none)")
 
 
 def apply_rounds_args(args) -> None:

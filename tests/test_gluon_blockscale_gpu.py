@@ -27,7 +27,9 @@ CONFIGS = [gk.GemmConfig(128, 128, 128, 8, 8, 4, GLUON=True), gk.GemmConfig(64, 
            gk.GemmConfig(64, 128, 128, 8, 4, 4, PERSISTENT_TMA=True, GLUON=True),
            # warp-specialised (kernels/gluon_gemm_ws): a loader warp group feeding the MMA warps
            gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
-           gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
+           gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
+           # the rule's narrow tile where 64x128 fills under half the SMs (ops/heuristics._gluon_blockscale_narrow)
+           gk.GemmConfig(64, 64, 128, 8, 4, 8, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
 
 
 def _operands(M: int, N: int, K: int, seed: int = 0) -> dict:

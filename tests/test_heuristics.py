@@ -133,7 +133,8 @@ def test_fp8_per_token_takes_the_gluon_tile_whose_waves_cost_least():
 
 def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
     """H100: 128x128 on 8 warps fed by a loader warp group through 5 stages where that grid makes a wave
-    (twenty-eighth session), else 64x128 on 4 warps and 5 stages, loads and MMAs in one kernel (twenty-fifth); only on
+    (twenty-eighth session), else 64x128 on 4 warps and 5 stages, loads and MMAs in one kernel (twenty-fifth), and
+    where even that grid fills under half the SMs 64x64 warp-specialised, 8 stages (H200, thirtieth); only on
     Hopper with Gluon, from M 256, N 128, K 512, with 16-byte rows."""
     def rule(M, N, K, **kw):
         return gemm_heuristic("a8w8_blockscale", M, N, K, gluon=True, **kw)
@@ -141,12 +142,18 @@ def test_block_scaled_takes_the_gluon_kernel_on_hopper_from_m_256():
     big = rule(4096, 24576, 7168)
     assert big.GLUON and (tile(big), big.num_warps, big.num_stages, big.GROUP_SIZE_M) == ((128, 128, 128), 8, 5, 8)
     assert gk.gluon_problem(big) is None and big.PERSISTENT_TMA and big.WARP_SPECIALIZE and big.NUM_KSPLIT == 1
-    small = rule(256, 1536, 7168)  # 2 x 12 = 24 tiles of 128x128: under a wave
+    small = rule(512, 1536, 7168)  # 4 x 12 = 48 tiles of 128x128: under a wave; 96 of 64x128 over half
     assert small.GLUON and (tile(small), small.num_warps, small.num_stages) == ((64, 128, 128), 4, 5)
     assert not small.WARP_SPECIALIZE and gk.gluon_problem(small) is None
+    narrow = rule(256, 1536, 7168)  # 48 tiles of 64x128 fill under half the SMs: 96 of 64x64, warp-specialised
+    assert (tile(narrow), narrow.num_warps, narrow.num_stages, narrow.GROUP_SIZE_M) == ((64, 64, 128), 4, 8, 8)
+    assert narrow.WARP_SPECIALIZE and narrow.PERSISTENT_TMA and gk.gluon_problem(narrow) is None
+    assert rule(256, 1536, 512).num_stages == 6  # 4 K blocks: no more stages than 2 + K blocks
+    assert rule(256, 1536, 7168, max_shared=120 * 1024).num_stages == 7  # 16 KB a stage + the C tile
+    assert not rule(256, 4096, 7168).WARP_SPECIALIZE  # 128 tiles of 64x128: the 64x128 rule
     assert rule(1024, 1536, 7168).BLOCK_SIZE_M == 64 and rule(2048, 1536, 7168).BLOCK_SIZE_M == 128  # 96 / 192 tiles
     assert rule(1024, 1536, 7168).num_stages == 4  # 192 tiles of 64x128: two programs a SM need 4 stages or fewer
-    assert rule(256, 1536, 512).num_stages == 5 and rule(4096, 1536, 512).num_stages == 5  # 4 K blocks + 2 >= 5
+    assert rule(512, 1536, 512).num_stages == 5 and rule(4096, 1536, 512).num_stages == 5  # 4 K blocks + 2 >= 5
     for M, N, K, kw in ((255, 4096, 4096, {}), (4096, 120, 4096, {}), (4096, 4096, 384, {}), (4096, 4100, 4096, {}),
                         (4096, 4096, 4104, {}), (4096, 4096, 4096, {"capability": (8, 0)})):
         assert not rule(M, N, K, **kw).GLUON, (M, N, K, kw)

@@ -34,7 +34,9 @@ GEMM, `gemm_heuristic(kernel, M, N, K)`; fallback tiles in parentheses:
   rows: the Gluon kernel (`GLUON`, kernels/gluon_blockscale.py: the rescale of K block k-1 while block k's MMA
   runs), persistent, 128×128 on 8 warps fed by a loader warp group (`WARP_SPECIALIZE`, kernels/gluon_gemm_ws.py, 5
   stages) where that grid makes a wave, else 64×128 on 4 (H100: 1.23× faster than the Triton kernels in geomean at
-  M 256-8192, up to 1.39×; the loader warp group another 0.833 → 0.91× `_scaled_mm` from M 1024);
+  M 256-8192, up to 1.39×; the loader warp group another 0.833 → 0.91× `_scaled_mm` from M 1024); where even 64×128
+  fills under half the SMs, 64×64 warp-specialised with up to `NARROW_STAGES` (8) stages (H200, 1536 × 7168 M 256:
+  18.0 against 22.2 µs);
 - a8w8 from M ≥ `GLUON_MIN_M`, N ≥ 128 and K ≥ 512 on Hopper with Gluon and 16-byte rows: the tile whose waves cost
   least (`FP8_TILE_SPEED`) among Triton's 128×256 and the Gluon kernel's (kernels/gluon_gemm.py, persistent) 128×128,
   64×192 (two MMAs, 128 + 64 columns), 128×192 and 64×128; the Triton rule where 128×256 costs least (H100: 1.03-1.20×
@@ -330,6 +332,21 @@ def _fit(bk: int, min_bk: int, stages_of) -> tuple[int, int]:
     return bk, stages
 
 
+# Block-scaled where even 64x128 tiles fill under half the SMs: 64x64 tiles (twice the grid), warp-specialised, as many
+# stages as fit up to NARROW_STAGES. H200, thirtieth session, tuned op (these tiles were the tuner's winners) against
+# the 64x128 rule: 1536 x 7168 at M 256 (48 tiles of 64x128) 18.0 against 22.2 us, 1536 x 1536 8.5 against 9.4.
+NARROW_STAGES = 8
+
+
+def _gluon_blockscale_narrow(M: int, N: int, K: int, max_shared: int) -> GemmConfig:
+    stages = min(NARROW_STAGES, 2 + _cdiv(K, SCALE_BLOCK))
+    while stages > 2 and gluon_smem_bytes(64, 64, stages) > max_shared:
+        stages -= 1
+    return GemmConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK,
+                      GROUP_SIZE_M=8 if _cdiv(M, 64) > 1 else 1, num_warps=4, num_stages=stages,
+                      PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=True)
+
+
 def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) -> GemmConfig:
     """The Gluon block-scaled kernel's tile: 128x128 on 8 warps where those tiles make at least a wave, fed by a
     loader warp group (WARP_SPECIALIZE, kernels/gluon_gemm_ws) through 5 stages; else 64x128 on 4 warps, one kernel
@@ -337,6 +354,8 @@ def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) ->
     tiles each the best of six Gluon variants or within 6% of it, twenty-fifth session; the warp-specialised
     128-row tile 0.833 → 0.908-0.916x `_scaled_mm`'s time in geomean from M 1024, twenty-eighth session)."""
     bm = 128 if _cdiv(M, 128) * _cdiv(N, 128) >= sm_count else 64
+    if bm == 64 and 2 * _cdiv(M, 64) * _cdiv(N, 128) <= sm_count:
+        return _gluon_blockscale_narrow(M, N, K, max_shared)
     # 64-row tiles: 5 stages while the grid is under a wave (one program a SM anyway), else 4, which lets two
     # programs share a SM (5 stages: 1536 x 7168 at M 1024 40.3 us against 31.4; at M 256 22.0 against 24.9)
     most = 5 if bm == 128 or _cdiv(M, 64) * _cdiv(N, 128) <= sm_count else 4
