@@ -50,6 +50,9 @@ ONE_RULE_EACH = [
     ("WARP_SPECIALIZE: Gluon's, or Triton's block-scaled persistent kernel's (Triton >= 3.5, K >= WS_MIN_K) "
      "without SCALE_PIPELINE", BLOCKSCALE,
      _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # Triton's, but K 4096 < 7168
+    ("Triton's warp-specialised block-scaled kernel on 4 warps: only 64-row tiles up to 128 wide",
+     GemmProblem("a8w8_blockscale", 1024, 1536, 7168),
+     _config(BLOCK_SIZE_K=128, num_warps=4, PERSISTENT_TMA=True, WARP_SPECIALIZE=True)),  # fails to compile
     ("shared memory > device limit", BIG,
      _config(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=4)),  # (128+256)*128*2 B*4 stages = 384 KiB
     ("accumulator registers per thread > 128", BIG,
