@@ -214,3 +214,32 @@ def test_a_compile_process_builds_every_kernel_of_the_scheduled_dw(tmp_path: Pat
     names = [m["name"] for m in metas if "name" in m]
     assert names.count("_pad_rows_kernel") == 4 and names.count("_dw_schedule_kernel") == 2
     assert names.count("_dw_scheduled_kernel") == 1
+
+
+_BLOCKSCALE_RULE_CHILD = """
+import json
+from tritune.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget("cuda", 90, 32, 132))
+from tritune.kernels import gemm as gk
+from tritune.ops.heuristics import gemm_heuristic
+built = []
+for M, N in ((2048, 16), (2048, 32), (1024, 1536)):
+    cfg = gemm_heuristic("a8w8_blockscale", M, N, 7168, gluon=False, warp_specialize=True)
+    gk.compile_only("a8w8_blockscale", M, N, 7168, cfg)
+    built.append([cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.num_warps, cfg.WARP_SPECIALIZE])
+print(json.dumps(built))
+"""
+
+
+def test_the_rule_tables_block_scaled_triton_configs_compile_for_hopper(tmp_path: Path):
+    """The rule table's block-scaled configs on Triton's kernels at K 7168 (warp-specialised where Triton can) build
+    for sm_90; at N 16 and 32 the 128-row tile stays on 4 warps, where Triton's warp specialisation fails to compile
+    (thirtieth session), so it is not warp-specialised there."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", _BLOCKSCALE_RULE_CHILD], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    built = json.loads(run.stdout.strip().splitlines()[-1])
+    assert built[0][:3] == [128, 16, 4] and built[1][:3] == [128, 32, 4] and not built[0][3] and not built[1][3]
+    assert built[2][3] and built[2][2] == 8  # 128x128 on 8 warps: warp-specialised

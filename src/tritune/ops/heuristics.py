@@ -424,9 +424,11 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     bk, stages = _fit(bk, min(bk, min_bk), stages_of)
     # Block-scaled, persistent, long K: load warps feeding the MMA warps hide the per-K-block rescale (H100, Triton
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
-    ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize
+    # Triton 3.6 and 3.9 fail to compile it on 4 warps past 64x128 tiles (thirtieth session, e.g. 128x16 at N 16).
+    warps = 8 if big and not (large_bf16 and bm * bn <= 128 * 128) else 4
+    ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize and (warps == 8 or (bm == 64 and bn <= 128))
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
-                      num_warps=8 if big and not (large_bf16 and bm * bn <= 128 * 128) else 4,
+                      num_warps=warps,
                       num_stages=stages, NUM_KSPLIT=split,
                       cache_modifier=".cg" if M <= 16 else "", PERSISTENT_TMA=tma, WARP_SPECIALIZE=ws)
 
