@@ -126,13 +126,15 @@ def checked_rounds(calls: dict[str, tuple[Callable[[], torch.Tensor], torch.Tens
 
 
 def parse_ws_variant(v: str) -> dict | None:
-    """`ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]]`, a variant of the warp-specialised GEMM
-    (`kernels/gluon_gemm_ws.py`; WARPS the consumer's, 8 unless given), as `ws_gemm`'s keyword arguments; None for a
-    variant of another form. ValueError for a malformed one."""
+    """`ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS[:SPLITS]]]`, a variant of the warp-specialised GEMM
+    (`kernels/gluon_gemm_ws.py`; WARPS the consumer's, 8 unless given; SPLITS the block-scaled kernel's K split, 1
+    unless given), as `ws_gemm`'s keyword arguments; None for a variant of another form. ValueError for a malformed
+    one."""
     if not v.startswith("ws:"):
         return None
     parts = v[3:].split(":")
-    if not 4 <= len(parts) <= 6 or not all(x.isdigit() for x in parts):
-        raise ValueError(f"variant {v!r} is not ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS]]")
-    x = [int(p) for p in parts] + [8, 40][len(parts) - 4:]
-    return {"block_m": x[0], "block_n": x[1], "stages": x[2], "group_m": x[3], "num_warps": x[4], "loader_regs": x[5]}
+    if not 4 <= len(parts) <= 7 or not all(x.isdigit() for x in parts):
+        raise ValueError(f"variant {v!r} is not ws:BM:BN:STAGES:GROUP_M[:WARPS[:LOADER_REGS[:SPLITS]]]")
+    x = [int(p) for p in parts] + [8, 40, 1][len(parts) - 4:]
+    return {"block_m": x[0], "block_n": x[1], "stages": x[2], "group_m": x[3], "num_warps": x[4], "loader_regs": x[5],
+            "splits": x[6]}

@@ -37,6 +37,14 @@ ptx = kernel.asm["ptx"]
 report["ws 128x128 w8 s5"] = ptxas_report(ptx, maxnreg=re.findall(r"\.maxnreg\s+(\d+)", ptx),
                                           setmaxnreg=re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx),
                                           warps=kernel.metadata.num_warps)
+split = gk.GemmConfig(128, 128, 128, 8, 8, 5, NUM_KSPLIT=4, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
+gk.compile_only("a8w8_blockscale", 1024, N, K, split)  # K split 4 ways: the compile pool's call
+kernel = ws.ws_blockscale_splitk_kernel.warmup(*ws.ws_descriptors(a, b, c, 128, 128), torch.float32, torch.float32,
+                                               torch.float32, torch.int32, M, N, K, K // 128, 1, K // 128, 1, 132,
+                                               *ws.splitk_constexprs(split), num_warps=8, num_stages=5,
+                                               maxnreg=ws.ws_maxnreg(8), grid=(1,))
+ptx = kernel.asm["ptx"]
+report["ws split-K 4"] = ptxas_report(ptx, atomics=re.findall(r"atom\.global\.gpu\.(\w+)\.(\w+)", ptx))
 """
 
 
@@ -48,7 +56,7 @@ def report() -> dict:
 
 
 def test_two_k_blocks_in_flight_and_not_serialized(report: dict) -> None:
-    assert set(report) == {"128x128 w8 s4", "64x128 w4 s5", "ws 128x128 w8 s5"}
+    assert set(report) == {"128x128 w8 s4", "64x128 w4 s5", "ws 128x128 w8 s5", "ws split-K 4"}
     for name, r in report.items():
         assert "1" in r["waits"] and r["waits"][-1] == "0", (name, r["waits"])  # k-1 retired while k runs; then all
         assert_asynchronous(name, r)
@@ -63,3 +71,10 @@ def test_the_loader_warp_group_hands_its_registers_to_the_mma_warps(report: dict
     counts = {int(n) for _, n in r["setmaxnreg"]}
     assert {40, 232} <= counts and max(counts) <= 248, r["setmaxnreg"]
     assert 232 * 8 * 32 + 40 * 4 * 32 <= 65536
+
+
+def test_a_split_k_tile_counts_its_splits_with_one_acquire_release_add_and_zeroes_the_count(report: dict) -> None:
+    """The K-split kernel: a tile's count raised once a unit (acq_rel at GPU scope: the partial sum stored before,
+    the other slots read after), and set back to zero by the unit that finished the tile."""
+    r = report["ws split-K 4"]
+    assert ["acq_rel", "add"] in r["atomics"] and ["relaxed", "exch"] in r["atomics"], r["atomics"]

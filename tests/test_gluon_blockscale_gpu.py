@@ -5,6 +5,7 @@ that reason (the CPU suite checks the compiled kernel in tests/test_gluon_blocks
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -29,7 +30,9 @@ CONFIGS = [gk.GemmConfig(128, 128, 128, 8, 8, 4, GLUON=True), gk.GemmConfig(64, 
            gk.GemmConfig(128, 128, 128, 8, 8, 5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
            gk.GemmConfig(64, 128, 128, 1, 4, 6, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
            # the rule's narrow tile where 64x128 fills under half the SMs (ops/heuristics._gluon_blockscale_narrow)
-           gk.GemmConfig(64, 64, 128, 8, 4, 8, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
+           gk.GemmConfig(64, 64, 128, 8, 4, 8, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True),
+           # K split two ways: each tile's two partial sums added by the unit that finishes it
+           gk.GemmConfig(128, 128, 128, 8, 8, 5, NUM_KSPLIT=2, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)]
 
 
 def _operands(M: int, N: int, K: int, seed: int = 0) -> dict:
@@ -48,7 +51,8 @@ def _check(out: torch.Tensor, ops: dict) -> None:
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}s{c.num_stages}"
-                                               f"{'p' if c.PERSISTENT_TMA else ''}{'ws' if c.WARP_SPECIALIZE else ''}")
+                                               f"{'p' if c.PERSISTENT_TMA else ''}{'ws' if c.WARP_SPECIALIZE else ''}"
+                                               f"{f'k{c.NUM_KSPLIT}' if c.NUM_KSPLIT > 1 else ''}")
 @pytest.mark.parametrize(("M", "N", "K"), [
     (300, 520, 1040),  # M, N not multiples of a tile; K ends in a 16-wide block (TMA zero-fills the rest)
     (1, 136, 256),  # one row; N crosses a 128-wide weight-scale block by 8; two K blocks (even count)
@@ -63,7 +67,7 @@ def test_matches_the_reference(cfg: gk.GemmConfig, M: int, N: int, K: int) -> No
     if cfg.WARP_SPECIALIZE:
         again = ws_gemm(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_scaled=True,
                         block_m=cfg.BLOCK_SIZE_M, block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages,
-                        group_m=cfg.GROUP_SIZE_M, num_warps=cfg.num_warps)
+                        group_m=cfg.GROUP_SIZE_M, num_warps=cfg.num_warps, splits=cfg.NUM_KSPLIT)
     else:
         again = gluon_blockscale_gemm(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
                                       block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps,
@@ -100,3 +104,43 @@ def test_misaligned_rows_fall_back_to_the_triton_kernel() -> None:
     with pytest.raises(ValueError, match="16-byte aligned"):
         gk.gemm("a8w8_blockscale", ops["a"], ops["b"], CONFIGS[0], a_scale=ops["a_scale"], b_scale=ops["b_scale"])
 
+
+
+@pytest.mark.parametrize("splits", [2, 3, 4])
+def test_a_k_split_grid_matches_the_unsplit_kernel_repeats_bit_equal_and_leaves_its_counts_zero(splits: int) -> None:
+    """K split 2-4 ways (96 tiles of 128x128 at M 1024, N 1536: 192-384 units on the SMs): the unsplit kernel's
+    result up to fp32 summation order, bit-equal from launch to launch and as a CUDA-graph replay (the slots are
+    added in split order whichever unit finishes a tile), and every tile's count back at zero (the op's per-stream
+    counts serve the next launch)."""
+    from tritune.ops import gemm_a8w8_blockscale
+
+    ops = _operands(1000, 1536, 7168, seed=2)  # the last row of tiles partial
+    cfg = gk.GemmConfig(128, 128, 128, 8, 8, 5, NUM_KSPLIT=splits, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
+                        GLUON=True)
+    whole = ws_gemm(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_scaled=True, stages=5)
+    out = torch.empty_like(whole)
+    gemm_a8w8_blockscale(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], config=cfg, out=out)
+    _check(out, ops)
+    assert float((out.float() - whole.float()).abs().max()) <= 2 ** -6 * float(whole.float().abs().max())
+    first = out.clone()
+    for _ in range(3):
+        gemm_a8w8_blockscale(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], config=cfg, out=out)
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+    graph, _ = capture_graph(
+        lambda: gemm_a8w8_blockscale(ops["a"], ops["b"], ops["a_scale"], ops["b_scale"], config=cfg, out=out))
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+    op_gemm = importlib.import_module("tritune.ops.gemm")  # the module: `tritune.ops.gemm` the name is the function
+    launch = next(p for p in op_gemm._PLANS.values() if p.cfg == cfg)
+    for counts in launch._locks.values():
+        assert int(counts.count_nonzero()) == 0
+
+
+def test_a_k_split_that_leaves_a_split_empty_is_refused() -> None:
+    ops = _operands(256, 256, 384)  # 3 K blocks: 4 splits would leave one without a block
+    cfg = gk.GemmConfig(128, 128, 128, 1, 8, 3, NUM_KSPLIT=4, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
+    with pytest.raises(ValueError, match="without a 128-wide K block"):
+        gk.gemm("a8w8_blockscale", ops["a"], ops["b"], cfg, a_scale=ops["a_scale"], b_scale=ops["b_scale"])

@@ -496,3 +496,24 @@ def test_mxfp4_takes_the_swapped_gemm_with_block_m_from_the_pairs_per_expert():
     assert plan(16, (48, 40, 4, 2)) == [(16, 64, 64, 1, 1)] * 2  # BK clipped to K (48, 40); BN 64 past N
     _, a8, _ = moe_heuristic(16, 2880, 2880, 128, 4, "per_1x32_a8")  # fp8 activations: not measured, bf16 tiles
     assert tile(a8) == (16, 32, 256) and not a8.SWAP_AB
+
+
+def test_the_block_scaled_k_split_takes_the_split_whose_waves_cost_least(monkeypatch):
+    """Off until measured (`GLUON_BLOCKSCALE_SPLIT_K`). On: 1536 x 7168 has 96 tiles of 128x128 at M 1024 (split 4:
+    384 units in 3 waves of 14 K blocks), 192 at M 2048 (split 2: 3 waves of 28); at M 4096 the 384 tiles already
+    fill 2.9 waves; K 1536 leaves no split 8 K blocks; a grid of 1536 tiles needs none."""
+    from tritune.ops import heuristics as h
+
+    def rule(M, N, K):
+        return gemm_heuristic("a8w8_blockscale", M, N, K, gluon=True)
+
+    assert rule(1024, 1536, 7168).NUM_KSPLIT == 1 and not h.GLUON_BLOCKSCALE_SPLIT_K
+    monkeypatch.setattr(h, "GLUON_BLOCKSCALE_SPLIT_K", True)
+    assert [h._blockscale_splits(M, 1536, 7168, 132) for M in (1024, 2048, 4096, 8192)] == [4, 2, 1, 1]
+    assert h._blockscale_splits(1024, 1536, 1536, 132) == 1 and h._blockscale_splits(1024, 24576, 7168, 132) == 1
+    split = rule(1024, 1536, 7168)
+    assert (tile(split), split.num_warps, split.NUM_KSPLIT) == ((128, 128, 128), 8, 4)
+    assert split.WARP_SPECIALIZE and split.PERSISTENT_TMA and gk.gluon_problem(split) is None
+    assert rule(2048, 1536, 7168).NUM_KSPLIT == 2 and rule(4096, 1536, 7168).NUM_KSPLIT == 1
+    narrow = rule(256, 1536, 7168)  # 48 tiles of 64x128: the narrow tile (measured) before any split
+    assert narrow.NUM_KSPLIT == 1 and tile(narrow) == (64, 64, 128)

@@ -179,9 +179,14 @@ def test_out_dtype_errors(kwargs, message, config_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9,
                     reason="on Hopper the Gluon kernel itself runs (tests/test_gluon_blockscale_gpu.py)")
-def test_a_gluon_config_runs_the_triton_kernel_where_gluon_cannot(monkeypatch):
+@pytest.mark.parametrize("cfg", [
+    gk.GemmConfig(64, 128, 128, 8, 4, 2, PERSISTENT_TMA=True, GLUON=True),
+    # the warp-specialised kernel with K split: its split is the Gluon kernel's, dropped with it
+    gk.GemmConfig(128, 128, 128, 8, 8, 2, NUM_KSPLIT=2, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)],
+    ids=["64x128", "ws-split2"])
+def test_a_gluon_config_runs_the_triton_kernel_where_gluon_cannot(monkeypatch, cfg):
     """A block-scaled file tuned on Hopper names GLUON; read on another GPU (or the interpreter) the op drops it and
-    runs the same tile on the Triton kernel, with the reference's result."""
+    runs the same tile on the Triton kernel, unsplit, with the reference's result."""
     from tritune.kernels.quant import quantize_blocks
     from tritune.ops import gemm_a8w8_blockscale
 
@@ -192,9 +197,9 @@ def test_a_gluon_config_runs_the_triton_kernel_where_gluon_cannot(monkeypatch):
     (qa, sa), (qb, sb) = quantize_blocks(torch.randn(40, 256, generator=gen), 1), \
         quantize_blocks(torch.randn(72, 256, generator=gen) / 16, 128)
     ops = [t.to(TORCH_DEVICE) for t in (qa, qb, sa, sb)]
-    cfg = gk.GemmConfig(64, 128, 128, 8, 4, 2, PERSISTENT_TMA=True, GLUON=True)
     out = gemm_a8w8_blockscale(*ops, config=cfg)
-    assert len(used) == 1 and not used[0].GLUON and used[0].BLOCK_SIZE_M == 64
+    assert len(used) == 1 and not used[0].GLUON and used[0].BLOCK_SIZE_M == cfg.BLOCK_SIZE_M
+    assert used[0].NUM_KSPLIT == 1 and not used[0].WARP_SPECIALIZE
     ref = gk.gemm_reference("a8w8_blockscale", *ops)
     torch.testing.assert_close(out.float(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
 

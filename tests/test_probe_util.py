@@ -118,3 +118,16 @@ def test_the_gpu_settle_runs_nothing_without_cuda_and_refuses_a_negative_time():
             probe_util.set_settle(float("nan"))
     finally:
         probe_util.set_settle(before)
+
+
+def test_a_warp_specialised_variant_reads_its_optional_warps_loader_registers_and_k_split():
+    assert probe_util.parse_ws_variant("128:128:5:8") is None  # another form's variant
+    assert probe_util.parse_ws_variant("ws:128:128:5:8") == {"block_m": 128, "block_n": 128, "stages": 5,
+                                                              "group_m": 8, "num_warps": 8, "loader_regs": 40,
+                                                              "splits": 1}
+    assert probe_util.parse_ws_variant("ws:64:128:8:8:4")["num_warps"] == 4
+    got = probe_util.parse_ws_variant("ws:128:128:5:8:8:40:4")
+    assert (got["loader_regs"], got["splits"]) == (40, 4)
+    for bad in ("ws:128:128:5", "ws:128:128:5:8:8:40:4:1", "ws:128:x:5:8"):
+        with pytest.raises(ValueError, match="is not ws:BM:BN:STAGES:GROUP_M"):
+            probe_util.parse_ws_variant(bad)

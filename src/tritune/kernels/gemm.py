@@ -346,10 +346,17 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
     if cfg.WARP_SPECIALIZE and (not cfg.PERSISTENT_TMA or cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1)):
         return ("GLUON with WARP_SPECIALIZE (a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws) is "
                 "persistent (PERSISTENT_TMA on), one MMA a K step (BLOCK_SIZE_N a power of two)")
-    if cfg.NUM_KSPLIT != 1 or cfg.SCALE_PIPELINE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT or cfg.cache_modifier:
-        return ("GLUON is its own kernel: NUM_KSPLIT 1, no SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or "
-                "cache_modifier (PERSISTENT_TMA makes it persistent)")
+    # K split 2-4 ways: the warp-specialised block-scaled kernel's only (ws_blockscale_splitk_kernel)
+    split_ok = cfg.NUM_KSPLIT == 1 or (kernel == "a8w8_blockscale" and cfg.WARP_SPECIALIZE
+                                       and 2 <= cfg.NUM_KSPLIT <= MAX_GLUON_SPLITS)
+    if not split_ok or cfg.SCALE_PIPELINE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT or cfg.cache_modifier:
+        return (f"GLUON is its own kernel: NUM_KSPLIT 1 (2-{MAX_GLUON_SPLITS} on the warp-specialised block-scaled "
+                "one), no SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or cache_modifier (PERSISTENT_TMA makes it "
+                "persistent)")
     return None
+
+
+MAX_GLUON_SPLITS = 4  # K splits of the warp-specialised block-scaled Gluon kernel
 
 
 def gluon_available(device: torch.device) -> bool:
@@ -452,6 +459,7 @@ class GemmLaunch:
         scale_strides = (a_s.stride(0) if quant == QUANT_BLOCK else 0, b_s.stride(0) if quant == QUANT_BLOCK else 0)
         bm, bn, bk = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K
         self.split = cfg.NUM_KSPLIT
+        self.workspace_numel = cfg.NUM_KSPLIT * M * N  # fp32 partial sums a split-K call needs
         self._desc_of = (0, 1, 2)  # which of (A, B, C) each TMA descriptor describes
         if cfg.GLUON:
             self._bind_gluon(kernel, a, b, a_s, b_s, out, cfg)
@@ -510,6 +518,9 @@ class GemmLaunch:
             block_scaled = kernel == "a8w8_blockscale"
             strides = (a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1)) if block_scaled else (0, 0, 0, 0)
             programs = min(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
+            if cfg.NUM_KSPLIT > 1:  # block-scaled, K split: the tiles' slots and counts ride each launch
+                self._bind_ws_split_k(a, b, a_s, b_s, out, cfg, strides)
+                return
             self.main = BoundKernel(
                 ws.ws_gemm_kernel, (programs,),
                 (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
@@ -527,6 +538,32 @@ class GemmLaunch:
                 (*gb.descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, a_s.stride(0), a_s.stride(1),
                  b_s.stride(0), b_s.stride(1), programs, cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps),
                 varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self._desc_caches = tuple(
+            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
+            for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
+
+    def _bind_ws_split_k(self, a, b, a_s, b_s, out, cfg: GemmConfig, strides: tuple) -> None:
+        """The warp-specialised block-scaled kernel with K split NUM_KSPLIT ways, bound once: the fp32 slots of
+        the tiles' partial sums come from `self.scratch` per call, the per-tile counts from `_lock` (per stream,
+        zeroed once, left zero by every launch; a CUDA graph gets its own)."""
+        from tritune.kernels import gluon_gemm_ws as ws
+
+        bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
+        if not ws.split_k_fits(self.K, cfg.NUM_KSPLIT):
+            raise ValueError(f"NUM_KSPLIT={cfg.NUM_KSPLIT} leaves a split without a 128-wide K block at K={self.K}")
+        part_n, self.tiles = ws.split_k_workspace(self.M, self.N, bm, bn, cfg.NUM_KSPLIT)
+        self.scratch = Workspace(((torch.float32, part_n),))
+        self.workspace_numel = part_n
+        self._locks = {}
+        programs = min(self.tiles * cfg.NUM_KSPLIT, programs_per_wave(a.device))
+        part = torch.empty(part_n, device=a.device, dtype=torch.float32)
+        counts = torch.zeros(self.tiles, device=a.device, dtype=torch.int32)
+        self.main = BoundKernel(
+            ws.ws_blockscale_splitk_kernel, (programs,),
+            (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, part, counts, self.M, self.N, self.K, *strides,
+             programs, *ws.splitk_constexprs(cfg)),
+            varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
+        self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
         self._desc_caches = tuple(
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
             for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
@@ -581,6 +618,13 @@ class GemmLaunch:
         `takes_addresses`."""
         a_s = a_scale if a_scale is not None else a
         b_s = b_scale if b_scale is not None else a
+        if self.cfg.GLUON and self.split > 1:  # the warp-specialised block-scaled kernel, K split
+            if workspace is not None:
+                part = workspace
+            else:
+                keep, (part,) = self.scratch.allocate(self.device)  # noqa: F841 (alive until the launch is queued)
+            self.main.launch(*self._descs(a, b, out), a_s, b_s, part, self._lock())
+            return
         if self.cfg.PERSISTENT_TMA or self.cfg.GLUON:
             self.main.launch(*self._descs(a, b, out), a_s, b_s)
             return
@@ -619,7 +663,7 @@ def gemm(kernel: str, a: torch.Tensor, b: torch.Tensor, cfg: GemmConfig, *, a_sc
         out = torch.empty((a.shape[0], b.shape[0]), device=a.device, dtype=OUT_DTYPES[out_dtype_name(out_dtype)])
     launch = GemmLaunch(kernel, a, b, a_scale, b_scale, out, cfg)
     if workspace is not None and cfg.NUM_KSPLIT > 1:
-        need = cfg.NUM_KSPLIT * launch.M * launch.N
+        need = launch.workspace_numel
         if workspace.dtype != torch.float32:
             raise ValueError(f"split-K workspace must be float32, got {workspace.dtype}")
         if workspace.numel() < need:
@@ -673,6 +717,12 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
         if cfg.WARP_SPECIALIZE:  # no integer argument of it is specialized: any values serve
             from tritune.kernels import gluon_gemm_ws as ws
 
+            if cfg.NUM_KSPLIT > 1:  # block-scaled, K split
+                ws.ws_blockscale_splitk_kernel.warmup(
+                    *ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, f32, torch.int32, M, N, K, s_a, 1,
+                    s_b, 1, 1, *ws.splitk_constexprs(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
+                return
             ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1,
                                      s_b, 1, 1, *ws.constexprs(kernel, cfg), num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))

@@ -47,6 +47,8 @@ if HAS_GLUON_HOPPER:
     from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _tile_coords
     from tritune.kernels.gluon_gemm import _epilogue
 
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6's name; 3.7+ renamed it
+
     @gluon.jit
     def _ws_loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, GROUP_M: gl.constexpr):
         """Every K block of the program's tiles, in order, into the ring: step g into stage g % STAGES once the
@@ -137,6 +139,111 @@ if HAS_GLUON_HOPPER:
             _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
                       programs, GROUP_M, MODE == 1)
 
+    @gluon.jit
+    def _split_unit(u, tiles, k_tiles, num_pid_m, num_pid_n, SPLITS: gl.constexpr, GROUP_M: gl.constexpr):
+        """Work unit u of a split-K grid: (pid_m, pid_n, tile, split, first K block, K blocks). Units run split by
+        split (u = split · tiles + tile), so the programs in flight share K blocks, as the unsplit grid's do."""
+        split = u // tiles
+        tile = u % tiles
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        per = gl.cdiv(k_tiles, SPLITS)
+        kb0 = split * per
+        return pid_m, pid_n, tile, split, kb0, gl.minimum(k_tiles - kb0, per)
+
+    @gluon.jit
+    def _ws_loader_splitk(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, SPLITS: gl.constexpr,
+                          GROUP_M: gl.constexpr):
+        """`_ws_loader` over the program's work units: each unit's K blocks, in order, into the ring."""
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        tiles = num_pid_m * num_pid_n
+        g = 0
+        for i in range(gl.cdiv(tiles * SPLITS - pid, programs)):
+            pid_m, pid_n, tile, split, kb0, nk = _split_unit(pid + i * programs, tiles, k_tiles, num_pid_m,
+                                                             num_pid_n, SPLITS, GROUP_M)
+            for kk in range(nk):
+                mbarrier.wait(empty.index(g % STAGES), phase=((g // STAGES) & 1) ^ 1)
+                _load(a_desc, b_desc, a_smem, b_smem, ready, g, kb0 + kk, pid_m * BM, pid_n * BN, True, STAGES)
+                g += 1
+
+    @gluon.jit
+    def _ws_blockscale_splitk(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr,
+                              part_ptr, cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                              SPLITS: gl.constexpr, GROUP_M: gl.constexpr):
+        """The consumer of a split-K grid: each unit's K blocks through `_blockscale_tile`, its fp32 sum into the
+        tile's slot of `part_ptr`, then the tile's count at `cnt_ptr` raised; the unit that raises it to SPLITS adds
+        the tile's slots in split order (one result whichever unit finishes last), zeroes the count and stores C."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        STAGES: gl.constexpr = a_smem.type.shape[0]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                         instr_shape=[16, BN, 32])
+        rows: gl.constexpr = gl.SliceLayout(1, layout)
+        cols: gl.constexpr = gl.SliceLayout(0, layout)
+        pid = gl.program_id(0)
+        num_pid_m = gl.cdiv(M, BM)
+        num_pid_n = gl.cdiv(N, BN)
+        k_tiles = gl.cdiv(K, BK)
+        tiles = num_pid_m * num_pid_n
+        slot = gl.arange(0, BM, layout=rows)[:, None] * BN + gl.arange(0, BN, layout=cols)[None, :]
+        g0 = 0
+        for i in range(gl.cdiv(tiles * SPLITS - pid, programs)):
+            pid_m, pid_n, tile, split, kb0, nk = _split_unit(pid + i * programs, tiles, k_tiles, num_pid_m,
+                                                             num_pid_n, SPLITS, GROUP_M)
+            off_m = pid_m * BM
+            off_n = pid_n * BN
+            offs_m = off_m + gl.arange(0, BM, layout=rows)
+            acc = _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, nk, off_m, off_n,
+                                   as_ptr + offs_m * stride_asm + kb0 * stride_ask, offs_m < M,
+                                   bs_ptr + (off_n // BK) * stride_bsn + kb0 * stride_bsk, stride_ask, stride_bsk,
+                                   gl.zeros([BM, BN], gl.float32, layout), STAGES, empty, True)
+            g0 += nk
+            gl.store(part_ptr + (tile * SPLITS + split) * (BM * BN) + slot, acc)
+            _cta_barrier()  # every thread's share stored before the count says so (release: one thread)
+            if gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                acc = gl.zeros([BM, BN], gl.float32, layout)
+                for j in range(SPLITS):  # every split's sum, this one's too, in split order: one result
+                    acc = acc + gl.load(part_ptr + (tile * SPLITS + j) * (BM * BN) + slot, cache_modifier=".cg")
+                gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+                tma.store_wait(pendings=0)
+                _epilogue(acc, c_desc, c_smem, off_m, off_n, as_ptr, bs_ptr, M, N, False)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
+    def ws_blockscale_splitk_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, part_ptr, cnt_ptr, M, N, K, stride_asm,
+                                    stride_ask, stride_bsn, stride_bsk, programs, SPLITS: gl.constexpr,
+                                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """`ws_gemm_kernel` MODE 2 (block-scaled) with each tile's K blocks split SPLITS ways: tiles x SPLITS work
+        units over `programs` programs, so a grid of fewer tiles than SMs still fills them. part_ptr: fp32
+        [tiles · SPLITS, BM · BN]; cnt_ptr: int32 [tiles], zero at launch and left zero. Every split must hold a K
+        block (`split_k_fits`). Launch with maxnreg `ws_maxnreg(num_warps)`. Grid: (programs,)."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128)
+        gl.static_assert(BN <= 128)
+        a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+        b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_ws_blockscale_splitk, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr,
+                                     part_ptr, cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn,
+                                     stride_bsk, SPLITS, GROUP_M)),
+            (_ws_loader_splitk, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, SPLITS, GROUP_M)),
+        ], [4], [LOADER_REGS])
+
     # no integer argument specialized: a constant 1 would reach the partitions as a Python int, which they refuse
     @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
     def ws_gemm_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask, stride_bsn,
@@ -187,14 +294,34 @@ def ws_maxnreg(num_warps: int) -> int:
     return min(248, 65536 // (32 * (num_warps + WS_LOADER_WARPS)) // 8 * 8)
 
 
+def split_k_fits(K: int, splits: int) -> bool:
+    """Whether `splits` K splits of 128-wide blocks each hold at least one block (the split kernel's precondition)."""
+    k_tiles = triton.cdiv(K, 128)
+    return 1 <= splits <= k_tiles and (splits - 1) * triton.cdiv(k_tiles, splits) < k_tiles
+
+
+def split_k_workspace(M: int, N: int, block_m: int, block_n: int, splits: int) -> tuple[int, int]:
+    """(fp32 elements of the split kernel's partial sums, int32 counts): a slot per tile and split, a count per
+    tile. ValueError where a slot's offset would pass 32 bits."""
+    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+    if tiles * splits * block_m * block_n >= 2**31:
+        raise ValueError(f"split-K partial sums of {tiles} tiles x {splits} splits pass 32-bit offsets")
+    return tiles * splits * block_m * block_n, tiles
+
+
+def splitk_constexprs(cfg) -> tuple:
+    """`ws_blockscale_splitk_kernel`'s compile-time arguments (SPLITS, GROUP_M, STAGES, LOADER_REGS)."""
+    return cfg.NUM_KSPLIT, cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
+
+
 def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
             b_scale: torch.Tensor | None = None, block_scaled: bool = False, block_m: int = 128,
             block_n: int = 128, stages: int = 4, group_m: int = 8, num_warps: int = 8,
-            loader_regs: int = WS_LOADER_REGS, programs: int | None = None,
+            loader_regs: int = WS_LOADER_REGS, programs: int | None = None, splits: int = 1,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """[M, N] = A [M, K] · B [N, K]ᵀ: bf16/fp16 operands; fp8 with a_scale [M] and b_scale [N] fp32; or
-    (block_scaled) fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉]. Launched through Triton's own
-    launcher (the probes' path)."""
+    (block_scaled) fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉], its K split `splits` ways
+    (`ws_blockscale_splitk_kernel`) when above 1. Launched through Triton's own launcher (the probes' path)."""
     if not HAS_GLUON_HOPPER:
         raise RuntimeError(f"ws_gemm needs Triton's Gluon Hopper API (Triton >= 3.5); this is Triton "
                            f"{triton.__version__}")
@@ -203,15 +330,26 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = 
     scaled = a_scale is not None
     if block_scaled and not scaled:
         raise ValueError("ws_gemm: block_scaled needs a_scale and b_scale")
+    if splits != 1 and not (block_scaled and split_k_fits(K, splits)):
+        raise ValueError(f"ws_gemm: splits={splits} needs the block-scaled kernel and a K block a split (K={K})")
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=torch.bfloat16 if scaled else a.dtype)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
     if programs is None:
-        programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+        programs = min(tiles * splits, torch.cuda.get_device_properties(a.device).multi_processor_count)
     s_a = a_scale if scaled else a
     s_b = b_scale if scaled else a
     strides = (a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1)) if block_scaled else (
         0, 0, 0, 0)
+    if splits > 1:
+        part_n, cnt_n = split_k_workspace(M, N, block_m, block_n, splits)
+        part = torch.empty(part_n, device=a.device, dtype=torch.float32)
+        counts = torch.zeros(cnt_n, device=a.device, dtype=torch.int32)
+        ws_blockscale_splitk_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, part, counts,
+                                                 M, N, K, *strides, programs, SPLITS=splits, GROUP_M=group_m,
+                                                 STAGES=stages, LOADER_REGS=loader_regs, num_warps=num_warps,
+                                                 maxnreg=ws_maxnreg(num_warps))
+        return out
     ws_gemm_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, M, N, K, *strides, programs,
                                 MODE=2 if block_scaled else int(scaled), GROUP_M=group_m, STAGES=stages,
                                 LOADER_REGS=loader_regs, num_warps=num_warps, maxnreg=ws_maxnreg(num_warps))

@@ -128,9 +128,9 @@ def _plan(kernel: str, a: torch.Tensor, b: torch.Tensor, a_scale, b_scale, out: 
 
 def _off_gluon(config: gk.GemmConfig, more: dict) -> gk.GemmConfig:
     """`config` on the Triton kernels: GLUON off (and `more`), a tile two powers of two wide (192, 96: Gluon's
-    only) cut to the larger one."""
+    only) cut to the larger one, and no K split (the warp-specialised block-scaled Gluon kernel's)."""
     bn = config.BLOCK_SIZE_N
-    return gk.GemmConfig(**{**config.__dict__, **more, "GLUON": False,
+    return gk.GemmConfig(**{**config.__dict__, **more, "GLUON": False, "NUM_KSPLIT": 1,
                             "BLOCK_SIZE_N": 1 << (bn.bit_length() - 1)})
 
 

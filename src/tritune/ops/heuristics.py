@@ -347,15 +347,43 @@ def _gluon_blockscale_narrow(M: int, N: int, K: int, max_shared: int) -> GemmCon
                       PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=True)
 
 
+# The warp-specialised 128x128 tile with K split 2-4 ways (kernels/gluon_gemm_ws.ws_blockscale_splitk_kernel) where
+# the split's waves cost less (`_blockscale_splits`): 1536 x 7168 has 96 tiles at M 1024 (0.73 of a wave; split 4:
+# 384 units, 2.9 waves of quarter tiles) and 192 at M 2048 (1.45 waves; split 2: 2.9 waves of half tiles). Written
+# in the thirtieth session after the device time ran out: compiled for sm_90, GPU tests written, not yet measured,
+# so off; the tuner's TMA rule keeps split-K out of its space too.
+GLUON_BLOCKSCALE_SPLIT_K = False
+SPLIT_OVERHEAD_BLOCKS = 2  # a unit's fixed cost in K blocks: its pipeline's fill and its share of the fix-up
+MIN_SPLIT_K_BLOCKS = 8  # K blocks a split keeps at least
+
+
+def _blockscale_splits(M: int, N: int, K: int, sm_count: int) -> int:
+    """The K split (1-4) of 128x128 tiles whose waves cost least: waves x (K blocks a unit + SPLIT_OVERHEAD_BLOCKS),
+    each split keeping MIN_SPLIT_K_BLOCKS; ties to the smaller split."""
+    from tritune.kernels.gluon_gemm_ws import split_k_fits
+
+    tiles, k_blocks = _cdiv(M, 128) * _cdiv(N, 128), _cdiv(K, SCALE_BLOCK)
+    best, best_cost = 1, _cdiv(tiles, sm_count) * (k_blocks + SPLIT_OVERHEAD_BLOCKS)
+    for splits in (2, 3, 4):
+        per = _cdiv(k_blocks, splits)
+        if per < MIN_SPLIT_K_BLOCKS or not split_k_fits(K, splits):
+            continue
+        cost = _cdiv(tiles * splits, sm_count) * (per + SPLIT_OVERHEAD_BLOCKS)
+        if cost < best_cost:
+            best, best_cost = splits, cost
+    return best
+
+
 def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) -> GemmConfig:
     """The Gluon block-scaled kernel's tile: 128x128 on 8 warps where those tiles make at least a wave, fed by a
     loader warp group (WARP_SPECIALIZE, kernels/gluon_gemm_ws) through 5 stages; else 64x128 on 4 warps, one kernel
     for loads and MMAs (H100, the three (N, K) of issue 15 at M 256-8192: the 64-row and the one-kernel 128-row
     tiles each the best of six Gluon variants or within 6% of it, twenty-fifth session; the warp-specialised
     128-row tile 0.833 → 0.908-0.916x `_scaled_mm`'s time in geomean from M 1024, twenty-eighth session)."""
-    bm = 128 if _cdiv(M, 128) * _cdiv(N, 128) >= sm_count else 64
-    if bm == 64 and 2 * _cdiv(M, 64) * _cdiv(N, 128) <= sm_count:
-        return _gluon_blockscale_narrow(M, N, K, max_shared)
+    if 2 * _cdiv(M, 64) * _cdiv(N, 128) <= sm_count and _cdiv(M, 128) * _cdiv(N, 128) < sm_count:
+        return _gluon_blockscale_narrow(M, N, K, max_shared)  # measured; the K split (unmeasured) not preferred
+    splits = _blockscale_splits(M, N, K, sm_count) if GLUON_BLOCKSCALE_SPLIT_K else 1
+    bm = 128 if splits > 1 or _cdiv(M, 128) * _cdiv(N, 128) >= sm_count else 64
     # 64-row tiles: 5 stages while the grid is under a wave (one program a SM anyway), else 4, which lets two
     # programs share a SM (5 stages: 1536 x 7168 at M 1024 40.3 us against 31.4; at M 256 22.0 against 24.9)
     most = 5 if bm == 128 or _cdiv(M, 64) * _cdiv(N, 128) <= sm_count else 4
@@ -368,7 +396,7 @@ def _gluon_blockscale(M: int, N: int, K: int, sm_count: int, max_shared: int) ->
     # ±10% that multi-millisecond kernels move between runs here).
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, BLOCK_SIZE_K=SCALE_BLOCK,
                       GROUP_SIZE_M=8 if _cdiv(M, bm) > 1 else 1, num_warps=bm // 16, num_stages=stages,
-                      PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=bm == 128)
+                      NUM_KSPLIT=splits, PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=bm == 128)
 
 
 def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max_shared: int = 232448, *,
