@@ -395,3 +395,24 @@ def test_gluon_refused_off_the_gpu() -> None:
     assert gk.gluon_problem(dense, "bf16", 2) is None  # and the dense ones
     with pytest.raises(ValueError, match="GLUON (runs on a Hopper GPU|needs Triton's Gluon)"):
         gk.gemm("a8w8_blockscale", ops["a"], ops["b"], ws, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
+
+
+def test_a_gluon_k_split_is_the_warp_specialised_kernels_and_each_split_holds_a_k_block() -> None:
+    """NUM_KSPLIT 2-4 with GLUON runs the warp-specialised kernel's split-K form (kernels/gluon_gemm_ws.
+    ws_splitk_kernel), every kernel; not the one-kernel Gluon GEMMs. A split of K blocks that leaves one empty is
+    refused before any launch (`split_k_fits`: the blocks are 128 bytes of a row, 64 bf16 or 128 fp8)."""
+    from tritune.kernels.gluon_gemm_ws import split_k_fits, split_k_workspace
+
+    for kernel, bk, elt in (("a8w8_blockscale", 128, 1), ("a8w8", 128, 1), ("bf16", 64, 2)):
+        ws = gk.GemmConfig(128, 128, bk, 8, 8, 4, NUM_KSPLIT=4, PERSISTENT_TMA=True, WARP_SPECIALIZE=True,
+                           GLUON=True)
+        assert gk.gluon_problem(ws, kernel, elt) is None
+        one_kernel = gk.GemmConfig(128, 128, bk, 8, 8, 4, NUM_KSPLIT=2, PERSISTENT_TMA=True, GLUON=True)
+        assert "NUM_KSPLIT 1 (2-4 on the warp-specialised one)" in gk.gluon_problem(one_kernel, kernel, elt)
+    five = gk.GemmConfig(128, 128, 128, 8, 8, 4, NUM_KSPLIT=5, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
+    assert "NUM_KSPLIT 1" in gk.gluon_problem(five)
+    assert split_k_fits(7168, 4) and split_k_fits(384, 2) and split_k_fits(256, 4, 64)
+    assert not split_k_fits(384, 4) and not split_k_fits(1536, 5, 128) and not split_k_fits(128, 2)
+    assert split_k_workspace(1000, 1536, 128, 128, 4) == (8 * 12 * 4 * 128 * 128, 96)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        split_k_workspace(65536, 65536, 128, 128, 4)

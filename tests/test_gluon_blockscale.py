@@ -39,10 +39,10 @@ report["ws 128x128 w8 s5"] = ptxas_report(ptx, maxnreg=re.findall(r"\.maxnreg\s+
                                           warps=kernel.metadata.num_warps)
 split = gk.GemmConfig(128, 128, 128, 8, 8, 5, NUM_KSPLIT=4, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True)
 gk.compile_only("a8w8_blockscale", 1024, N, K, split)  # K split 4 ways: the compile pool's call
-kernel = ws.ws_blockscale_splitk_kernel.warmup(*ws.ws_descriptors(a, b, c, 128, 128), torch.float32, torch.float32,
-                                               torch.float32, torch.int32, M, N, K, K // 128, 1, K // 128, 1, 132,
-                                               *ws.splitk_constexprs(split), num_warps=8, num_stages=5,
-                                               maxnreg=ws.ws_maxnreg(8), grid=(1,))
+kernel = ws.ws_splitk_kernel.warmup(*ws.ws_descriptors(a, b, c, 128, 128), torch.float32, torch.float32,
+                                    torch.float32, torch.int32, M, N, K, K // 128, 1, K // 128, 1, 132,
+                                    *ws.splitk_constexprs("a8w8_blockscale", split), num_warps=8, num_stages=5,
+                                    maxnreg=ws.ws_maxnreg(8), grid=(1,))
 ptx = kernel.asm["ptx"]
 report["ws split-K 4"] = ptxas_report(ptx, atomics=re.findall(r"atom\.global\.gpu\.(\w+)\.(\w+)", ptx))
 """

@@ -6,6 +6,7 @@ with Triton's Gluon API these skip with that reason (the CPU suite compiles the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -38,6 +39,10 @@ CASES = [  # (kernel, operand dtype, config)
     # fed by a loader warp group (kernels/gluon_gemm_ws), through the op
     ("bf16", torch.bfloat16, dataclasses.replace(_cfg(128, 256, 64, 8, 3), WARP_SPECIALIZE=True)),
     ("a8w8", torch.float8_e4m3fn, dataclasses.replace(_cfg(128, 128, 128, 4, 5), WARP_SPECIALIZE=True)),
+    # and with K split two ways (kernels/gluon_gemm_ws.ws_splitk_kernel): the tiles' halves added by the last one
+    ("bf16", torch.bfloat16, dataclasses.replace(_cfg(128, 128, 64, 8, 4), WARP_SPECIALIZE=True, NUM_KSPLIT=2)),
+    ("a8w8", torch.float8_e4m3fn, dataclasses.replace(_cfg(128, 256, 128, 8, 3), WARP_SPECIALIZE=True,
+                                                      NUM_KSPLIT=2)),
 ]
 
 
@@ -62,7 +67,7 @@ def _check(kernel: str, out: torch.Tensor, ops: dict) -> None:
 
 @pytest.mark.parametrize(("kernel", "dtype", "cfg"), CASES, ids=[
     f"{k}-{str(d)[6:]}-{c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}s{c.num_stages}{'ws' if c.WARP_SPECIALIZE else ''}"
-    for k, d, c in CASES])
+    f"{f'k{c.NUM_KSPLIT}' if c.NUM_KSPLIT > 1 else ''}" for k, d, c in CASES])
 @pytest.mark.parametrize(("M", "N", "K"), [
     (300, 520, 1040),  # M, N not multiples of a tile (520 = 2 x 192 + 136); K ends in a partial step
     (1, 200, 256),  # one row; K of 4 bf16 / 2 fp8 steps: fewer than the stages, which are capped to them
@@ -74,7 +79,7 @@ def test_matches_the_reference(kernel: str, dtype: torch.dtype, cfg: gk.GemmConf
     ops = _operands(kernel, dtype, M, N, K)
     out = gk.gemm(kernel, ops["a"], ops["b"], cfg, a_scale=ops["a_scale"], b_scale=ops["b_scale"])
     _check(kernel, out, ops)
-    launch = ws_gemm if cfg.WARP_SPECIALIZE else gluon_gemm
+    launch = functools.partial(ws_gemm, splits=cfg.NUM_KSPLIT) if cfg.WARP_SPECIALIZE else gluon_gemm
     again = launch(ops["a"], ops["b"], a_scale=ops["a_scale"], b_scale=ops["b_scale"], block_m=cfg.BLOCK_SIZE_M,
                    block_n=cfg.BLOCK_SIZE_N, stages=cfg.num_stages, num_warps=cfg.num_warps, group_m=cfg.GROUP_SIZE_M,
                    out=torch.empty_like(out))

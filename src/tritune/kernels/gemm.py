@@ -346,17 +346,16 @@ def gluon_problem(cfg: GemmConfig, kernel: str = "a8w8_blockscale", elt: int = 1
     if cfg.WARP_SPECIALIZE and (not cfg.PERSISTENT_TMA or cfg.BLOCK_SIZE_N & (cfg.BLOCK_SIZE_N - 1)):
         return ("GLUON with WARP_SPECIALIZE (a loader warp group feeding the MMA warps, kernels/gluon_gemm_ws) is "
                 "persistent (PERSISTENT_TMA on), one MMA a K step (BLOCK_SIZE_N a power of two)")
-    # K split 2-4 ways: the warp-specialised block-scaled kernel's only (ws_blockscale_splitk_kernel)
-    split_ok = cfg.NUM_KSPLIT == 1 or (kernel == "a8w8_blockscale" and cfg.WARP_SPECIALIZE
-                                       and 2 <= cfg.NUM_KSPLIT <= MAX_GLUON_SPLITS)
+    # K split 2-4 ways: the warp-specialised kernel's only (ws_splitk_kernel)
+    split_ok = cfg.NUM_KSPLIT == 1 or (cfg.WARP_SPECIALIZE and 2 <= cfg.NUM_KSPLIT <= MAX_GLUON_SPLITS)
     if not split_ok or cfg.SCALE_PIPELINE or cfg.EPILOGUE_SUBTILE or cfg.TAIL_SPLIT or cfg.cache_modifier:
-        return (f"GLUON is its own kernel: NUM_KSPLIT 1 (2-{MAX_GLUON_SPLITS} on the warp-specialised block-scaled "
-                "one), no SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or cache_modifier (PERSISTENT_TMA makes it "
+        return (f"GLUON is its own kernel: NUM_KSPLIT 1 (2-{MAX_GLUON_SPLITS} on the warp-specialised one), no "
+                "SCALE_PIPELINE, EPILOGUE_SUBTILE, TAIL_SPLIT or cache_modifier (PERSISTENT_TMA makes it "
                 "persistent)")
     return None
 
 
-MAX_GLUON_SPLITS = 4  # K splits of the warp-specialised block-scaled Gluon kernel
+MAX_GLUON_SPLITS = 4  # K splits of the warp-specialised Gluon kernel
 
 
 def gluon_available(device: torch.device) -> bool:
@@ -518,8 +517,8 @@ class GemmLaunch:
             block_scaled = kernel == "a8w8_blockscale"
             strides = (a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1)) if block_scaled else (0, 0, 0, 0)
             programs = min(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
-            if cfg.NUM_KSPLIT > 1:  # block-scaled, K split: the tiles' slots and counts ride each launch
-                self._bind_ws_split_k(a, b, a_s, b_s, out, cfg, strides)
+            if cfg.NUM_KSPLIT > 1:  # K split: the tiles' slots and counts ride each launch
+                self._bind_ws_split_k(kernel, a, b, a_s, b_s, out, cfg, strides)
                 return
             self.main = BoundKernel(
                 ws.ws_gemm_kernel, (programs,),
@@ -542,15 +541,16 @@ class GemmLaunch:
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
             for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
 
-    def _bind_ws_split_k(self, a, b, a_s, b_s, out, cfg: GemmConfig, strides: tuple) -> None:
-        """The warp-specialised block-scaled kernel with K split NUM_KSPLIT ways, bound once: the fp32 slots of
-        the tiles' partial sums come from `self.scratch` per call, the per-tile counts from `_lock` (per stream,
-        zeroed once, left zero by every launch; a CUDA graph gets its own)."""
+    def _bind_ws_split_k(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig, strides: tuple) -> None:
+        """The warp-specialised kernel with K split NUM_KSPLIT ways, bound once: the fp32 slots of the tiles'
+        partial sums come from `self.scratch` per call, the per-tile counts from `_lock` (per stream, zeroed once,
+        left zero by every launch; a CUDA graph gets its own)."""
         from tritune.kernels import gluon_gemm_ws as ws
 
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
-        if not ws.split_k_fits(self.K, cfg.NUM_KSPLIT):
-            raise ValueError(f"NUM_KSPLIT={cfg.NUM_KSPLIT} leaves a split without a 128-wide K block at K={self.K}")
+        bk = 128 // a.element_size()
+        if not ws.split_k_fits(self.K, cfg.NUM_KSPLIT, bk):
+            raise ValueError(f"NUM_KSPLIT={cfg.NUM_KSPLIT} leaves a split without a {bk}-wide K block at K={self.K}")
         part_n, self.tiles = ws.split_k_workspace(self.M, self.N, bm, bn, cfg.NUM_KSPLIT)
         self.scratch = Workspace(((torch.float32, part_n),))
         self.workspace_numel = part_n
@@ -559,11 +559,11 @@ class GemmLaunch:
         part = torch.empty(part_n, device=a.device, dtype=torch.float32)
         counts = torch.zeros(self.tiles, device=a.device, dtype=torch.int32)
         self.main = BoundKernel(
-            ws.ws_blockscale_splitk_kernel, (programs,),
+            ws.ws_splitk_kernel, (programs,),
             (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, part, counts, self.M, self.N, self.K, *strides,
-             programs, *ws.splitk_constexprs(cfg)),
+             programs, *ws.splitk_constexprs(kernel, cfg)),
             varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
-        self._blocks = ([bm, SCALE_BLOCK], [bn, SCALE_BLOCK], [bm, bn])
+        self._blocks = ([bm, bk], [bn, bk], [bm, bn])
         self._desc_caches = tuple(
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
             for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
@@ -717,11 +717,11 @@ def compile_only(kernel: str, M: int, N: int, K: int, cfg: GemmConfig, dtype: to
         if cfg.WARP_SPECIALIZE:  # no integer argument of it is specialized: any values serve
             from tritune.kernels import gluon_gemm_ws as ws
 
-            if cfg.NUM_KSPLIT > 1:  # block-scaled, K split
-                ws.ws_blockscale_splitk_kernel.warmup(
+            if cfg.NUM_KSPLIT > 1:  # K split
+                ws.ws_splitk_kernel.warmup(
                     *ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, f32, torch.int32, M, N, K, s_a, 1,
-                    s_b, 1, 1, *ws.splitk_constexprs(cfg), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
+                    s_b, 1, 1, *ws.splitk_constexprs(kernel, cfg), num_warps=cfg.num_warps,
+                    num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps), grid=(1,))
                 return
             ws.ws_gemm_kernel.warmup(*ws.ws_descriptors(a, b, c, bm, bn), scale_dtype, scale_dtype, M, N, K, s_a, 1,
                                      s_b, 1, 1, *ws.constexprs(kernel, cfg), num_warps=cfg.num_warps,

@@ -68,6 +68,21 @@ if HAS_GLUON_HOPPER:
                 _load(a_desc, b_desc, a_smem, b_smem, ready, g, ki, pid_m * BM, pid_n * BN, True, STAGES)
 
     @gluon.jit
+    def _dense_tile(a_smem, b_smem, ready, empty, g0, k_tiles, acc, STAGES: gl.constexpr):
+        """One tile's K blocks from the program's step g0, MMA'd into `acc` from the ring (one wgmma in flight; the
+        previous step's stage handed back to the loader as this one's is issued); the dense forms' K loop."""
+        for ki in range(k_tiles):
+            g = g0 + ki
+            s = g % STAGES
+            mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
+            acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)  # step g - 1 retired
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+        return acc
+
+    @gluon.jit
     def _ws_dense(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K, programs,
                   GROUP_M: gl.constexpr, SCALED: gl.constexpr):
         """The consumer: each of the program's tiles' K blocks MMA'd from the ring (one wgmma in flight; the previous
@@ -83,17 +98,8 @@ if HAS_GLUON_HOPPER:
         num_pid_m, num_pid_n, k_tiles, my_tiles = _grid_tiles(M, N, K, BM, BN, BK, programs)
         for t in range(my_tiles):
             pid_m, pid_n = _tile_coords(pid + t * programs, num_pid_m, num_pid_n, GROUP_M)
-            g0 = t * k_tiles
-            acc = gl.zeros([BM, BN], gl.float32, layout)
-            for ki in range(k_tiles):
-                g = g0 + ki
-                s = g % STAGES
-                mbarrier.wait(ready.index(s), phase=(g // STAGES) & 1)
-                acc = warpgroup_mma(a_smem.index(s), b_smem.index(s).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)  # step g - 1 retired
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index((g0 + k_tiles - 1) % STAGES))
+            acc = _dense_tile(a_smem, b_smem, ready, empty, t * k_tiles, k_tiles,
+                              gl.zeros([BM, BN], gl.float32, layout), STAGES)
             tma.store_wait(pendings=0)  # the previous tile's C has left c_smem
             _epilogue(acc, c_desc, c_smem, pid_m * BM, pid_n * BN, as_ptr, bs_ptr, M, N, SCALED)
         tma.store_wait(pendings=0)
@@ -173,18 +179,20 @@ if HAS_GLUON_HOPPER:
                 g += 1
 
     @gluon.jit
-    def _ws_blockscale_splitk(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr,
-                              part_ptr, cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                              SPLITS: gl.constexpr, GROUP_M: gl.constexpr):
-        """The consumer of a split-K grid: each unit's K blocks through `_blockscale_tile`, its fp32 sum into the
-        tile's slot of `part_ptr`, then the tile's count at `cnt_ptr` raised; the unit that raises it to SPLITS adds
-        the tile's slots in split order (one result whichever unit finishes last), zeroes the count and stores C."""
+    def _ws_splitk(a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, part_ptr, cnt_ptr,
+                   M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk, MODE: gl.constexpr,
+                   SPLITS: gl.constexpr, GROUP_M: gl.constexpr):
+        """The consumer of a split-K grid: each unit's K blocks (`_blockscale_tile` for MODE 2, else `_dense_tile`),
+        its fp32 sum into the tile's slot of `part_ptr`, then the tile's count at `cnt_ptr` raised; the unit that
+        raises it to SPLITS adds the tile's slots in split order (one result whichever unit finishes last), zeroes the
+        count and stores C (MODE 1: times as[m] · bs[n])."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         BK: gl.constexpr = a_desc.block_type.shape[1]
         STAGES: gl.constexpr = a_smem.type.shape[0]
+        INSTR_K: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                         instr_shape=[16, BN, 32])
+                                                         instr_shape=[16, BN, INSTR_K])
         rows: gl.constexpr = gl.SliceLayout(1, layout)
         cols: gl.constexpr = gl.SliceLayout(0, layout)
         pid = gl.program_id(0)
@@ -200,10 +208,14 @@ if HAS_GLUON_HOPPER:
             off_m = pid_m * BM
             off_n = pid_n * BN
             offs_m = off_m + gl.arange(0, BM, layout=rows)
-            acc = _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, nk, off_m, off_n,
-                                   as_ptr + offs_m * stride_asm + kb0 * stride_ask, offs_m < M,
-                                   bs_ptr + (off_n // BK) * stride_bsn + kb0 * stride_bsk, stride_ask, stride_bsk,
-                                   gl.zeros([BM, BN], gl.float32, layout), STAGES, empty, True)
+            if MODE == 2:
+                acc = _blockscale_tile(a_desc, b_desc, a_smem, b_smem, ready, g0, nk, off_m, off_n,
+                                       as_ptr + offs_m * stride_asm + kb0 * stride_ask, offs_m < M,
+                                       bs_ptr + (off_n // BK) * stride_bsn + kb0 * stride_bsk, stride_ask,
+                                       stride_bsk, gl.zeros([BM, BN], gl.float32, layout), STAGES, empty, True)
+            else:
+                acc = _dense_tile(a_smem, b_smem, ready, empty, g0, nk, gl.zeros([BM, BN], gl.float32, layout),
+                                  STAGES)
             g0 += nk
             gl.store(part_ptr + (tile * SPLITS + split) * (BM * BN) + slot, acc)
             _cta_barrier()  # every thread's share stored before the count says so (release: one thread)
@@ -213,22 +225,24 @@ if HAS_GLUON_HOPPER:
                     acc = acc + gl.load(part_ptr + (tile * SPLITS + j) * (BM * BN) + slot, cache_modifier=".cg")
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
                 tma.store_wait(pendings=0)
-                _epilogue(acc, c_desc, c_smem, off_m, off_n, as_ptr, bs_ptr, M, N, False)
+                _epilogue(acc, c_desc, c_smem, off_m, off_n, as_ptr, bs_ptr, M, N, MODE == 1)
         tma.store_wait(pendings=0)
 
     @gluon.jit(do_not_specialize=["M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk", "programs"])
-    def ws_blockscale_splitk_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, part_ptr, cnt_ptr, M, N, K, stride_asm,
-                                    stride_ask, stride_bsn, stride_bsk, programs, SPLITS: gl.constexpr,
-                                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr):
-        """`ws_gemm_kernel` MODE 2 (block-scaled) with each tile's K blocks split SPLITS ways: tiles x SPLITS work
-        units over `programs` programs, so a grid of fewer tiles than SMs still fills them. part_ptr: fp32
-        [tiles · SPLITS, BM · BN]; cnt_ptr: int32 [tiles], zero at launch and left zero. Every split must hold a K
-        block (`split_k_fits`). Launch with maxnreg `ws_maxnreg(num_warps)`. Grid: (programs,)."""
+    def ws_splitk_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, part_ptr, cnt_ptr, M, N, K, stride_asm, stride_ask,
+                         stride_bsn, stride_bsk, programs, MODE: gl.constexpr, SPLITS: gl.constexpr,
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """`ws_gemm_kernel` (MODE 0 bf16/fp16, 1 fp8 per token, 2 block-scaled) with each tile's K blocks split
+        SPLITS ways: tiles x SPLITS work units over `programs` programs, so a grid of fewer tiles than SMs still
+        fills them. part_ptr: fp32 [tiles · SPLITS, BM · BN]; cnt_ptr: int32 [tiles], zero at launch and left zero.
+        Every split must hold a K block (`split_k_fits`). Launch with maxnreg `ws_maxnreg(num_warps)`. Grid:
+        (programs,)."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         BK: gl.constexpr = a_desc.block_type.shape[1]
-        gl.static_assert(BK == 128)
-        gl.static_assert(BN <= 128)
+        if MODE == 2:
+            gl.static_assert(BK == 128)
+            gl.static_assert(BN <= 128)
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
@@ -238,9 +252,9 @@ if HAS_GLUON_HOPPER:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         gl.warp_specialize([
-            (_ws_blockscale_splitk, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr,
-                                     part_ptr, cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn,
-                                     stride_bsk, SPLITS, GROUP_M)),
+            (_ws_splitk, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, part_ptr,
+                          cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk, MODE, SPLITS,
+                          GROUP_M)),
             (_ws_loader_splitk, (a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, programs, SPLITS, GROUP_M)),
         ], [4], [LOADER_REGS])
 
@@ -294,9 +308,10 @@ def ws_maxnreg(num_warps: int) -> int:
     return min(248, 65536 // (32 * (num_warps + WS_LOADER_WARPS)) // 8 * 8)
 
 
-def split_k_fits(K: int, splits: int) -> bool:
-    """Whether `splits` K splits of 128-wide blocks each hold at least one block (the split kernel's precondition)."""
-    k_tiles = triton.cdiv(K, 128)
+def split_k_fits(K: int, splits: int, block_k: int = 128) -> bool:
+    """Whether `splits` K splits of `block_k`-wide blocks each hold at least one block (the split kernel's
+    precondition; its blocks are 128 bytes of an operand row: 128 fp8 or 64 16-bit elements)."""
+    k_tiles = triton.cdiv(K, block_k)
     return 1 <= splits <= k_tiles and (splits - 1) * triton.cdiv(k_tiles, splits) < k_tiles
 
 
@@ -309,9 +324,10 @@ def split_k_workspace(M: int, N: int, block_m: int, block_n: int, splits: int) -
     return tiles * splits * block_m * block_n, tiles
 
 
-def splitk_constexprs(cfg) -> tuple:
-    """`ws_blockscale_splitk_kernel`'s compile-time arguments (SPLITS, GROUP_M, STAGES, LOADER_REGS)."""
-    return cfg.NUM_KSPLIT, cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
+def splitk_constexprs(kernel: str, cfg) -> tuple:
+    """`ws_splitk_kernel`'s compile-time arguments for the op's `kernel` (MODE, SPLITS, GROUP_M, STAGES,
+    LOADER_REGS)."""
+    return MODES[kernel], cfg.NUM_KSPLIT, cfg.GROUP_SIZE_M, cfg.num_stages, WS_LOADER_REGS
 
 
 def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = None,
@@ -320,8 +336,8 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = 
             loader_regs: int = WS_LOADER_REGS, programs: int | None = None, splits: int = 1,
             out: torch.Tensor | None = None) -> torch.Tensor:
     """[M, N] = A [M, K] · B [N, K]ᵀ: bf16/fp16 operands; fp8 with a_scale [M] and b_scale [N] fp32; or
-    (block_scaled) fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉], its K split `splits` ways
-    (`ws_blockscale_splitk_kernel`) when above 1. Launched through Triton's own launcher (the probes' path)."""
+    (block_scaled) fp8 with a_scale [M, ⌈K/128⌉] and b_scale [⌈N/128⌉, ⌈K/128⌉]; K split `splits` ways
+    (`ws_splitk_kernel`) when above 1. Launched through Triton's own launcher (the probes' path)."""
     if not HAS_GLUON_HOPPER:
         raise RuntimeError(f"ws_gemm needs Triton's Gluon Hopper API (Triton >= 3.5); this is Triton "
                            f"{triton.__version__}")
@@ -330,8 +346,8 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = 
     scaled = a_scale is not None
     if block_scaled and not scaled:
         raise ValueError("ws_gemm: block_scaled needs a_scale and b_scale")
-    if splits != 1 and not (block_scaled and split_k_fits(K, splits)):
-        raise ValueError(f"ws_gemm: splits={splits} needs the block-scaled kernel and a K block a split (K={K})")
+    if splits != 1 and not split_k_fits(K, splits, 128 // a.element_size()):
+        raise ValueError(f"ws_gemm: splits={splits} leaves a split without a K block (K={K})")
     if out is None:
         out = torch.empty(M, N, device=a.device, dtype=torch.bfloat16 if scaled else a.dtype)
     tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
@@ -345,10 +361,10 @@ def ws_gemm(a: torch.Tensor, b: torch.Tensor, *, a_scale: torch.Tensor | None = 
         part_n, cnt_n = split_k_workspace(M, N, block_m, block_n, splits)
         part = torch.empty(part_n, device=a.device, dtype=torch.float32)
         counts = torch.zeros(cnt_n, device=a.device, dtype=torch.int32)
-        ws_blockscale_splitk_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, part, counts,
-                                                 M, N, K, *strides, programs, SPLITS=splits, GROUP_M=group_m,
-                                                 STAGES=stages, LOADER_REGS=loader_regs, num_warps=num_warps,
-                                                 maxnreg=ws_maxnreg(num_warps))
+        ws_splitk_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, part, counts, M, N, K,
+                                      *strides, programs, MODE=2 if block_scaled else int(scaled), SPLITS=splits,
+                                      GROUP_M=group_m, STAGES=stages, LOADER_REGS=loader_regs, num_warps=num_warps,
+                                      maxnreg=ws_maxnreg(num_warps))
         return out
     ws_gemm_kernel[(programs,)](*ws_descriptors(a, b, out, block_m, block_n), s_a, s_b, M, N, K, *strides, programs,
                                 MODE=2 if block_scaled else int(scaled), GROUP_M=group_m, STAGES=stages,

@@ -347,7 +347,7 @@ def _gluon_blockscale_narrow(M: int, N: int, K: int, max_shared: int) -> GemmCon
                       PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=True)
 
 
-# The warp-specialised 128x128 tile with K split 2-4 ways (kernels/gluon_gemm_ws.ws_blockscale_splitk_kernel) where
+# The warp-specialised 128x128 tile with K split 2-4 ways (kernels/gluon_gemm_ws.ws_splitk_kernel, MODE 2) where
 # the split's waves cost less (`_blockscale_splits`): 1536 x 7168 has 96 tiles at M 1024 (0.73 of a wave; split 4:
 # 384 units, 2.9 waves of quarter tiles) and 192 at M 2048 (1.45 waves; split 2: 2.9 waves of half tiles). Written
 # in the thirtieth session after the device time ran out: compiled for sm_90, GPU tests written, not yet measured,
