@@ -370,3 +370,20 @@ def test_the_rule_tables_config_is_always_measured(kernel, m, n, k) -> None:
     assert point in GemmTunable().space(problem, gpu).prune().kept
     assert GemmTunable().space(problem, DEV).extra == ()
     assert GemmTunable(space_params=(("num_stages", (3,)),)).space(problem, gpu).extra == ()
+
+
+def test_the_gluon_k_split_joins_the_space_only_when_switched_on(monkeypatch):
+    """The warp-specialised Gluon GEMM with K split (unmeasured, GLUON_SPLIT_IN_SPACE off) is kept out by the TMA rule;
+    switched on it is kept where the grid is under a wave and every split holds a K block, and not otherwise."""
+    from tritune.tuners import gemm_tunable
+
+    problem = GemmProblem("a8w8_blockscale", 1024, 1536, 7168)  # 96 tiles of 128x128
+    split = _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, WARP_SPECIALIZE=True, GLUON=True, NUM_KSPLIT=4,
+                    num_stages=4)
+    assert _failing(problem, split) == [TMA_RULE]
+    monkeypatch.setattr(gemm_tunable, "GLUON_SPLIT_IN_SPACE", True)
+    assert _failing(problem, split) == []
+    assert TMA_RULE in _failing(GemmProblem("a8w8_blockscale", 1024, 1536, 384), split)  # 3 K blocks, 4 splits
+    assert "split-K on a grid that already fills the GPU" in _failing(GemmProblem("a8w8_blockscale", 4096, 1536,
+                                                                                  7168), split)
+    assert _failing(problem, _config(BLOCK_SIZE_K=128, PERSISTENT_TMA=True, NUM_KSPLIT=4, num_stages=4)) == [TMA_RULE]
