@@ -26,6 +26,12 @@ Two MMA warp groups in ping-pong (each its own partition, taking alternate tiles
 the other's MMAs) compiled but died on the GPU with an unspecified launch failure (Triton 3.6; a single MMA
 partition with the same loader runs correctly), so the MMAs stay in the default partition.
 
+K split (`ws_splitk_kernel`, every form): where a grid of tiles leaves most of a wave empty (1536 x 7168 at M 1024:
+96 tiles of 128x128 on 132 SMs), each tile's K blocks are cut into 2-4 work units, run split by split so that the
+programs in flight read the same K blocks (the twenty-ninth session's stream-K gave every program its own K offset
+and lost 1.13-1.6x); the unit that completes a tile adds its fp32 slots in split order. Not yet run on a GPU
+(thirtieth session): off in the rule and the tuner.
+
 Hopper only (TMA, wgmma, setmaxnreg).
 """
 
