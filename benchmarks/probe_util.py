@@ -39,23 +39,25 @@ def set_settle(seconds: float) -> None:
     SETTLE_S = float(seconds)
 
 
-_HEATER: list = []  # the settle's operands, made once
+_HEATER: dict[int, tuple] = {}  # the settle's operands, made once per GPU
 
 
 def gpu_settle(fn: Callable, seconds: float | None = None) -> None:
-    """Hold the GPU under one fixed load for `seconds` (SETTLE_S when None) of wall time: 4096x4096 bf16 matmuls
-    queued 8 at a time, whatever `fn` is, so every contestant starts from the same clock and temperature rather than
-    from the state the previous one (or its own host cost) left. Nothing without CUDA."""
+    """Hold the current GPU under one fixed load for `seconds` (SETTLE_S when None) of wall time: 4096x4096 bf16
+    matmuls queued 8 at a time, whatever `fn` is, so every contestant starts from the same clock and temperature
+    rather than from the state the previous one (or its own host cost) left. Nothing without CUDA."""
     import time
 
     del fn  # the load is the same for every contestant: that is the point
     seconds = SETTLE_S if seconds is None else seconds
     if seconds <= 0 or not torch.cuda.is_available():
         return
-    if not _HEATER:
+    device = torch.cuda.current_device()
+    if device not in _HEATER:
         gen = torch.Generator(device="cuda").manual_seed(0)
-        _HEATER.extend(torch.randn(4096, 4096, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    x, y, out = _HEATER
+        _HEATER[device] = tuple(torch.randn(4096, 4096, generator=gen, device="cuda", dtype=torch.bfloat16)
+                                for _ in range(3))
+    x, y, out = _HEATER[device]
     torch.cuda.synchronize()
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
