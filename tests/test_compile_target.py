@@ -243,3 +243,33 @@ def test_the_rule_tables_block_scaled_triton_configs_compile_for_hopper(tmp_path
     built = json.loads(run.stdout.strip().splitlines()[-1])
     assert built[0][:3] == [128, 16, 4] and built[1][:3] == [128, 32, 4] and not built[0][3] and not built[1][3]
     assert built[2][3] and built[2][2] == 8  # 128x128 on 8 warps: warp-specialised
+
+
+_RULE_SWEEP_CHILD = """
+import itertools, json
+from tritune.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget("cuda", 90, 32, 132))
+from tritune.kernels import gemm as gk
+from tritune.ops.heuristics import gemm_heuristic
+seen = set()
+for kernel, M, N, K, gluon in itertools.product(("bf16", "a8w8", "a8w8_blockscale"), (64, 256, 2048),
+                                                (16, 1536, 4096), (384, 7168), (False, True)):
+    cfg = gemm_heuristic(kernel, M, N, K, gluon=gluon, warp_specialize=True)
+    if (kernel, cfg) not in seen:
+        seen.add((kernel, cfg))
+        gk.compile_only(kernel, M, N, K, cfg)
+print(json.dumps({"configs": len(seen), "gluon": sum(c.GLUON for _, c in seen)}))
+"""
+
+
+def test_every_rule_table_gemm_config_of_a_shape_sweep_compiles_for_hopper(tmp_path: Path):
+    """Each distinct config the GEMM rule table gives over 108 shapes (three kernels, M 64-2048, N 16-4096, K 384
+    and 7168, with and without Gluon, Triton's warp specialisation on) builds for sm_90 without a GPU: a config the
+    op picks by itself must never fail to compile (thirtieth session: one at N 16-32 did). About 20 s."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", _RULE_SWEEP_CHILD], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["configs"] >= 25 and got["gluon"] >= 4, got  # the sweep reaches both families of kernels
