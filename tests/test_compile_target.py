@@ -273,3 +273,36 @@ def test_every_rule_table_gemm_config_of_a_shape_sweep_compiles_for_hopper(tmp_p
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["configs"] >= 25 and got["gluon"] >= 4, got  # the sweep reaches both families of kernels
+
+
+_MOE_RULE_SWEEP_CHILD = """
+import itertools, json
+from tritune.compile_target import CompileTarget
+from tritune.tuning.compile import _compile_process_init
+_compile_process_init(CompileTarget("cuda", 90, 32, 132))
+from tritune.kernels.fused_moe_compile import MoeDims, compile_only
+from tritune.ops.heuristics import moe_heuristic
+seen = set()
+for (d, i, e, k), quant, tokens in itertools.product(((4096, 384, 128, 8), (4096, 14336, 8, 2), (2880, 2880, 128, 4)),
+                                                     ("none", "per_1x128", "per_1x32"), (1, 64, 4096)):
+    one, c1, c2 = moe_heuristic(tokens, d, i, e, k, quant)
+    dims = MoeDims(tokens, k, e, d, i, quant=quant, swizzled=quant == "per_1x32")
+    for kernel, cfg in ((("1stage", c1),) if one else (("stage1", c1), ("stage2", c2))):
+        if (kernel, cfg, quant) not in seen:
+            seen.add((kernel, cfg, quant))
+            compile_only(kernel, dims, cfg, pdl=True)
+print(json.dumps({"binaries": len(seen), "gluon": sum(bool(c.GLUON) for _, c, _ in seen)}))
+"""
+
+
+def test_the_fused_moe_rule_tables_plans_of_a_sweep_compile_for_hopper(tmp_path: Path):
+    """The fused-MoE rule table's stage and 1-stage configs for three shapes (E 128 top-8 I 384, Mixtral-8x7B,
+    gpt-oss-120b), bf16 / per_1x128 / MXFP4, at 1, 64 and 4096 tokens build for sm_90 without a GPU (the Gluon pair
+    among them). An offline sweep of 369 such binaries found none failing (thirtieth session); this keeps a sample.
+    About 25 s."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-c", _MOE_RULE_SWEEP_CHILD], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["binaries"] >= 20 and got["gluon"] >= 2, got
