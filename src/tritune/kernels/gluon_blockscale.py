@@ -43,6 +43,17 @@ SCALE_BLOCK = 128  # K (and weight N) elements per scale
 if HAS_GLUON_HOPPER:
 
     @gluon.jit
+    def _stage_barriers(STAGES: gl.constexpr, READY_COUNT: gl.constexpr = 1):
+        """A warp-specialised ring's barriers, initialised: `ready` a stage (its TMA bytes, and READY_COUNT
+        arrivals) and `empty` a stage (the MMA warps' one arrival once they are done with it)."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=READY_COUNT)
+            mbarrier.init(empty.index(i), count=1)
+        return ready, empty
+
+    @gluon.jit
     def _issue(a_smem, b_smem, ready, regs, k, STAGES: gl.constexpr):
         """Block k's MMA from zero into `regs`' registers (their value unread), once its stage has landed; returns
         the in-flight partial."""

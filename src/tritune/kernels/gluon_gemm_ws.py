@@ -50,7 +50,7 @@ if HAS_GLUON_HOPPER:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _tile_coords
+    from tritune.kernels.gluon_blockscale import _blockscale_tile, _grid_tiles, _load, _stage_barriers, _tile_coords
     from tritune.kernels.gluon_gemm import _epilogue
 
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6's name; 3.7+ renamed it
@@ -252,11 +252,7 @@ if HAS_GLUON_HOPPER:
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _stage_barriers(STAGES)
         gl.warp_specialize([
             (_ws_splitk, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, part_ptr,
                           cnt_ptr, M, N, K, programs, stride_asm, stride_ask, stride_bsn, stride_bsk, MODE, SPLITS,
@@ -281,11 +277,7 @@ if HAS_GLUON_HOPPER:
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _stage_barriers(STAGES)
         gl.warp_specialize([
             (_ws_consumer, (a_desc, b_desc, c_desc, a_smem, b_smem, c_smem, ready, empty, as_ptr, bs_ptr, M, N, K,
                             programs, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, MODE)),

@@ -46,7 +46,14 @@ if HAS_GLUON_HOPPER:
         warpgroup_mma_wait,
     )
 
-    from tritune.kernels.gluon_blockscale import _blockscale_tile, _load, _tile_coords, _tma_load, _tma_store
+    from tritune.kernels.gluon_blockscale import (
+        _blockscale_tile,
+        _load,
+        _stage_barriers,
+        _tile_coords,
+        _tma_load,
+        _tma_store,
+    )
 
     # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6, `async_load` later (the old name
     # raises there)
@@ -510,13 +517,8 @@ if HAS_GLUON_HOPPER:
         g_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         u_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [BM, BN], c_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # the weights' expect-arrive, and with GATHER every loader thread's copies too
-        READY_COUNT: gl.constexpr = 1 + 32 * 4 if GATHER else 1
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=READY_COUNT)
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _stage_barriers(STAGES, 1 + 32 * 4 if GATHER else 1)
         gl.warp_specialize([
             (_ws_stage1_mma, (a_desc, w_desc, c_desc, a_smem, g_smem, u_smem, c_smem, ready, empty, as_ptr, ws_ptr,
                               expert_ids_ptr, num_post_ptr, sorted_ids_ptr, N_INTER, K, stride_asm, stride_ask,
@@ -706,11 +708,7 @@ if HAS_GLUON_HOPPER:
         gl.static_assert(BN <= 128)
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
         b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        ready, empty = _stage_barriers(STAGES)
         gl.warp_specialize([
             (_ws_stage2_mma, (a_desc, w_desc, a_smem, b_smem, ready, empty, out_ptr, as_ptr, ws_ptr, sorted_ids_ptr,
                               expert_ids_ptr, weights_ptr, num_post_ptr, numel, N, K, stride_asm, stride_ask,
