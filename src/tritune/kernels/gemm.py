@@ -475,11 +475,9 @@ class GemmLaunch:
                 _gemm_tma_persistent_kernel, (min(num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),),
                 (*(TensorDescriptor.from_tensor(t, blk) for t, blk in zip((a, b, out), self._blocks, strict=True)),
                  a_s, b_s, *self._tail), varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            # A, B and C by address: weights repeat every call, activations and outputs mostly do (torch's caching
-            # allocator hands the same blocks back), and a plan fixes every other field of a descriptor.
-            self._desc_caches = tuple(
-                DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
-                for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True))) if a.is_cuda else None
+            self._desc_caches = None  # off the GPU: descriptors built per call (`_descs`)
+            if a.is_cuda:
+                self._cache_descriptors((a, b, out))
             return
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
         grid = (tiles, cfg.NUM_KSPLIT)
@@ -519,12 +517,13 @@ class GemmLaunch:
             programs = min(triton.cdiv(self.M, bm) * triton.cdiv(self.N, bn), programs_per_wave(a.device))
             if cfg.NUM_KSPLIT > 1:  # K split: the tiles' slots and counts ride each launch
                 self._bind_ws_split_k(kernel, a, b, a_s, b_s, out, cfg, strides)
-                return
-            self.main = BoundKernel(
-                ws.ws_gemm_kernel, (programs,),
-                (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
-                 *ws.constexprs(kernel, cfg)),
-                varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
+            else:
+                self.main = BoundKernel(
+                    ws.ws_gemm_kernel, (programs,),
+                    (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, *strides, programs,
+                     *ws.constexprs(kernel, cfg)),
+                    varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    maxnreg=ws.ws_maxnreg(cfg.num_warps))
         elif kernel != "a8w8_blockscale":
             self._bind_gluon_gemm(kernel, a, b, a_s, b_s, out, cfg)
             return
@@ -537,14 +536,13 @@ class GemmLaunch:
                 (*gb.descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, a_s.stride(0), a_s.stride(1),
                  b_s.stride(0), b_s.stride(1), programs, cfg.GROUP_SIZE_M, cfg.num_stages, cfg.num_warps),
                 varying=5, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        self._desc_caches = tuple(
-            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
-            for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
+        self._cache_descriptors((a, b, out))
 
     def _bind_ws_split_k(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig, strides: tuple) -> None:
-        """The warp-specialised kernel with K split NUM_KSPLIT ways, bound once: the fp32 slots of the tiles'
-        partial sums come from `self.scratch` per call, the per-tile counts from `_lock` (per stream, zeroed once,
-        left zero by every launch; a CUDA graph gets its own)."""
+        """`self.main`: the warp-specialised kernel with K split NUM_KSPLIT ways (its descriptors as the unsplit
+        one's, `_bind_gluon`): the fp32 slots of the tiles' partial sums come from `self.scratch` per call, the
+        per-tile counts from `_lock` (per stream, zeroed once, left zero by every launch; a CUDA graph gets its
+        own)."""
         from tritune.kernels import gluon_gemm_ws as ws
 
         bm, bn = cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N
@@ -563,10 +561,6 @@ class GemmLaunch:
             (*ws.ws_descriptors(a, b, out, bm, bn), a_s, b_s, part, counts, self.M, self.N, self.K, *strides,
              programs, *ws.splitk_constexprs(kernel, cfg)),
             varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=ws.ws_maxnreg(cfg.num_warps))
-        self._blocks = ([bm, bk], [bn, bk], [bm, bn])
-        self._desc_caches = tuple(
-            DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
-            for i, (t, blk) in enumerate(zip((a, b, out), self._blocks, strict=True)))
 
     def _bind_gluon_gemm(self, kernel: str, a, b, a_s, b_s, out, cfg: GemmConfig) -> None:
         """The Gluon bf16 / a8w8 kernel (persistent, a program a SM), bound once: five descriptors (A; B's rows and
@@ -585,9 +579,15 @@ class GemmLaunch:
             (*gg.descriptors(a, b, out, bm, bn), a_s, b_s, self.M, self.N, self.K, programs,
              *gg.constexprs(kernel, self.K, a.dtype, cfg)),
             varying=7, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self._cache_descriptors((a, b, b, out, out))
+
+    def _cache_descriptors(self, tensors: tuple) -> None:
+        """`self._desc_caches`: the bound kernel's TMA descriptors of `tensors` (in `self._blocks`' order), each
+        encoded once per address (weights repeat every call, activations and outputs mostly do: torch's caching
+        allocator hands the same blocks back; a plan fixes every other field of a descriptor)."""
         self._desc_caches = tuple(
             DescriptorCache(t.shape, t.stride(), t.dtype, blk, encode=partial(self.main.encode, nth=i))
-            for i, (t, blk) in enumerate(zip((a, b, b, out, out), self._blocks, strict=True)))
+            for i, (t, blk) in enumerate(zip(tensors, self._blocks, strict=True)))
 
     def _lock(self):
         """The per-tile locks of this call's stream (zero between calls: the last split of a tile resets its own)."""
