@@ -285,6 +285,14 @@ def c_block(cfg: GemmConfig) -> list[int]:
     return [cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N // 2 if cfg.EPILOGUE_SUBTILE else cfg.BLOCK_SIZE_N]
 
 
+def triton_ws_builds(block_m: int, block_n: int, num_warps: int) -> bool:
+    """Whether Triton's warp-specialised persistent block-scaled kernel (WARP_SPECIALIZE without GLUON, the rule's and
+    the tuner's only Triton WS) builds for sm_90 with this tile: on 8 warps, or on 4 a 64-row tile up to 128 wide.
+    The other 4-warp tiles tried (64-256 rows, 16-256 columns) fail in Triton's pass pipeline on 3.6 and 3.9 (a
+    descriptor store whose layout no longer matches its block; thirtieth session). The interpreter runs them all."""
+    return num_warps != 4 or (block_m == 64 and block_n <= 128)
+
+
 def tma_compatible(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
     """TMA needs 16-byte aligned bases and row strides."""
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (a, b, out))

@@ -117,7 +117,7 @@ from tritune.kernels.fused_moe import MoeConfig
 from tritune.kernels.fused_moe_1stage import CAPPED_PROGRAMS_PER_SM, one_stage_programs
 from tritune.kernels.fused_moe_config import PERSISTENT_QUANTS
 from tritune.kernels.gemm import KERNELS as GEMM_KERNELS
-from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig
+from tritune.kernels.gemm import SCALE_BLOCK, GemmConfig, triton_ws_builds
 from tritune.kernels.gluon_blockscale import HAS_GLUON_HOPPER
 from tritune.kernels.gluon_blockscale import smem_bytes as gluon_smem_bytes
 from tritune.kernels.gluon_gemm import smem_bytes as gluon_gemm_smem_bytes
@@ -452,9 +452,9 @@ def gemm_heuristic(kernel: str, M: int, N: int, K: int, sm_count: int = 132, max
     bk, stages = _fit(bk, min(bk, min_bk), stages_of)
     # Block-scaled, persistent, long K: load warps feeding the MMA warps hide the per-K-block rescale (H100, Triton
     # 3.6: 0.88-0.97x the time from K 7168 at M >= 1024; about 1.0x at K 3584-4096; bf16 gained nothing).
-    # Triton 3.6 and 3.9 fail to compile it on 4 warps past 64x128 tiles (thirtieth session, e.g. 128x16 at N 16).
+    # Only where Triton can build it (`triton_ws_builds`: at N 16-32 the 128-row tile on 4 warps could not).
     warps = 8 if big and not (large_bf16 and bm * bn <= 128 * 128) else 4
-    ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize and (warps == 8 or (bm == 64 and bn <= 128))
+    ws = block_scaled and tma and K >= WS_MIN_K and warp_specialize and triton_ws_builds(bm, bn, warps)
     return GemmConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=8 if pm > 1 else 1,
                       num_warps=warps,
                       num_stages=stages, NUM_KSPLIT=split,

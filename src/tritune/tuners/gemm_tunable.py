@@ -156,12 +156,11 @@ def gemm_constraints(p: GemmProblem, dev: DeviceInfo) -> tuple[Constraint, ...]:
                    lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON")) or (
                        p.kernel == "a8w8_blockscale" and c["PERSISTENT_TMA"] and not c["SCALE_PIPELINE"]
                        and HAS_WARP_SPECIALIZE and p.K >= WS_MIN_K)),
-        # Compiled without a GPU for sm_90 (thirtieth session): every other 4-warp tile fails in Triton's pass
-        # pipeline (a descriptor store whose layout no longer matches its block), on 3.6 and 3.9 alike; a block-scaled
-        # tune on the H200 spent 636 compiles on them.
+        # `gk.triton_ws_builds`: the other 4-warp tiles fail to compile; a block-scaled tune on the H200 spent 636
+        # compiles on them (thirtieth session).
         Constraint("Triton's warp-specialised block-scaled kernel on 4 warps: only 64-row tiles up to 128 wide",
-                   lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON")) or c["num_warps"] != 4
-                   or (c["BLOCK_SIZE_M"] == 64 and c["BLOCK_SIZE_N"] <= 128)),
+                   lambda c: not c.get("WARP_SPECIALIZE") or bool(c.get("GLUON"))
+                   or gk.triton_ws_builds(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["num_warps"])),
         Constraint("BLOCK_SIZE_N not a power of two: the Gluon kernel's only",
                    lambda c: pow2(c["BLOCK_SIZE_N"]) or bool(c.get("GLUON"))),
         Constraint("shared memory > device limit", lambda c: _smem_bytes(c, elt) <= dev.max_shared_mem),
