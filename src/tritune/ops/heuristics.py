@@ -339,9 +339,7 @@ NARROW_STAGES = 8
 
 
 def _gluon_blockscale_narrow(M: int, N: int, K: int, max_shared: int) -> GemmConfig:
-    stages = min(NARROW_STAGES, 2 + _cdiv(K, SCALE_BLOCK))
-    while stages > 2 and gluon_smem_bytes(64, 64, stages) > max_shared:
-        stages -= 1
+    stages = _fit_stages(NARROW_STAGES, lambda s: gluon_smem_bytes(64, 64, s), max_shared, _cdiv(K, SCALE_BLOCK))
     return GemmConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=SCALE_BLOCK,
                       GROUP_SIZE_M=8 if _cdiv(M, 64) > 1 else 1, num_warps=4, num_stages=stages,
                       PERSISTENT_TMA=True, GLUON=True, WARP_SPECIALIZE=True)
